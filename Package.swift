@@ -1,0 +1,41 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "ProtectedStore",
+    platforms: [.macOS(.v14)],
+    products: [
+        .library(name: "ProtectedStore", targets: ["ProtectedStore"]),
+        .executable(name: "sandboxctl", targets: ["sandboxctl"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CSodium",
+            pkgConfig: "libsodium",
+            providers: [.apt(["libsodium-dev"]), .brew(["libsodium"])]
+        ),
+        .target(
+            name: "ProtectedStore",
+            dependencies: [
+                "CSodium",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        .executableTarget(
+            name: "sandboxctl",
+            dependencies: [
+                "ProtectedStore",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .testTarget(
+            name: "ProtectedStoreTests",
+            dependencies: ["ProtectedStore", "sandboxctl"]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

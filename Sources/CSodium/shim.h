@@ -1,0 +1,4 @@
+#ifndef PROTECTEDSTORE_CSODIUM_SHIM_H
+#define PROTECTEDSTORE_CSODIUM_SHIM_H
+#include <sodium.h>
+#endif

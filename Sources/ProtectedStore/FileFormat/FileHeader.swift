@@ -1,0 +1,124 @@
+/// The fixed-size header of an encrypted file: identity, class and the wrapped per-file key (docs/FORMAT.md §3).
+struct FileHeader: Sendable {
+    static let magic: [UInt8] = Array("PSEF".utf8)
+    static let version: UInt16 = 1
+    static let size = 148
+    static let idBytes = 16
+    static let fileKeyBytes = AEAD.keyBytes
+    /// Bytes before the wrap nonce; they are the associated data of the key wrap, so all of them are authenticated.
+    static let authenticatedPrefixSize = 76
+    static let minimumBlockSize = 512
+    static let maximumBlockSize = 1 << 20
+
+    var protectionClass: ProtectionClass
+    var blockSize: Int
+    var keybagID: [UInt8]
+    var fileID: [UInt8]
+    /// Class B only: the ephemeral X25519 public key; zeros for the other classes.
+    var ephemeralPublicKey: [UInt8]
+    /// nonce (24) ‖ encrypted per-file key (32) ‖ tag (16).
+    var wrappedFileKey: [UInt8]
+
+    var layout: BlockLayout { BlockLayout(headerSize: Self.size, blockSize: blockSize) }
+
+    /// The prefix that the key wrap authenticates.
+    var authenticatedPrefix: [UInt8] {
+        var writer = ByteWriter(capacity: Self.authenticatedPrefixSize)
+        writer.append(Self.magic)
+        writer.append(Self.version)
+        writer.append(protectionClass.rawValue)
+        writer.append(UInt8(0))
+        writer.append(UInt32(blockSize))
+        writer.append(keybagID)
+        writer.append(fileID)
+        writer.append(ephemeralPublicKey)
+        return writer.bytes
+    }
+
+    var serialized: [UInt8] { authenticatedPrefix + wrappedFileKey }
+
+    /// A header for a new file (or a class change of an existing one) with `fileKey` wrapped for `protectionClass`.
+    static func sealing(fileKey: SecureBytes, fileID: [UInt8], protectionClass: ProtectionClass, blockSize: Int,
+                        keys: any ClassKeyProviding) throws -> FileHeader {
+        var header = FileHeader(protectionClass: protectionClass, blockSize: blockSize, keybagID: keys.keybagID, fileID: fileID,
+                                ephemeralPublicKey: [UInt8](repeating: 0, count: X25519.keyBytes), wrappedFileKey: [])
+        let wrappingKey: SecureBytes
+        if protectionClass == .completeUnlessOpen {
+            // One-pass key agreement: only the public class key is needed, and the ephemeral secret dies here.
+            let ephemeral = X25519.generateKeyPair()
+            header.ephemeralPublicKey = ephemeral.publicKey
+            wrappingKey = try classBWrappingKey(secret: ephemeral.secret, peerPublicKey: keys.classBPublicKey,
+                                                ephemeralPublicKey: ephemeral.publicKey, classBPublicKey: keys.classBPublicKey, path: nil)
+            ephemeral.secret.discard()
+        } else {
+            wrappingKey = try keys.classKey(for: protectionClass)
+        }
+        header.wrappedFileKey = try AEAD.wrap(fileKey, with: wrappingKey, associatedData: header.authenticatedPrefix)
+        return header
+    }
+
+    /// Parses the header bytes; `path` only names the file in errors.
+    static func parse(_ bytes: [UInt8], path: String) throws -> FileHeader {
+        guard bytes.count >= size else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "the file is too short to be a ProtectedStore encrypted file (\(bytes.count) bytes)",
+                                      remedy: "It was truncated or is not ours; restore it from a backup")
+        }
+        var reader = ByteReader(bytes)
+        guard reader.take(4) == magic else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "not a ProtectedStore encrypted file (bad magic)",
+                                      remedy: "Only files written by ProtectedStore can be read; restore it from a backup if it was one")
+        }
+        let version = reader.uint16()
+        guard version == Self.version else {
+            throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "encrypted file format version \(version) is not supported (this build reads version \(Self.version))",
+                                      remedy: "Use the ProtectedStore version that wrote it")
+        }
+        guard let protectionClass = ProtectionClass(rawValue: reader.uint8()), reader.uint8() == 0 else {
+            throw headerAuthenticationError(path: path)
+        }
+        let blockSize = Int(reader.uint32())
+        guard blockSize >= minimumBlockSize, blockSize <= maximumBlockSize, blockSize & (blockSize - 1) == 0 else {
+            throw headerAuthenticationError(path: path)
+        }
+        return FileHeader(protectionClass: protectionClass, blockSize: blockSize, keybagID: reader.take(idBytes), fileID: reader.take(idBytes),
+                          ephemeralPublicKey: reader.take(X25519.keyBytes),
+                          wrappedFileKey: reader.take(AEAD.nonceBytes + fileKeyBytes + AEAD.tagBytes))
+    }
+
+    /// Unwraps the per-file key with the class key (class B: with the class secret key and the ephemeral public key).
+    func unwrapFileKey(keys: any ClassKeyProviding, path: String) throws -> SecureBytes {
+        guard keybagID == keys.keybagID else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "the file belongs to another device (keybag \(keybagID.hex), this device's is \(keys.keybagID.hex)), or its header was modified",
+                                      remedy: "Open it with the device root it was written on")
+        }
+        let classKey = try keys.classKey(for: protectionClass)
+        let wrappingKey: SecureBytes
+        if protectionClass == .completeUnlessOpen {
+            wrappingKey = try Self.classBWrappingKey(secret: classKey, peerPublicKey: ephemeralPublicKey,
+                                                     ephemeralPublicKey: ephemeralPublicKey, classBPublicKey: keys.classBPublicKey, path: path)
+        } else {
+            wrappingKey = classKey
+        }
+        guard let fileKey = try AEAD.unwrap(wrappedFileKey[...], with: wrappingKey, associatedData: authenticatedPrefix) else {
+            throw Self.headerAuthenticationError(path: path)
+        }
+        return fileKey
+    }
+
+    private static func headerAuthenticationError(path: String) -> ProtectedStoreError {
+        ProtectedStoreError(.integrity, path: path, problem: "the file header failed authentication: it was modified or corrupted",
+                            remedy: "Restore the file from a backup")
+    }
+
+    /// BLAKE2b-256("ProtectedStore v1 class B wrap" ‖ ephemeral public ‖ class B public ‖ X25519 shared secret).
+    private static func classBWrappingKey(secret: SecureBytes, peerPublicKey: [UInt8], ephemeralPublicKey: [UInt8],
+                                          classBPublicKey: [UInt8], path: String?) throws -> SecureBytes {
+        guard let shared = try X25519.sharedSecret(secret: secret, publicKey: peerPublicKey) else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "class B key agreement produced an invalid shared secret (low-order public key)",
+                                      remedy: "The file header or keybag was tampered with; restore it from a backup")
+        }
+        defer { shared.discard() }
+        return try Blake2b.derive(key: nil, parts: [Array("ProtectedStore v1 class B wrap".utf8), ephemeralPublicKey, classBPublicKey],
+                                  secretParts: [shared])
+    }
+}

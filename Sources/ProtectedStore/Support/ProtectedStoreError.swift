@@ -1,0 +1,80 @@
+import Foundation
+import SystemPackage
+
+/// The one error type the library throws: what went wrong, where, and what to do about it.
+public struct ProtectedStoreError: Error, Sendable, CustomStringConvertible, LocalizedError {
+    /// Broad categories, so callers (and the CLI's exit codes) can react without parsing text.
+    public enum Kind: Sendable, Equatable {
+        /// Stored bytes failed authentication or do not parse: tampering or corruption.
+        case integrity
+        /// A format version or parameter this build does not understand.
+        case unsupportedFormat
+        /// The passcode did not unwrap the keybag.
+        case wrongPasscode
+        /// The key needed is not available in the current protection state.
+        case protectedDataUnavailable
+        /// Something that must exist does not.
+        case notFound
+        /// Something that must not exist already does.
+        case alreadyExists
+        /// The caller passed a value the API cannot accept.
+        case invalidArgument
+        /// The operating system refused or failed an I/O call.
+        case io
+    }
+
+    public let kind: Kind
+    /// The file or directory concerned, when there is one.
+    public let path: String?
+    /// What went wrong, in one sentence without a trailing period.
+    public let problem: String
+    /// What the user can do about it.
+    public let remedy: String
+    /// The errno behind an I/O failure, when there was one.
+    public let errno: Errno?
+
+    public init(_ kind: Kind, path: String? = nil, problem: String, remedy: String, errno: Errno? = nil) {
+        self.kind = kind
+        self.path = path
+        self.problem = problem
+        self.remedy = remedy
+        self.errno = errno
+    }
+
+    public var description: String {
+        var text = path.map { "\($0): \(problem)" } ?? problem
+        if let errno { text += " (\(errno))" }
+        return remedy.isEmpty ? text : "\(text). \(remedy)"
+    }
+
+    public var errorDescription: String? { description }
+
+    /// This error, naming `path` if it named no path yet (key holders don't know which file asked).
+    func naming(_ path: String) -> ProtectedStoreError {
+        self.path == nil ? ProtectedStoreError(kind, path: path, problem: problem, remedy: remedy, errno: errno) : self
+    }
+
+    /// Wraps a failed system call on `path` with a remedy suited to the errno.
+    static func io(_ errno: Errno, path: String, doing action: String) -> ProtectedStoreError {
+        let remedy: String
+        let kind: Kind
+        switch errno {
+        case .noSuchFileOrDirectory:
+            kind = .notFound
+            remedy = "Check the path"
+        case .permissionDenied, .notPermitted:
+            kind = .io
+            remedy = "Check the permissions of the file and its directories"
+        case .noSpace:
+            kind = .io
+            remedy = "Free some disk space and try again"
+        case .fileExists:
+            kind = .alreadyExists
+            remedy = "Choose another name or remove the existing item first"
+        default:
+            kind = .io
+            remedy = "Check the file system"
+        }
+        return ProtectedStoreError(kind, path: path, problem: "cannot \(action)", remedy: remedy, errno: errno)
+    }
+}

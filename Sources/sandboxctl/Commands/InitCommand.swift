@@ -1,0 +1,31 @@
+import ArgumentParser
+import ProtectedStore
+
+extension KDFPreset: ExpressibleByArgument {}
+
+struct InitCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "init",
+        abstract: "Create a device: a keybag in the root and a device secret outside it.",
+        discussion: "The passcode is asked twice on the terminal, or read as one line from standard input with --passcode-stdin. The device secret is needed for every later use of the device: back it up separately from the root."
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Option(help: ArgumentHelp("Passcode key derivation cost: interactive (default, 64 MiB), moderate (256 MiB), sensitive (1 GiB), or fast (INSECURE, tests only).", valueName: "preset"))
+    var kdf: KDFPreset = .interactive
+
+    @Flag(help: "Read the passcode as one line from standard input instead of the terminal.")
+    var passcodeStdin = false
+
+    func run() throws {
+        try reportingErrors {
+            let passcode = try PasscodeInput.readNew(fromStandardInput: passcodeStdin)
+            let created = try Device.create(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret, passcode: passcode, kdf: kdf)
+            print("Created a device in \(created.root)")
+            print("  keybag:        \(created.keybagPath)")
+            print("  device secret: \(created.deviceSecretPath)  (keep it; without it the data cannot be decrypted)")
+            if kdf == .fast { print("  warning: --kdf fast is for tests only; this passcode is cheap to brute-force") }
+        }
+    }
+}

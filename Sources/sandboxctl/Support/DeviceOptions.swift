@@ -1,0 +1,25 @@
+import ArgumentParser
+import Foundation
+
+/// Where the device lives: options shared by every command that touches one.
+struct DeviceOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Device root directory.", discussion: "Default: $SANDBOXCTL_ROOT, else ~/.local/share/sandboxctl.", valueName: "dir"))
+    var root: String?
+
+    @Option(help: ArgumentHelp("Device secret file, kept outside the root.",
+                               discussion: "Default: $SANDBOXCTL_DEVICE_SECRET, else $XDG_STATE_HOME/sandboxctl/device-secrets/<keybag-id>.secret (XDG_STATE_HOME defaults to ~/.local/state).",
+                               valueName: "path"))
+    var deviceSecret: String?
+
+    var resolvedRoot: String {
+        root ?? environment("SANDBOXCTL_ROOT")
+            ?? (NSHomeDirectory() as NSString).appendingPathComponent(".local/share/sandboxctl")
+    }
+
+    /// nil means the library's default for the keybag's id.
+    var resolvedDeviceSecret: String? { deviceSecret ?? environment("SANDBOXCTL_DEVICE_SECRET") }
+
+    private func environment(_ name: String) -> String? {
+        ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }
+    }
+}

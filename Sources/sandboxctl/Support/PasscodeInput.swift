@@ -1,0 +1,43 @@
+import Foundation
+import ProtectedStore
+import SystemPackage
+
+/// Reads passcodes from the terminal with echo off, or one line from standard input; never from argv.
+enum PasscodeInput {
+    static func read(prompt: String, fromStandardInput: Bool) throws -> Passcode {
+        if fromStandardInput {
+            return try Passcode.read(from: .standardInput)
+        }
+        let terminal = open("/dev/tty", O_RDWR | O_CLOEXEC)
+        guard terminal >= 0 else {
+            throw ProtectedStoreError(.invalidArgument, problem: "no terminal to ask for the passcode",
+                                      remedy: "Pass --passcode-stdin and write the passcode as one line on standard input")
+        }
+        let tty = FileDescriptor(rawValue: terminal)
+        defer { try? tty.close() }
+        var saved = termios()
+        let canHideEcho = tcgetattr(terminal, &saved) == 0
+        if canHideEcho {
+            var silent = saved
+            silent.c_lflag &= ~tcflag_t(ECHO)
+            tcsetattr(terminal, TCSAFLUSH, &silent)
+        }
+        defer {
+            if canHideEcho { tcsetattr(terminal, TCSAFLUSH, &saved) }
+            _ = try? tty.writeAll(Array("\n".utf8))
+        }
+        _ = try? tty.writeAll(Array(prompt.utf8))
+        return try Passcode.read(from: tty)
+    }
+
+    /// Asks for a new passcode; on a terminal it is asked twice and both entries must match.
+    static func readNew(fromStandardInput: Bool) throws -> Passcode {
+        let first = try read(prompt: "New passcode: ", fromStandardInput: fromStandardInput)
+        if fromStandardInput { return first }
+        let second = try read(prompt: "Repeat the passcode: ", fromStandardInput: false)
+        guard try first.matches(second) else {
+            throw ProtectedStoreError(.invalidArgument, problem: "the two passcodes differ", remedy: "Run the command again and type the same passcode twice")
+        }
+        return first
+    }
+}

@@ -1,0 +1,78 @@
+import Foundation
+import Testing
+@testable import ProtectedStore
+
+/// A temporary directory removed when the value is released, even when a test fails.
+final class TemporaryDirectory: @unchecked Sendable {
+    let path: String
+
+    init() {
+        path = FileManager.default.temporaryDirectory.appendingPathComponent("ps-test-\(UUID().uuidString)").path
+        try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+
+    func file(_ name: String) -> String { (path as NSString).appendingPathComponent(name) }
+}
+
+/// A device with the fast KDF in a temporary directory, its secret beside (not inside) the root.
+struct TestDevice {
+    static let passcode = "1234-test"
+    let directory = TemporaryDirectory()
+    let device: Device
+    var root: String { directory.file("root") }
+    var secretPath: String { directory.file("device.secret") }
+
+    init(passcode: String = TestDevice.passcode) throws {
+        device = try Device.create(root: directory.file("root"), deviceSecretPath: directory.file("device.secret"),
+                                   passcode: try Passcode(passcode), kdf: .fast)
+    }
+
+    func reopen() throws -> Device { try Device.open(root: root, deviceSecretPath: secretPath) }
+
+    func path(_ name: String) -> String { directory.file(name) }
+}
+
+/// Asserts that `body` throws a `ProtectedStoreError` of `kind` and returns it.
+@discardableResult
+func expectError<R>(_ kind: ProtectedStoreError.Kind, sourceLocation: SourceLocation = #_sourceLocation,
+                    _ body: () throws -> R) -> ProtectedStoreError? {
+    do {
+        _ = try body()
+        Issue.record("expected a \(kind) error, but the call succeeded", sourceLocation: sourceLocation)
+    } catch let error as ProtectedStoreError {
+        #expect(error.kind == kind, "got \(error)", sourceLocation: sourceLocation)
+        return error
+    } catch {
+        Issue.record("expected ProtectedStoreError(\(kind)), got \(error)", sourceLocation: sourceLocation)
+    }
+    return nil
+}
+
+/// A small deterministic generator, so a failing random sequence can be replayed from its seed.
+struct SplitMix64: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+func readRaw(_ path: String) -> [UInt8] { Array(FileManager.default.contents(atPath: path)!) }
+func writeRaw(_ bytes: [UInt8], _ path: String) { precondition(FileManager.default.createFile(atPath: path, contents: Data(bytes))) }
+
+func pattern(_ count: Int, seed: UInt8 = 0) -> [UInt8] {
+    (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ Int(seed) &+ $0 >> 8) }
+}
+
+extension Array where Element == UInt8 {
+    func contains(subsequence needle: [UInt8]) -> Bool {
+        guard !needle.isEmpty, needle.count <= count else { return needle.isEmpty }
+        return (0...(count - needle.count)).contains { start in self[start..<start + needle.count].elementsEqual(needle) }
+    }
+}
