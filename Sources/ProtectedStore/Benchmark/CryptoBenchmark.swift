@@ -29,7 +29,7 @@ public struct CryptoBenchmark: Sendable {
     /// Directory for the benchmark files (they are removed afterwards).
     public var directory: String
 
-    public init(sizeMiB: Int, blockSize: Int = EncryptedFile.defaultBlockSize, rounds: Int = 3, directory: String) {
+    public init(sizeMiB: Int, blockSize: Int = EncryptedFile.defaultBlockSize, rounds: Int = 5, directory: String) {
         self.sizeMiB = sizeMiB
         self.blockSize = blockSize
         self.rounds = rounds

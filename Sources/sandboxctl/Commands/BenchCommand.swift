@@ -14,7 +14,7 @@ struct CryptoBench: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "crypto",
         abstract: "Encrypted file throughput against libsodium's AEAD alone and against plain files.",
-        discussion: "Sequential writes and reads in 1 MiB calls through the file format on disk (page cache, no fsync), beside libsodium's XChaCha20-Poly1305 alone in memory on one core, and plain files of the same size. MB/s are 10^6 bytes per second; each figure is the median of 3 rounds."
+        discussion: "Sequential writes and reads in 1 MiB calls through the file format on disk (page cache, no fsync), beside libsodium's XChaCha20-Poly1305 alone in memory on one core, and plain files of the same size. MB/s are 10^6 bytes per second; each figure is the median of 5 rounds."
     )
 
     @Option(help: ArgumentHelp("Data size in MiB.", valueName: "n"))

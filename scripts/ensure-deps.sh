@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the system packages the build needs (as root), or prints the exact command to run.
+set -euo pipefail
+
+packages=()
+command -v pkg-config >/dev/null 2>&1 || packages+=(pkg-config)
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libsodium; then
+    packages+=(libsodium-dev)
+fi
+
+if ! command -v swift >/dev/null 2>&1; then
+    echo "error: swift is not on PATH. Install Swift 6 (https://www.swift.org/install/linux/) and run this again." >&2
+    exit 1
+fi
+
+[ ${#packages[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -eq 0 ]; then
+    echo "Installing missing system packages: ${packages[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${packages[@]}" >/dev/null
+else
+    echo "error: missing system packages: ${packages[*]}" >&2
+    echo "Install them with:" >&2
+    echo "    sudo apt-get install -y ${packages[*]}" >&2
+    exit 1
+fi
