@@ -13,6 +13,15 @@ if ! command -v swift >/dev/null 2>&1; then
     exit 1
 fi
 
+# Optional: the independent decryptor test (tools/independent_decrypt.py) needs PyNaCl; it is skipped without it.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import nacl.bindings' >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ]; then
+        python3 -m pip install --quiet pynacl >/dev/null 2>&1 || echo "note: could not install PyNaCl; the independent decryptor test will be skipped"
+    else
+        echo "note: PyNaCl is missing; the independent decryptor test will be skipped (python3 -m pip install --user pynacl)"
+    fi
+fi
+
 [ ${#packages[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then

@@ -79,7 +79,10 @@ public final class DeviceSecret: Sendable {
             throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "device secret format version \(version) is not supported (this build reads version \(Self.version))",
                                       remedy: "Use the ProtectedStore version that created it")
         }
-        _ = reader.take(6)
+        guard reader.take(6).allSatisfy({ $0 == 0 }) else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "the device secret's reserved bytes are not zero: it was modified or corrupted",
+                                      remedy: "Restore the device secret from its backup")
+        }
         let keybagID = reader.take(FileHeader.idBytes)
         let secret = SecureBytes(count: secretBytes) { out in
             bytes.withUnsafeBytes { out.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[32..<64])) }
