@@ -16,7 +16,10 @@ fi
 # Optional: the independent decryptor test (tools/independent_decrypt.py) needs PyNaCl; it is skipped without it.
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import nacl.bindings' >/dev/null 2>&1; then
     if [ "$(id -u)" -eq 0 ]; then
-        python3 -m pip install --quiet pynacl >/dev/null 2>&1 || echo "note: could not install PyNaCl; the independent decryptor test will be skipped"
+        # pip for a pip-managed Python; Debian's own Python refuses pip (PEP 668) and takes the apt package.
+        python3 -m pip install --quiet pynacl >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq python3-nacl >/dev/null 2>&1 && python3 -c 'import nacl.bindings' >/dev/null 2>&1; } \
+            || echo "note: could not install PyNaCl; the independent decryptor test will be skipped"
     else
         echo "note: PyNaCl is missing; the independent decryptor test will be skipped (python3 -m pip install --user pynacl)"
     fi

@@ -73,7 +73,7 @@ struct FileFormatTests {
     @Test("large calls spread over cores give the same bytes as small ones")
     func parallelPathMatchesSerial() throws {
         let test = try TestDevice()
-        let contents = pattern(3 * EncryptedFile.maximumBlocksPerPass * Self.blockSize / 2 + 77, seed: 9)
+        let contents = pattern(3 * EncryptedFile.maximumBytesPerPass / 2 + 77, seed: 9)
         let big = try EncryptedFile.create(at: test.path("big"), protectionClass: .complete, keys: test.device)
         try big.write(contents, at: 0)
         let small = try EncryptedFile.create(at: test.path("small"), protectionClass: .complete, keys: test.device)
@@ -84,6 +84,63 @@ struct FileFormatTests {
         #expect(try small.readAll() == contents)
         #expect(try big.read(at: 12345, count: 3_000_000) == Array(contents[12345..<3_012_345]))
         #expect(try big.read(at: 4_000_001, count: 9_000_000) == Array(contents[4_000_001...]))
+    }
+
+    @Test("large unaligned writes, growth and shrinking across pass boundaries match a model")
+    func largeOperations() throws {
+        let test = try TestDevice()
+        let path = test.path("large")
+        let file = try EncryptedFile.create(at: path, protectionClass: .complete, keys: test.device)
+        var model = pattern(5 * 1_048_576 + 333, seed: 3)
+        try file.write(model, at: 0)
+        let patch = pattern(EncryptedFile.maximumBytesPerPass + 9_999, seed: 4)
+        try file.write(patch, at: 12_345)
+        model.replaceSubrange(12_345..<12_345 + patch.count, with: patch)
+        #expect(try file.readAll() == model)
+        let grown = Int64(model.count + 2 * EncryptedFile.maximumBytesPerPass + 5)
+        try file.truncate(to: grown)
+        model += [UInt8](repeating: 0, count: Int(grown) - model.count)
+        try file.write([1, 2, 3], at: grown + Int64(EncryptedFile.maximumBytesPerPass) + 7)
+        model += [UInt8](repeating: 0, count: EncryptedFile.maximumBytesPerPass + 7) + [1, 2, 3]
+        #expect(file.size == Int64(model.count))
+        try file.truncate(to: 3_000_007)
+        model.removeLast(model.count - 3_000_007)
+        try file.close()
+        #expect(try EncryptedFile.open(at: path, keys: test.device, writable: false).readAll() == model)
+    }
+
+    @Test("a damaged block is named even when the read is spread over cores")
+    func parallelReadNamesBlock() throws {
+        let test = try TestDevice()
+        let path = test.path("parallel-damage")
+        try test.device.writeFile(pattern(3 * 1_048_576), to: path, protection: .complete)
+        var raw = readRaw(path)
+        raw[FileHeader.size + 700 * (Self.blockSize + BlockLayout.overhead) + 100] ^= 0x80
+        writeRaw(raw, path)
+        let file = try EncryptedFile.open(at: path, keys: test.device, writable: false)
+        var buffer = [UInt8](repeating: 0xAA, count: 3 * 1_048_576)
+        let error = expectError(.integrity) { try buffer.withUnsafeMutableBytes { try file.read(into: $0, at: 0) } }
+        #expect(error?.problem.contains("block 700 ") == true, "\(String(describing: error))")
+        #expect(buffer.allSatisfy { $0 == 0 }, "nothing of a failed read reaches the caller")
+    }
+
+    @Test("an empty file is authenticated too: its lone block, and a file cut down to one empty block")
+    func emptyFileAuthenticated() throws {
+        let test = try TestDevice()
+        let path = test.path("empty")
+        try test.device.writeFile([], to: path, protection: .complete)
+        let original = readRaw(path)
+        #expect(original.count == FileHeader.size + BlockLayout.overhead)
+        for position in original.indices {
+            var flipped = original
+            flipped[position] ^= 0x01
+            writeRaw(flipped, path)
+            expectError(position < 4 || position >= 6 ? .integrity : .unsupportedFormat) { try test.device.readFile(at: path) }
+        }
+        let long = test.path("long")
+        try test.device.writeFile(pattern(4 * Self.blockSize), to: long, protection: .complete)
+        writeRaw(Array(readRaw(long)[0..<FileHeader.size + BlockLayout.overhead]), long)
+        expectError(.integrity) { try test.device.readFile(at: long) }
     }
 
     @Test("writing past the end zero-fills the gap")
@@ -219,9 +276,8 @@ struct FileFormatTests {
         #expect(error?.problem.contains("another device") == true)
         writeRaw(Array("just some text, not ours".utf8) + [UInt8](repeating: 0, count: 200), path)
         expectError(.integrity) { try test.device.readFile(at: path) }
-        var versioned = readRaw(path)
         try other.device.writeFile([1], to: path, protection: .none)
-        versioned = readRaw(path)
+        var versioned = readRaw(path)
         versioned[4] = 9
         writeRaw(versioned, path)
         let versionError = expectError(.unsupportedFormat) { try other.device.readFile(at: path) }

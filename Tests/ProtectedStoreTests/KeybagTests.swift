@@ -108,7 +108,7 @@ struct KeybagTests {
         expectError(.integrity) { try test.reopen() }
     }
 
-    @Test("a corrupt, truncated or unknown-version keybag gets one clear error each, and nothing is rewritten")
+    @Test("a corrupt, truncated or unknown-version keybag gets one clear error each")
     func badKeybags() throws {
         let test = try TestDevice()
         let keybagPath = test.device.keybagPath
@@ -118,7 +118,6 @@ struct KeybagTests {
             corrupt[position] ^= 0x40
             writeRaw(corrupt, keybagPath)
             expectError(.integrity) { try test.reopen() }
-            #expect(readRaw(keybagPath) == corrupt)
         }
         writeRaw(Array(original.dropLast(5)), keybagPath)
         #expect(expectError(.integrity) { try test.reopen() }?.problem.contains("truncated") == true)
@@ -151,6 +150,14 @@ struct KeybagTests {
         try FileManager.default.moveItem(atPath: test.secretPath, toPath: moved)
         #expect(expectError(.notFound) { try test.reopen() }?.problem.contains("device secret is missing") == true)
         #expect(throws: Never.self) { try Device.open(root: test.root, deviceSecretPath: moved) }
+        for (offset, value, kind) in [(8, UInt8(2), ProtectedStoreError.Kind.unsupportedFormat), (12, 1, .integrity), (0, UInt8(ascii: "X"), .integrity)] {
+            var damaged = readRaw(moved)
+            damaged[offset] = value
+            let damagedPath = test.path("damaged-\(offset).secret")
+            writeRaw(damaged, damagedPath)
+            chmod(damagedPath, 0o600)
+            expectError(kind) { try Device.open(root: test.root, deviceSecretPath: damagedPath) }
+        }
     }
 
     @Test("init over an existing device or into a non-empty directory changes nothing")
@@ -174,6 +181,16 @@ struct KeybagTests {
             try Device.create(root: test.path("inner"), deviceSecretPath: test.path("inner/secret"), passcode: try Passcode("x"), kdf: .fast)
         }
         expectError(.notFound) { try Device.open(root: test.path("nowhere")) }
+        let plainFile = test.path("a-file")
+        writeRaw([1, 2, 3], plainFile)
+        expectError(.invalidArgument) { try Device.open(root: plainFile) }
+        expectError(.io) { try Device.create(root: plainFile, deviceSecretPath: test.path("fourth.secret"), passcode: try Passcode("x"), kdf: .fast) }
+        #expect(readRaw(plainFile) == [1, 2, 3])
+        #expect(!FileManager.default.fileExists(atPath: test.path("fourth.secret")))
+        // A root that exists but cannot be listed is an I/O error, not "empty".
+        let keybagAsDirectory = test.path("odd-root")
+        try FileManager.default.createDirectory(atPath: keybagAsDirectory + "/keybag", withIntermediateDirectories: true)
+        expectError(.io) { try Device.open(root: keybagAsDirectory, deviceSecretPath: test.secretPath) }
         expectError(.notFound) { try Device.open(root: busy) }
     }
 
@@ -197,6 +214,19 @@ struct KeybagTests {
         #expect(KDFPreset.interactive.memLimit < KDFPreset.moderate.memLimit)
         #expect(KDFPreset.moderate.memLimit < KDFPreset.sensitive.memLimit)
         #expect(KDFPreset.allCases.allSatisfy { PasscodeKDF(preset: $0).isSupported })
+    }
+
+    @Test("class names: CLI names, letters and Foundation raw values all parse; others don't")
+    func classNames() {
+        for protectionClass in ProtectionClass.allCases {
+            #expect(ProtectionClass(name: protectionClass.name) == protectionClass)
+            #expect(ProtectionClass(name: protectionClass.letter.lowercased()) == protectionClass)
+            #expect(ProtectionClass(name: protectionClass.fileProtectionType.rawValue) == protectionClass)
+            #expect(ProtectionClass(protectionClass.fileProtectionType) == protectionClass)
+        }
+        #expect(ProtectionClass(name: "NSFileProtectionComplete") == .complete)
+        #expect(ProtectionClass(name: "E") == nil)
+        #expect(ProtectionClass(name: "") == nil)
     }
 
     @Test("secret bytes cannot be printed and compare in constant time")

@@ -38,24 +38,20 @@ enum AEAD {
     ) -> Bool {
         precondition(key.count == keyBytes && nonce.count == nonceBytes)
         guard sealed.count >= tagBytes, output.count == sealed.count - tagBytes else { return false }
-        guard let outputBase = output.baseAddress else {
-            // An empty block still carries a tag to verify; libsodium wants a real pointer for its output.
-            var scratch: UInt8 = 0
-            return withUnsafeMutableBytes(of: &scratch) { scratchBuffer in
-                open(sealed, key: key, nonce: nonce, associatedData: associatedData,
-                     into: UnsafeMutableRawBufferPointer(start: scratchBuffer.baseAddress, count: 0))
-            }
-        }
+        // An empty block still carries a tag to verify, and libsodium wants a real pointer for its (empty) output.
+        var emptyOutput: UInt8 = 0
         var written: UInt64 = 0
-        // libsodium writes nothing to `output` unless the tag verifies.
-        let result = crypto_aead_xchacha20poly1305_ietf_decrypt(
-            outputBase.assumingMemoryBound(to: UInt8.self),
-            &written,
-            nil,
-            sealed.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(sealed.count),
-            associatedData.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(associatedData.count),
-            nonce.baseAddress!.assumingMemoryBound(to: UInt8.self),
-            key.baseAddress!.assumingMemoryBound(to: UInt8.self))
+        // On failure libsodium zeroes `output`, so no unauthenticated plaintext is left behind.
+        let result = withUnsafeMutablePointer(to: &emptyOutput) { fallback in
+            crypto_aead_xchacha20poly1305_ietf_decrypt(
+                output.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? fallback,
+                &written,
+                nil,
+                sealed.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(sealed.count),
+                associatedData.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(associatedData.count),
+                nonce.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                key.baseAddress!.assumingMemoryBound(to: UInt8.self))
+        }
         return result == 0
     }
 }

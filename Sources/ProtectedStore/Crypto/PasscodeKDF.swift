@@ -7,7 +7,8 @@ public struct Passcode: Sendable {
 
     /// A passcode from a Swift string (its UTF-8 bytes). Prefer `read(from:)` for user input: a String cannot be zeroed.
     public init(_ string: String) throws {
-        let utf8 = Array(string.utf8)
+        var utf8 = Array(string.utf8)
+        defer { zeroize(&utf8) }
         guard !utf8.isEmpty else {
             throw ProtectedStoreError(.invalidArgument, problem: "the passcode is empty", remedy: "Choose a passcode of at least one character")
         }

@@ -22,8 +22,15 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// The keybag file inside the root.
     public var keybagPath: String { Self.keybagPath(root: root) }
 
+    /// The 16-byte id of this device's keybag (also in every file header).
+    public let keybagID: [UInt8]
+    /// Class B's public key, usable in every state to create class B files.
+    public let classBPublicKey: [UInt8]
+
     private let deviceSecret: DeviceSecret
     private let mutex = NSLock()
+    // Serialises passcode changes without holding `mutex` through two Argon2id runs.
+    private let passcodeChangeLock = NSLock()
     private var keybag: Keybag
     private let classKeys: ClassKeys
     private var currentState: State
@@ -32,6 +39,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         self.root = root
         self.deviceSecret = deviceSecret
         self.keybag = keybag
+        self.keybagID = keybag.keybagID
+        self.classBPublicKey = keybag.classBPublicKey
         self.classKeys = classKeys
         self.currentState = state
     }
@@ -45,31 +54,60 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     public static func create(root: String, deviceSecretPath: String? = nil, passcode: Passcode,
                               kdf: KDFPreset = .interactive) throws -> Device {
         let root = absolute(root)
-        let keybagPath = keybagPath(root: root)
-        if FileSystem.exists(keybagPath) {
-            throw ProtectedStoreError(.alreadyExists, path: root, problem: "a device already exists here (it has a keybag)",
-                                      remedy: "Choose another --root; to start over, erase this device first")
-        }
-        if let contents = try? FileManager.default.contentsOfDirectory(atPath: root), !contents.isEmpty {
-            throw ProtectedStoreError(.alreadyExists, path: root, problem: "the directory is not empty and holds no device",
-                                      remedy: "Choose a new or empty directory for --root")
-        }
-        try FileSystem.createDirectories(root)
+        try checkCreatable(root: root, deviceSecretPath: deviceSecretPath)
         let keybagID = Random.bytes(FileHeader.idBytes)
         let secretPath = absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID))
-        if secretPath.hasPrefix(root + "/") {
-            throw ProtectedStoreError(.invalidArgument, path: secretPath, problem: "the device secret must live outside the device root",
-                                      remedy: "Pass a --device-secret path outside \(root), so a copy of the root alone cannot be decrypted")
-        }
-        let deviceSecret = try DeviceSecret.create(at: secretPath, keybagID: keybagID)
+        let rootExisted = try FileSystem.exists(root)
+        try FileSystem.createDirectories(root)
+        let keybagPath = keybagPath(root: root)
+        let secretExisted = try FileSystem.exists(secretPath)
         do {
+            let deviceSecret = try DeviceSecret.create(at: secretPath, keybagID: keybagID)
             let (keybag, classKeys) = try Keybag.create(keybagID: keybagID, passcode: passcode, preset: kdf, deviceSecret: deviceSecret)
             try FileSystem.writeAtomically(try keybag.serialized(deviceSecret: deviceSecret), to: keybagPath, replacing: false)
             return Device(root: root, deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys, state: .unlocked)
         } catch {
-            // Leave nothing half-made: a secret without a keybag would only confuse the next init.
-            unlink(secretPath)
+            // Leave nothing half-made. The keybag did not exist before (checked above), so any keybag here is ours.
+            unlink(keybagPath)
+            if !secretExisted { unlink(secretPath) }
+            if !rootExisted { rmdir(root) }
             throw error
+        }
+    }
+
+    /// Throws unless `create` could make a device in `root` with that device secret path: the root must be new or
+    /// empty, and the secret must not exist yet and must lie outside the root. Lets a CLI check before asking for a passcode.
+    public static func checkCreatable(root: String, deviceSecretPath: String?) throws {
+        let root = absolute(root)
+        if try FileSystem.exists(keybagPath(root: root)) {
+            throw ProtectedStoreError(.alreadyExists, path: root, problem: "a device already exists here (it has a keybag)",
+                                      remedy: "Choose another --root; to start over, erase this device first")
+        }
+        if try FileSystem.exists(root) {
+            let contents: [String]
+            do {
+                contents = try FileManager.default.contentsOfDirectory(atPath: root)
+            } catch {
+                throw ProtectedStoreError(.io, path: root, problem: "cannot list the directory (not a directory, or not readable)",
+                                          remedy: "Choose a new or empty directory you can write to for --root")
+            }
+            guard contents.isEmpty else {
+                throw ProtectedStoreError(.alreadyExists, path: root, problem: "the directory is not empty and holds no device",
+                                          remedy: "Choose a new or empty directory for --root")
+            }
+        }
+        guard let deviceSecretPath else { return }
+        let secretPath = absolute(deviceSecretPath)
+        if try FileSystem.exists(secretPath) {
+            throw ProtectedStoreError(.alreadyExists, path: secretPath, problem: "a device secret already exists there",
+                                      remedy: "Pass another --device-secret path; an existing secret is never overwritten")
+        }
+        // Compare real paths, so a symlink can't smuggle the secret into the root.
+        let realRoot = URL(fileURLWithPath: root).resolvingSymlinksInPath().path
+        let realSecret = URL(fileURLWithPath: secretPath).resolvingSymlinksInPath().path
+        if realSecret.hasPrefix(realRoot + "/") || secretPath.hasPrefix(root + "/") {
+            throw ProtectedStoreError(.invalidArgument, path: secretPath, problem: "the device secret must live outside the device root",
+                                      remedy: "Pass a --device-secret path outside \(root), so a copy of the root alone cannot be decrypted")
         }
     }
 
@@ -86,11 +124,11 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         guard isDirectory.boolValue else {
             throw ProtectedStoreError(.invalidArgument, path: root, problem: "the device root is not a directory", remedy: "Pass the device's root directory with --root")
         }
-        guard FileSystem.exists(keybagPath) else {
+        guard try FileSystem.exists(keybagPath) else {
             throw ProtectedStoreError(.notFound, path: root, problem: "no device here (no keybag)",
                                       remedy: "Create one with `sandboxctl init --root \(root)`, or pass the right --root")
         }
-        let bytes = try FileSystem.readWholeFile(keybagPath, what: "keybag")
+        let bytes = try FileSystem.readPrefix(keybagPath, count: Keybag.size + 1, what: "keybag")
         let keybagID = try Keybag.peekID(bytes, path: keybagPath)
         let deviceSecret = try DeviceSecret.load(at: absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID)))
         guard deviceSecret.keybagID == keybagID else {
@@ -137,14 +175,24 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// Re-wraps the class keys under `newPasscode` (no file is touched). The keybag is replaced atomically,
     /// so a crash at any instant leaves one that opens with either the old or the new passcode.
     public func changePasscode(from oldPasscode: Passcode, to newPasscode: Passcode) throws {
-        try mutex.withLock {
-            let unwrapped = try keybag.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: deviceSecret, path: keybagPath)
-            let classD = try keybag.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
+        try passcodeChangeLock.withLock {
+            let current = mutex.withLock { keybag }
+            let unwrapped = try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: deviceSecret, path: keybagPath)
+            let classD = try current.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
             let allKeys = ClassKeys(keys: unwrapped.merging([.none: classD]) { current, _ in current })
             defer { allKeys.discard(ProtectionClass.allCases) }
-            let newKeybag = try keybag.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: deviceSecret)
-            try FileSystem.writeAtomically(try newKeybag.serialized(deviceSecret: deviceSecret), to: keybagPath, replacing: true)
-            keybag = newKeybag
+            let newKeybag = try current.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: deviceSecret)
+            let bytes = try newKeybag.serialized(deviceSecret: deviceSecret)
+            do {
+                try FileSystem.writeAtomically(bytes, to: keybagPath, replacing: true)
+            } catch {
+                // If the rename happened and only the directory fsync failed, the new keybag is the one on disk.
+                if (try? FileSystem.readPrefix(keybagPath, count: Keybag.size + 1, what: "keybag")) == bytes {
+                    mutex.withLock { keybag = newKeybag }
+                }
+                throw error
+            }
+            mutex.withLock { keybag = newKeybag }
         }
     }
 
@@ -162,10 +210,6 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     }
 
     // MARK: ClassKeyProviding
-
-    public var keybagID: [UInt8] { mutex.withLock { keybag.keybagID } }
-
-    public var classBPublicKey: [UInt8] { mutex.withLock { keybag.classBPublicKey } }
 
     public func classKey(for protectionClass: ProtectionClass) throws -> SecureBytes {
         do {

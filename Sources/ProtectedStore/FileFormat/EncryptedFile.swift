@@ -11,8 +11,8 @@ public final class EncryptedFile: @unchecked Sendable {
     public static let defaultBlockSize = 4096
     /// Calls spanning at least this many bytes spread their blocks over all cores.
     static let parallelThresholdBytes: Int64 = 256 * 1024
-    /// Upper bound on blocks handled in one pass, so huge calls run in bounded memory.
-    static let maximumBlocksPerPass = 1024
+    /// Upper bound on plaintext handled in one pass, so huge calls run in bounded memory whatever the block size.
+    static let maximumBytesPerPass = 4 << 20
 
     /// The file on disk, as given when opened.
     public let path: String
@@ -25,6 +25,8 @@ public final class EncryptedFile: @unchecked Sendable {
     private let layout: BlockLayout
     private var plaintextSize: Int64
     private var isClosed = false
+    /// Set when a write failed part-way: the blocks on disk may no longer match `plaintextSize`.
+    private var failedWrite: ProtectedStoreError?
     private let mutex = NSLock()
     private var storedScratch: [UInt8] = []
 
@@ -87,7 +89,9 @@ public final class EncryptedFile: @unchecked Sendable {
                                           remedy: "Restore the file from a backup")
             }
             let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
-            return EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, plaintextSize: plaintextSize, isWritable: writable)
+            let file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, plaintextSize: plaintextSize, isWritable: writable)
+            try file.authenticateFinalBlock()
+            return file
         } catch {
             try? descriptor.close()
             throw error
@@ -100,6 +104,20 @@ public final class EncryptedFile: @unchecked Sendable {
         return try FileHeader.parse(bytes, path: path).protectionClass
     }
 
+    /// Opens the final block once, so the size taken from the file length is authenticated (a file cut to any
+    /// block boundary, even down to a lone empty block, fails here rather than reading as shorter).
+    private func authenticateFinalBlock() throws {
+        let last = layout.blockCount(plaintextSize: plaintextSize) - 1
+        let length = layout.plaintextLength(ofBlock: last, plaintextSize: plaintextSize)
+        var discarded = [UInt8](repeating: 0, count: length)
+        defer { zeroize(&discarded) }
+        try withKey { key in
+            try discarded.withUnsafeMutableBytes { buffer in
+                try decryptRange(firstBlock: last, lastBlock: last, plaintextStart: last * layout.blockSize, into: buffer, key: key)
+            }
+        }
+    }
+
     // MARK: Properties
 
     /// Plaintext size in bytes.
@@ -109,7 +127,9 @@ public final class EncryptedFile: @unchecked Sendable {
     public var protectionClass: ProtectionClass { mutex.withLock { header.protectionClass } }
 
     /// Plaintext bytes per block of this file.
-    public var blockSize: Int { header.blockSize }
+    public var blockSize: Int { Int(layout.blockSize) }
+
+    private var blocksPerPass: Int64 { max(1, Int64(Self.maximumBytesPerPass) / layout.blockSize) }
 
     // MARK: Reading
 
@@ -136,7 +156,7 @@ public final class EncryptedFile: @unchecked Sendable {
                 var position = offset
                 while position < end {
                     let first = layout.blockIndex(containing: position)
-                    let last = min(layout.blockIndex(containing: end - 1), first + Int64(Self.maximumBlocksPerPass) - 1)
+                    let last = min(layout.blockIndex(containing: end - 1), first + blocksPerPass - 1)
                     let passEnd = min(end, (last + 1) * layout.blockSize)
                     let destination = UnsafeMutableRawBufferPointer(rebasing: buffer[Int(position - offset)..<Int(passEnd - offset)])
                     try decryptRange(firstBlock: first, lastBlock: last, plaintextStart: position, into: destination, key: key)
@@ -160,18 +180,18 @@ public final class EncryptedFile: @unchecked Sendable {
         try mutex.withLock {
             try checkWritable()
             guard buffer.count > 0 else { return }
-            try withKey { key in
+            try mutating { try withKey { key in
                 if offset > plaintextSize { try extend(to: offset, key: key) }
                 var position = offset
                 let end = offset + Int64(buffer.count)
                 while position < end {
                     let first = layout.blockIndex(containing: position)
-                    let passEnd = min(end, (first + Int64(Self.maximumBlocksPerPass)) * layout.blockSize)
+                    let passEnd = min(end, (first + blocksPerPass) * layout.blockSize)
                     let source = UnsafeRawBufferPointer(rebasing: buffer[Int(position - offset)..<Int(passEnd - offset)])
                     try writePass(source, at: position, key: key)
                     position = passEnd
                 }
-            }
+            } }
         }
     }
 
@@ -180,13 +200,13 @@ public final class EncryptedFile: @unchecked Sendable {
         precondition(newSize >= 0, "negative size")
         try mutex.withLock {
             try checkWritable()
-            try withKey { key in
+            try mutating { try withKey { key in
                 if newSize > plaintextSize {
                     try extend(to: newSize, key: key)
                 } else if newSize < plaintextSize {
                     try shrink(to: newSize, key: key)
                 }
-            }
+            } }
         }
     }
 
@@ -229,6 +249,20 @@ public final class EncryptedFile: @unchecked Sendable {
     private func checkOpen() throws {
         guard !isClosed else {
             throw ProtectedStoreError(.invalidArgument, path: path, problem: "the file handle is closed", remedy: "Open the file again")
+        }
+        if let failedWrite {
+            throw ProtectedStoreError(failedWrite.kind, path: path, problem: "an earlier write on this handle failed part-way (\(failedWrite.problem))",
+                                      remedy: "Close the handle and open the file again")
+        }
+    }
+
+    /// Runs a mutation; if it fails after touching the disk, the handle refuses further use instead of trusting stale state.
+    private func mutating(_ body: () throws -> Void) throws {
+        do {
+            try body()
+        } catch let error as ProtectedStoreError where error.kind == .io || error.kind == .integrity {
+            failedWrite = error
+            throw error
         }
     }
 
@@ -336,7 +370,7 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
-    /// One pass of a write that starts at or before the end of the file and spans at most `maximumBlocksPerPass` blocks.
+    /// One pass of a write that starts at or before the end of the file and spans at most `blocksPerPass` blocks.
     private func writePass(_ source: UnsafeRawBufferPointer, at offset: Int64, key: UnsafeRawBufferPointer) throws {
         let end = offset + Int64(source.count)
         let newSize = max(plaintextSize, end)
@@ -378,7 +412,7 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Grows the file to `newSize` with zeros, in bounded passes.
     private func extend(to newSize: Int64, key: UnsafeRawBufferPointer) throws {
-        let zeros = [UInt8](repeating: 0, count: Int(min(newSize - plaintextSize, Int64(Self.maximumBlocksPerPass) * layout.blockSize)))
+        let zeros = [UInt8](repeating: 0, count: Int(min(newSize - plaintextSize, blocksPerPass * layout.blockSize)))
         try zeros.withUnsafeBytes { zeroBuffer in
             while plaintextSize < newSize {
                 let count = Int(min(Int64(zeroBuffer.count), newSize - plaintextSize))

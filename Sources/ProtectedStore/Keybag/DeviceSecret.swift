@@ -66,7 +66,7 @@ public final class DeviceSecret: Sendable {
             throw ProtectedStoreError(.invalidArgument, path: path, problem: "the device secret is accessible to other users (mode \(String(info.st_mode & 0o777, radix: 8)))",
                                       remedy: "Run: chmod 600 '\(path)'")
         }
-        var bytes = try FileSystem.readWholeFile(path, what: "device secret")
+        var bytes = try FileSystem.readPrefix(path, count: size + 1, what: "device secret")
         defer { zeroize(&bytes) }
         guard bytes.count == size, Array(bytes[0..<8]) == magic else {
             throw ProtectedStoreError(.integrity, path: path, problem: "not a ProtectedStore device secret (wrong size or magic)",

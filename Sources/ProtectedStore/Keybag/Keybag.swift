@@ -227,10 +227,9 @@ final class ClassKeys: @unchecked Sendable {
         return key
     }
 
-    func has(_ protectionClass: ProtectionClass) -> Bool { lock.withLock { keys[protectionClass] != nil } }
-
+    /// Adds keys for classes not loaded yet; a key already loaded stays (operations may be using it).
     func insert(_ newKeys: [ProtectionClass: SecureBytes]) {
-        lock.withLock { keys.merge(newKeys) { old, new in old.discard(); return new } }
+        lock.withLock { keys.merge(newKeys) { current, duplicate in duplicate.discard(); return current } }
     }
 
     /// Zeroes and forgets the given classes' keys.

@@ -3,24 +3,11 @@ import SystemPackage
 
 /// Small POSIX helpers with errors that name the path; every durable write goes through `writeAtomically`.
 enum FileSystem {
-    static func readWholeFile(_ path: String, what: String) throws -> [UInt8] {
-        let fd = try open(path, .readOnly, doing: "open the \(what)")
-        return try fd.closeAfter {
-            let size = try fileSize(fd, path: path)
-            var bytes = [UInt8](repeating: 0, count: size)
-            let read = try bytes.withUnsafeMutableBytes { buffer in
-                try mappingErrno(path: path, doing: "read the \(what)") { try fd.read(fromAbsoluteOffset: 0, into: buffer) }
-            }
-            return Array(bytes[0..<read])
-        }
-    }
-
     /// Writes `bytes` so that a crash at any instant leaves either the old file or the new one:
     /// temporary file, fsync, rename (or link when `replacing` is false, so an existing file is never clobbered), fsync of the directory.
     static func writeAtomically(_ bytes: [UInt8], to path: String, replacing: Bool, permissions: FilePermissions = [.ownerReadWrite]) throws {
         let directory = (path as NSString).deletingLastPathComponent
-        let name = (path as NSString).lastPathComponent
-        let temporary = (directory as NSString).appendingPathComponent(".\(name).tmp-\(Random.bytes(6).hex)")
+        let temporary = temporarySibling(of: path)
         let fd = try open(temporary, .writeOnly, options: [.create, .exclusiveCreate], permissions: permissions, doing: "create a temporary file")
         do {
             try fd.closeAfter {
@@ -67,9 +54,19 @@ enum FileSystem {
         try fd.closeAfter { try synchronize(fd, path: directory) }
     }
 
-    static func exists(_ path: String) -> Bool {
+    /// Whether anything is at `path`; any answer other than "no such file" (e.g. permission denied) is an error.
+    static func exists(_ path: String) throws -> Bool {
         var info = stat()
-        return lstat(path, &info) == 0
+        if lstat(path, &info) == 0 { return true }
+        let errno = Errno(rawValue: Foundation.errno)
+        if errno == .noSuchFileOrDirectory { return false }
+        throw ProtectedStoreError.io(errno, path: path, doing: "look up")
+    }
+
+    /// A fresh hidden name beside `path`, for writing a file before renaming it into place.
+    static func temporarySibling(of path: String) -> String {
+        let directory = (path as NSString).deletingLastPathComponent
+        return (directory as NSString).appendingPathComponent(".\((path as NSString).lastPathComponent).tmp-\(Random.bytes(6).hex)")
     }
 
     /// Creates `path` and missing parents with mode 0700.

@@ -20,6 +20,7 @@ struct InitCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
+            try Device.checkCreatable(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
             let passcode = try PasscodeInput.readNew(fromStandardInput: passcodeStdin)
             let created = try Device.create(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret, passcode: passcode, kdf: kdf)
             print("Created a device in \(created.root)")

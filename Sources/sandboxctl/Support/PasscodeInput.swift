@@ -20,10 +20,14 @@ enum PasscodeInput {
         if canHideEcho {
             var silent = saved
             silent.c_lflag &= ~tcflag_t(ECHO)
+            EchoGuard.arm(terminal: terminal, saved: saved)
             tcsetattr(terminal, TCSAFLUSH, &silent)
         }
         defer {
-            if canHideEcho { tcsetattr(terminal, TCSAFLUSH, &saved) }
+            if canHideEcho {
+                tcsetattr(terminal, TCSAFLUSH, &saved)
+                EchoGuard.disarm()
+            }
             _ = try? tty.writeAll(Array("\n".utf8))
         }
         _ = try? tty.writeAll(Array(prompt.utf8))
@@ -39,5 +43,27 @@ enum PasscodeInput {
             throw ProtectedStoreError(.invalidArgument, problem: "the two passcodes differ", remedy: "Run the command again and type the same passcode twice")
         }
         return first
+    }
+}
+
+/// Restores terminal echo if the user interrupts the prompt (Ctrl-C, SIGTERM), then exits as the signal would.
+private enum EchoGuard {
+    nonisolated(unsafe) static var terminal: Int32 = -1
+    nonisolated(unsafe) static var saved = termios()
+
+    static func arm(terminal: Int32, saved: termios) {
+        Self.terminal = terminal
+        Self.saved = saved
+        for signalNumber in [SIGINT, SIGTERM, SIGHUP] {
+            signal(signalNumber) { received in
+                if EchoGuard.terminal >= 0 { tcsetattr(EchoGuard.terminal, TCSANOW, &EchoGuard.saved) }
+                _exit(128 + received)
+            }
+        }
+    }
+
+    static func disarm() {
+        for signalNumber in [SIGINT, SIGTERM, SIGHUP] { signal(signalNumber, SIG_DFL) }
+        terminal = -1
     }
 }
