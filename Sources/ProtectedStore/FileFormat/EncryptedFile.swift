@@ -67,7 +67,8 @@ public final class EncryptedFile: @unchecked Sendable {
                 try file.encryptAndStore(firstBlock: 0, blockCount: 1, newSize: 0, key: key) { _ in UnsafeRawBufferPointer(start: nil, count: 0) }
             }
         } catch {
-            try? descriptor.close()
+            // The handle owns the descriptor now: close through it, so nothing closes the number twice.
+            try? file.close()
             unlink(path)
             throw error
         }
@@ -77,6 +78,7 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Opens an existing encrypted file, unwrapping its per-file key with the class key.
     public static func open(at path: String, keys: any ClassKeyProviding, writable: Bool) throws -> EncryptedFile {
         let descriptor = try FileSystem.open(path, writable ? .readWrite : .readOnly, doing: "open the encrypted file")
+        let file: EncryptedFile
         do {
             var headerBytes = [UInt8](repeating: 0, count: FileHeader.size)
             let read = try headerBytes.withUnsafeMutableBytes { buffer in
@@ -89,13 +91,19 @@ public final class EncryptedFile: @unchecked Sendable {
                                           remedy: "Restore the file from a backup")
             }
             let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
-            let file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, plaintextSize: plaintextSize, isWritable: writable)
-            try file.authenticateFinalBlock()
-            return file
+            file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, plaintextSize: plaintextSize, isWritable: writable)
         } catch {
             try? descriptor.close()
             throw error
         }
+        do {
+            try file.authenticateFinalBlock()
+        } catch {
+            // The handle owns the descriptor now: close through it, so nothing closes the number twice.
+            try? file.close()
+            throw error
+        }
+        return file
     }
 
     /// Reads only the header, to learn a file's class without any key.
