@@ -227,7 +227,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// a reader sees the old file or the new one, never a mix, even after a crash.
     public func writeFile(_ contents: [UInt8], to path: String, protection protectionClass: ProtectionClass = .complete) throws {
         let directory = (path as NSString).deletingLastPathComponent
-        let temporary = (directory as NSString).appendingPathComponent(".\((path as NSString).lastPathComponent).tmp-\(Random.bytes(6).hex)")
+        let temporary = FileSystem.temporarySibling(of: path)
         do {
             let file = try EncryptedFile.create(at: temporary, protectionClass: protectionClass, keys: self)
             try file.write(contents, at: 0)
