@@ -5,20 +5,27 @@ import SystemPackage
 public struct CryptoBenchmark: Sendable {
     /// Figures in MB/s (10^6 bytes per second), each the median of `rounds` runs.
     public struct Result: Sendable, Codable {
-        public var aead_raw_MBps: Double
-        public var write_MBps: Double
-        public var read_MBps: Double
-        public var plain_write_MBps: Double
-        public var plain_read_MBps: Double
-        public var block_size: Int
-        public var size_mib: Int
+        public var aeadRawMBps: Double
+        public var writeMBps: Double
+        public var readMBps: Double
+        public var plainWriteMBps: Double
+        public var plainReadMBps: Double
+        public var blockSize: Int
+        public var sizeMiB: Int
         public var cores: Int
         public var rounds: Int
 
+        // The JSON keys scripts read (`sandboxctl bench crypto --json`).
+        enum CodingKeys: String, CodingKey {
+            case aeadRawMBps = "aead_raw_MBps", writeMBps = "write_MBps", readMBps = "read_MBps"
+            case plainWriteMBps = "plain_write_MBps", plainReadMBps = "plain_read_MBps"
+            case blockSize = "block_size", sizeMiB = "size_mib", cores, rounds
+        }
+
         /// Encrypted write throughput as a fraction of the raw single-core AEAD.
-        public var writeRatio: Double { write_MBps / aead_raw_MBps }
+        public var writeRatio: Double { writeMBps / aeadRawMBps }
         /// Encrypted read throughput as a fraction of the raw single-core AEAD.
-        public var readRatio: Double { read_MBps / aead_raw_MBps }
+        public var readRatio: Double { readMBps / aeadRawMBps }
     }
 
     public static let callSize = 1 << 20
@@ -61,14 +68,14 @@ public struct CryptoBenchmark: Sendable {
         let encryptedPath = (root as NSString).appendingPathComponent("encrypted")
         let plainPath = (root as NSString).appendingPathComponent("plain")
         return Result(
-            aead_raw_MBps: try throughput { try rawAEAD(payload: payload) },
-            write_MBps: try throughput {
+            aeadRawMBps: try throughput { try rawAEAD(payload: payload) },
+            writeMBps: try throughput {
                 unlink(encryptedPath)
                 let file = try EncryptedFile.create(at: encryptedPath, protectionClass: .complete, keys: device, blockSize: blockSize)
                 for call in 0..<sizeMiB { try file.write(payload, at: Int64(call * Self.callSize)) }
                 try file.close()
             },
-            read_MBps: try throughput {
+            readMBps: try throughput {
                 let file = try EncryptedFile.open(at: encryptedPath, keys: device, writable: false)
                 var buffer = [UInt8](repeating: 0, count: Self.callSize)
                 for call in 0..<sizeMiB {
@@ -76,14 +83,14 @@ public struct CryptoBenchmark: Sendable {
                 }
                 try file.close()
             },
-            plain_write_MBps: try throughput {
+            plainWriteMBps: try throughput {
                 unlink(plainPath)
                 let fd = try FileSystem.open(plainPath, .writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite], doing: "create")
                 try fd.closeAfter {
                     for call in 0..<sizeMiB { _ = try fd.writeAll(toAbsoluteOffset: Int64(call * Self.callSize), payload) }
                 }
             },
-            plain_read_MBps: try throughput {
+            plainReadMBps: try throughput {
                 let fd = try FileSystem.open(plainPath, .readOnly, doing: "open")
                 var buffer = [UInt8](repeating: 0, count: Self.callSize)
                 try fd.closeAfter {
@@ -92,7 +99,7 @@ public struct CryptoBenchmark: Sendable {
                     }
                 }
             },
-            block_size: blockSize, size_mib: sizeMiB, cores: ProcessInfo.processInfo.activeProcessorCount, rounds: rounds)
+            blockSize: blockSize, sizeMiB: sizeMiB, cores: ProcessInfo.processInfo.activeProcessorCount, rounds: rounds)
     }
 
     /// libsodium's XChaCha20-Poly1305 alone, one core, in memory, same block size and associated-data length as the format.

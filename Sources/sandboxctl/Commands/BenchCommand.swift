@@ -49,11 +49,11 @@ struct CryptoBench: ParsableCommand {
                 print(name.padding(toLength: 22, withPad: " ", startingAt: 0) + String(format: "%9.1f MB/s", value) + note)
             }
             print("\(sizeMib) MiB, \(blockSize)-byte blocks, \(result.cores) cores, median of \(result.rounds) rounds")
-            row("AEAD alone (1 core)", result.aead_raw_MBps)
-            row("encrypted write", result.write_MBps, String(format: "   %.2f x AEAD (target >= 0.85)", result.writeRatio))
-            row("encrypted read", result.read_MBps, String(format: "   %.2f x AEAD (target >= 0.85)", result.readRatio))
-            row("plain write", result.plain_write_MBps)
-            row("plain read", result.plain_read_MBps)
+            row("AEAD alone (1 core)", result.aeadRawMBps)
+            row("encrypted write", result.writeMBps, String(format: "   %.2f x AEAD (target >= 0.85)", result.writeRatio))
+            row("encrypted read", result.readMBps, String(format: "   %.2f x AEAD (target >= 0.85)", result.readRatio))
+            row("plain write", result.plainWriteMBps)
+            row("plain read", result.plainReadMBps)
         }
     }
 }
