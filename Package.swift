@@ -18,10 +18,13 @@ let package = Package(
             pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"]), .brew(["libsodium"])]
         ),
+        // The few Linux calls Swift's Glibc module does not expose.
+        .target(name: "CSupport"),
         .target(
             name: "ProtectedStore",
             dependencies: [
                 "CSodium",
+                "CSupport",
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),

@@ -1,13 +1,19 @@
 import ArgumentParser
 
 @main
-struct Sandboxctl: ParsableCommand {
+struct Sandboxctl: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "sandboxctl",
         abstract: "iOS-style data protection for app containers on Linux.",
         discussion: """
-            Passcodes are never taken from the command line: they are read from the terminal (with echo off) \
-            or, with --passcode-stdin, as one line on standard input.
+            Items are named BUNDLE:PATH, the path relative to the app container (e.g. com.example.notes:Documents/a.txt).
+
+            Each command is its own key holder (embedded mode): it opens the device before first unlock and asks for the \
+            passcode only when an operation needs a key. Passcodes are never taken from the command line: they are read \
+            from the terminal (with echo off) or, with --passcode-stdin, as the first line of standard input.
+
+            Class names: complete, complete-unless-open, complete-until-first-user-authentication, none \
+            (also A-D, and Foundation's NSFileProtection… names).
 
             Environment:
               SANDBOXCTL_ROOT            device root (same as --root)
@@ -20,6 +26,8 @@ struct Sandboxctl: ParsableCommand {
               65  integrity error (authentication failed, corrupt or unsupported data)
               77  denied by data protection (locked, before first unlock, wrong passcode)
             """,
-        subcommands: [InitCommand.self, DemoCommand.self, BenchCommand.self]
+        subcommands: [InitCommand.self, CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self,
+                      RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, PasswdCommand.self, EraseCommand.self,
+                      DemoCommand.self, BenchCommand.self]
     )
 }

@@ -104,7 +104,9 @@ struct CLITests {
         let result = try CLI.run(["demo"])
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.contains("plaintext present on disk: no"))
-        #expect(result.stdout.contains("read: denied"))
+        #expect(result.stdout.contains("denied — CocoaError.fileReadNoPermission, EPERM"))
+        #expect(!result.stdout.contains("expected"), "every class behaved as the reference table says")
+        #expect(result.stdout.contains("1. async stream  willBecomeUnavailable") || result.stdout.contains("1. delegate") || result.stdout.contains("1. notification"))
         #expect(!result.stdout.contains("\u{1B}["), "no colour codes when not on a terminal")
     }
 }

@@ -17,7 +17,7 @@ struct FileFormatTests {
         #expect(readRaw(path).count == Int(layout.storedSize(plaintextSize: Int64(size))))
         // A fresh process sees the same bytes: reopen the device from disk.
         let reopened = try test.reopen()
-        try reopened.unlock(with: try Passcode(TestDevice.passcode))
+        try reopened.unlock(passcode: try Passcode(TestDevice.passcode))
         #expect(try reopened.readFile(at: path) == contents)
     }
 

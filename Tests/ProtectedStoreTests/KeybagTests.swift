@@ -9,23 +9,23 @@ struct KeybagTests {
         let test = try TestDevice()
         let device = try test.reopen()
         #expect(device.state == .beforeFirstUnlock)
-        expectError(.wrongPasscode) { try device.unlock(with: try Passcode("1235-test")) }
+        expectError(.wrongPasscode) { try device.unlock(passcode: try Passcode("1235-test")) }
         #expect(device.state == .beforeFirstUnlock)
         expectError(.protectedDataUnavailable) { try device.classKey(for: .complete) }
-        try device.unlock(with: try Passcode(TestDevice.passcode))
+        try device.unlock(passcode: try Passcode(TestDevice.passcode))
         #expect(device.isProtectedDataAvailable)
     }
 
     @Test("classes available per state: D before first unlock, C stays after a lock, A and B go")
-    func classAvailability() throws {
+    func classAvailability() async throws {
         let test = try TestDevice()
         let device = try test.reopen()
         #expect(throws: Never.self) { try device.classKey(for: .none) }
         for protectionClass in [ProtectionClass.complete, .completeUnlessOpen, .completeUntilFirstUserAuthentication] {
             expectError(.protectedDataUnavailable) { try device.classKey(for: protectionClass) }
         }
-        try device.unlock(with: try Passcode(TestDevice.passcode))
-        device.lock()
+        try device.unlock(passcode: try Passcode(TestDevice.passcode))
+        await device.lock(gracePeriod: 0)
         expectError(.protectedDataUnavailable) { try device.classKey(for: .complete) }
         expectError(.protectedDataUnavailable) { try device.classKey(for: .completeUnlessOpen) }
         #expect(throws: Never.self) { try device.classKey(for: .completeUntilFirstUserAuthentication) }
@@ -43,18 +43,18 @@ struct KeybagTests {
         #expect(readRaw(path) == fileBefore)
         #expect(readRaw(test.device.keybagPath) != keybagBefore)
         let device = try test.reopen()
-        expectError(.wrongPasscode) { try device.unlock(with: try Passcode(TestDevice.passcode)) }
-        try device.unlock(with: try Passcode("new passcode"))
+        expectError(.wrongPasscode) { try device.unlock(passcode: try Passcode(TestDevice.passcode)) }
+        try device.unlock(passcode: try Passcode("new passcode"))
         #expect(try device.readFile(at: path) == pattern(5000))
         expectError(.wrongPasscode) {
             try test.device.changePasscode(from: try Passcode("not it"), to: try Passcode("other"))
         }
         #expect(readRaw(test.device.keybagPath).count == Keybag.size)
-        #expect(try FileManager.default.contentsOfDirectory(atPath: test.root) == ["keybag"], "no temporary file left behind")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: test.root).sorted() == ["containers", "keybag", "passcode-attempts.json", "passcode-policy.json"], "no temporary file left behind")
     }
 
     @Test("class B: a file created with the public key alone reads back only after unlocking")
-    func classBWithPublicKeyOnly() throws {
+    func classBWithPublicKeyOnly() async throws {
         let test = try TestDevice()
         let path = test.path("inbox-item")
         let device = try test.reopen()
@@ -65,9 +65,9 @@ struct KeybagTests {
         #expect(try file.read(at: 0, count: 10) == Array(pattern(9000)[0..<10]))
         try file.close()
         expectError(.protectedDataUnavailable) { try device.readFile(at: path) }
-        try device.unlock(with: try Passcode(TestDevice.passcode))
+        try device.unlock(passcode: try Passcode(TestDevice.passcode))
         #expect(try device.readFile(at: path) == pattern(9000))
-        device.lock()
+        await device.lock(gracePeriod: 0)
         expectError(.protectedDataUnavailable) { try device.readFile(at: path) }
         try device.writeFile([7, 7, 7], to: test.path("while-locked"), protection: .completeUnlessOpen)
         expectError(.protectedDataUnavailable) { try device.writeFile([1], to: test.path("a"), protection: .complete) }
@@ -84,12 +84,12 @@ struct KeybagTests {
         var entries = original.entries
         (entries[0].wrappedKey, entries[2].wrappedKey) = (entries[2].wrappedKey, entries[0].wrappedKey)
         try remac(Keybag(keybagID: original.keybagID, kdf: original.kdf, classBPublicKey: original.classBPublicKey, entries: entries))
-        expectError(.wrongPasscode) { try test.reopen().unlock(with: try Passcode(TestDevice.passcode)) }
+        expectError(.wrongPasscode) { try test.reopen().unlock(passcode: try Passcode(TestDevice.passcode)) }
 
         entries = original.entries
         (entries[1].wrappedKey, entries[2].wrappedKey) = (entries[2].wrappedKey, entries[1].wrappedKey)
         try remac(Keybag(keybagID: original.keybagID, kdf: original.kdf, classBPublicKey: original.classBPublicKey, entries: entries))
-        expectError(.integrity) { try test.reopen().unlock(with: try Passcode(TestDevice.passcode)) }
+        expectError(.integrity) { try test.reopen().unlock(passcode: try Passcode(TestDevice.passcode)) }
 
         // An entry from another keybag, even under the same device secret and passcode, belongs to another keybag id.
         let foreign = try Keybag.create(keybagID: Random.bytes(16), passcode: try Passcode(TestDevice.passcode), preset: .fast, deviceSecret: secret).0
@@ -184,13 +184,13 @@ struct KeybagTests {
         let plainFile = test.path("a-file")
         writeRaw([1, 2, 3], plainFile)
         expectError(.invalidArgument) { try Device.open(root: plainFile) }
-        expectError(.io) { try Device.create(root: plainFile, deviceSecretPath: test.path("fourth.secret"), passcode: try Passcode("x"), kdf: .fast) }
+        expectError(.invalidArgument) { try Device.create(root: plainFile, deviceSecretPath: test.path("fourth.secret"), passcode: try Passcode("x"), kdf: .fast) }
         #expect(readRaw(plainFile) == [1, 2, 3])
         #expect(!FileManager.default.fileExists(atPath: test.path("fourth.secret")))
         // A root that exists but cannot be listed is an I/O error, not "empty".
         let keybagAsDirectory = test.path("odd-root")
         try FileManager.default.createDirectory(atPath: keybagAsDirectory + "/keybag", withIntermediateDirectories: true)
-        expectError(.io) { try Device.open(root: keybagAsDirectory, deviceSecretPath: test.secretPath) }
+        expectError(.invalidArgument) { try Device.open(root: keybagAsDirectory, deviceSecretPath: test.secretPath) }
         expectError(.notFound) { try Device.open(root: busy) }
     }
 

@@ -76,3 +76,21 @@ extension Array where Element == UInt8 {
         return (0...(count - needle.count)).contains { start in self[start..<start + needle.count].elementsEqual(needle) }
     }
 }
+
+extension Device {
+    /// Writes a standalone encrypted file at an absolute path (file-format tests; apps use containers).
+    func writeFile(_ contents: [UInt8], to path: String, protection protectionClass: ProtectionClass = .complete) throws {
+        unlink(path)
+        let file = try EncryptedFile.create(at: path, protectionClass: protectionClass, keys: self)
+        defer { try? file.close() }
+        try file.write(contents, at: 0)
+        try file.synchronize()
+    }
+
+    /// Reads a standalone encrypted file.
+    func readFile(at path: String) throws -> [UInt8] {
+        let file = try EncryptedFile.open(at: path, keys: self, writable: false)
+        defer { try? file.close() }
+        return try file.readAll()
+    }
+}

@@ -1,19 +1,25 @@
 import Foundation
 import SystemPackage
 
-/// A device root: its keybag, its device secret and the class keys currently unwrapped, in this process.
+/// A device root: its keybag, its device secret, its app containers, and the lock state of this process's key holder.
 ///
-/// A freshly opened device is *before first unlock*: only class D is available until `unlock(with:)`.
+/// A freshly opened device is *before first unlock*: only class D is available until `unlock(passcode:)`.
+/// The lock state machine and its events are in Device+Lock.swift.
 public final class Device: @unchecked Sendable, ClassKeyProviding {
-    /// The device's lock state, as far as key availability goes.
-    public enum State: String, Sendable {
-        /// No passcode entered since the device was opened: only class D is available.
+    /// The device's lock state.
+    public enum State: String, Sendable, CaseIterable {
+        /// No passcode entered since the device was opened (booted): only class D is available.
         case beforeFirstUnlock
         /// Every class is available.
         case unlocked
+        /// Locking: observers were told; keys are discarded when all are done or the grace period ends.
+        case locking
         /// Classes A and B (reading) are unavailable; C and D stay.
         case locked
     }
+
+    /// The grace period iOS gives between *will become unavailable* and discarding the keys.
+    public static let defaultGracePeriod: TimeInterval = 10
 
     /// The root directory.
     public let root: String
@@ -21,21 +27,30 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     public var deviceSecretPath: String { deviceSecret.path }
     /// The keybag file inside the root.
     public var keybagPath: String { Self.keybagPath(root: root) }
-
     /// The 16-byte id of this device's keybag (also in every file header).
     public let keybagID: [UInt8]
     /// Class B's public key, usable in every state to create class B files.
     public let classBPublicKey: [UInt8]
+    /// How wrong passcodes are throttled.
+    public let passcodePolicy: PasscodePolicy
+    /// Where the protected-data notifications are posted.
+    public var notificationCenter: NotificationCenter { dispatcher.notificationCenter }
 
-    private let deviceSecret: DeviceSecret
-    private let mutex = NSLock()
-    // Serialises passcode changes without holding `mutex` through two Argon2id runs.
-    private let passcodeChangeLock = NSLock()
-    private var keybag: Keybag
-    private let classKeys: ClassKeys
-    private var currentState: State
+    let deviceSecret: DeviceSecret
+    let mutex = NSLock()
+    // Serialises passcode checks (unlock, passcode change) so the attempt counter is never raced,
+    // without holding `mutex` through Argon2id.
+    let passcodeLock = NSLock()
+    var keybag: Keybag
+    let classKeys: ClassKeys
+    var currentState: State
+    var currentGracePeriod = Device.defaultGracePeriod
+    var pendingLock: LockAttempt?
+    var openClassAFiles: [ObjectIdentifier: WeakFile] = [:]
+    let dispatcher: EventDispatcher
 
-    private init(root: String, deviceSecret: DeviceSecret, keybag: Keybag, classKeys: ClassKeys, state: State) {
+    private init(root: String, deviceSecret: DeviceSecret, keybag: Keybag, classKeys: ClassKeys, state: State,
+                 passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
         self.root = root
         self.deviceSecret = deviceSecret
         self.keybag = keybag
@@ -43,34 +58,49 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         self.classBPublicKey = keybag.classBPublicKey
         self.classKeys = classKeys
         self.currentState = state
+        self.passcodePolicy = passcodePolicy
+        self.dispatcher = EventDispatcher(notificationCenter: notificationCenter)
     }
 
     static func keybagPath(root: String) -> String { (root as NSString).appendingPathComponent("keybag") }
+    var passcodePolicyPath: String { (root as NSString).appendingPathComponent("passcode-policy.json") }
+    var passcodeAttemptsPath: String { (root as NSString).appendingPathComponent("passcode-attempts.json") }
+    var containersPath: String { (root as NSString).appendingPathComponent("containers") }
 
     // MARK: Creating and opening
 
     /// Creates a device in `root` (new or empty directory): a device secret at `deviceSecretPath`
     /// (default: `DeviceSecret.defaultPath(keybagID:)`, outside the root), then the keybag. The device starts unlocked.
-    public static func create(root: String, deviceSecretPath: String? = nil, passcode: Passcode,
-                              kdf: KDFPreset = .interactive) throws -> Device {
+    public static func create(root: String, deviceSecretPath: String? = nil, passcode: Passcode, kdf: KDFPreset = .interactive,
+                              passcodePolicy: PasscodePolicy = .default, notificationCenter: NotificationCenter = .default) throws -> Device {
         let root = absolute(root)
+        try passcodePolicy.validate()
         try checkCreatable(root: root, deviceSecretPath: deviceSecretPath)
         let keybagID = Random.bytes(FileHeader.idBytes)
         let secretPath = absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID))
         let rootExisted = try FileSystem.exists(root)
         try FileSystem.createDirectories(root)
-        let keybagPath = keybagPath(root: root)
         let secretExisted = try FileSystem.exists(secretPath)
         do {
             let deviceSecret = try DeviceSecret.create(at: secretPath, keybagID: keybagID)
             let (keybag, classKeys) = try Keybag.create(keybagID: keybagID, passcode: passcode, preset: kdf, deviceSecret: deviceSecret)
-            try FileSystem.writeAtomically(try keybag.serialized(deviceSecret: deviceSecret), to: keybagPath, replacing: false)
-            return Device(root: root, deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys, state: .unlocked)
+            let device = Device(root: root, deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys, state: .unlocked,
+                                passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
+            try FileSystem.createDirectories(device.containersPath)
+            try FileSystem.writeAtomically(Array(try JSONEncoder().encode(passcodePolicy)), to: device.passcodePolicyPath, replacing: false)
+            // The keybag last: a root is a device once it has one, so a crash before this leaves a root `create` can reuse.
+            try FileSystem.writeAtomically(try keybag.serialized(deviceSecret: deviceSecret), to: device.keybagPath, replacing: false)
+            return device
         } catch {
-            // Leave nothing half-made. The keybag did not exist before (checked above), so any keybag here is ours.
-            unlink(keybagPath)
+            // Leave nothing half-made. The root was empty (checked above), so anything in it is ours.
+            if rootExisted {
+                for name in (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? [] {
+                    try? FileManager.default.removeItem(atPath: (root as NSString).appendingPathComponent(name))
+                }
+            } else {
+                try? FileManager.default.removeItem(atPath: root)
+            }
             if !secretExisted { unlink(secretPath) }
-            if !rootExisted { rmdir(root) }
             throw error
         }
     }
@@ -111,9 +141,9 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         }
     }
 
-    /// Opens the device in `root`, before first unlock. The device secret is read from `deviceSecretPath`,
-    /// else from the default path for this keybag's id.
-    public static func open(root: String, deviceSecretPath: String? = nil) throws -> Device {
+    /// Opens the device in `root`, before first unlock (as after a reboot). The device secret is read from
+    /// `deviceSecretPath`, else from the default path for this keybag's id.
+    public static func open(root: String, deviceSecretPath: String? = nil, notificationCenter: NotificationCenter = .default) throws -> Device {
         let root = absolute(root)
         let keybagPath = keybagPath(root: root)
         var isDirectory: ObjCBool = false
@@ -137,47 +167,35 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         }
         let keybag = try Keybag.parse(bytes, path: keybagPath, deviceSecret: deviceSecret)
         let classD = try keybag.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
-        return Device(root: root, deviceSecret: deviceSecret, keybag: keybag, classKeys: ClassKeys(keys: [.none: classD]), state: .beforeFirstUnlock)
+        let policyPath = (root as NSString).appendingPathComponent("passcode-policy.json")
+        var policy = PasscodePolicy.default
+        if try FileSystem.exists(policyPath) {
+            let policyBytes = try FileSystem.readPrefix(policyPath, count: 4096, what: "passcode policy")
+            guard let stored = try? JSONDecoder().decode(PasscodePolicy.self, from: Data(policyBytes)), (try? stored.validate()) != nil else {
+                throw ProtectedStoreError(.integrity, path: policyPath, problem: "the passcode policy is unreadable",
+                                          remedy: "Restore it from a backup, or delete it to use the default policy")
+            }
+            policy = stored
+        }
+        return Device(root: root, deviceSecret: deviceSecret, keybag: keybag, classKeys: ClassKeys(keys: [.none: classD]),
+                      state: .beforeFirstUnlock, passcodePolicy: policy, notificationCenter: notificationCenter)
     }
 
-    private static func absolute(_ path: String) -> String {
+    static func absolute(_ path: String) -> String {
         let expanded = (path as NSString).expandingTildeInPath
         let joined = expanded.hasPrefix("/") ? expanded : (FileManager.default.currentDirectoryPath as NSString).appendingPathComponent(expanded)
         return (joined as NSString).standardizingPath
     }
 
-    // MARK: Lock state
-
-    /// The current state.
-    public var state: State { mutex.withLock { currentState } }
-
-    /// Whether class A data can be read now (UIApplication's `isProtectedDataAvailable`).
-    public var isProtectedDataAvailable: Bool { state == .unlocked }
-
-    /// Unwraps classes A, B and C with the passcode. Throws `.wrongPasscode` if it does not match.
-    public func unlock(with passcode: Passcode) throws {
-        let keys = try mutex.withLock { keybag }.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: deviceSecret, path: keybagPath)
-        mutex.withLock {
-            classKeys.insert(keys)
-            currentState = .unlocked
-        }
-    }
-
-    /// Zeroes class A's key and class B's secret key; class C stays until the device is closed, class D always.
-    public func lock() {
-        mutex.withLock {
-            guard currentState == .unlocked else { return }
-            classKeys.discard([.complete, .completeUnlessOpen])
-            currentState = .locked
-        }
-    }
+    // MARK: Passcode
 
     /// Re-wraps the class keys under `newPasscode` (no file is touched). The keybag is replaced atomically,
     /// so a crash at any instant leaves one that opens with either the old or the new passcode.
+    /// A wrong `oldPasscode` counts as a failed attempt, as an unlock would.
     public func changePasscode(from oldPasscode: Passcode, to newPasscode: Passcode) throws {
-        try passcodeChangeLock.withLock {
+        try passcodeLock.withLock {
             let current = mutex.withLock { keybag }
-            let unwrapped = try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: deviceSecret, path: keybagPath)
+            let unwrapped = try checkingPasscode { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: deviceSecret, path: keybagPath) }
             let classD = try current.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
             let allKeys = ClassKeys(keys: unwrapped.merging([.none: classD]) { current, _ in current })
             defer { allKeys.discard(ProtectionClass.allCases) }
@@ -196,16 +214,63 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         }
     }
 
-    /// Destroys the device secret and the keybag: every file of this device becomes unrecoverable at once, without touching it.
+    /// Wrong passcodes in a row so far (persisted; reset by a right one).
+    public var failedPasscodeAttempts: Int { (try? PasscodeAttempts.load(from: passcodeAttemptsPath).failedAttempts) ?? 0 }
+
+    /// Runs a passcode check under the throttle: refuses while a delay is running, counts a wrong passcode
+    /// (erasing the device if the policy says so), and resets the count on success. Caller holds `passcodeLock`.
+    func checkingPasscode<R>(_ check: () throws -> R) throws -> R {
+        var attempts = try PasscodeAttempts.load(from: passcodeAttemptsPath)
+        let remaining = attempts.remainingDelay(policy: passcodePolicy, now: Date())
+        guard remaining <= 0 else {
+            throw ProtectedStoreError(.throttled, path: root, problem: "\(attempts.failedAttempts) wrong passcodes in a row; the next attempt is allowed in \(Int(remaining.rounded(.up))) s",
+                                      remedy: "Wait, then try again")
+        }
+        do {
+            let result = try check()
+            if attempts.failedAttempts > 0 { try PasscodeAttempts().save(to: passcodeAttemptsPath) }
+            return result
+        } catch let error as ProtectedStoreError where error.kind == .wrongPasscode {
+            attempts.failedAttempts += 1
+            attempts.lastFailure = Date().timeIntervalSince1970
+            try attempts.save(to: passcodeAttemptsPath)
+            if let limit = passcodePolicy.eraseAfterFailedAttempts, attempts.failedAttempts >= limit {
+                try erase()
+                throw ProtectedStoreError(.wrongPasscode, path: root, problem: "wrong passcode, \(attempts.failedAttempts) times in a row: the device has been erased, as its passcode policy requires",
+                                          remedy: "Its data is gone; create a new device with `sandboxctl init`")
+            }
+            let delay = passcodePolicy.delay(afterFailures: attempts.failedAttempts)
+            let next = delay > 0 ? "; the next attempt is allowed in \(Int(delay.rounded(.up))) s" : ""
+            let erasing = passcodePolicy.eraseAfterFailedAttempts.map { "; the device is erased after \($0) in a row" } ?? ""
+            throw ProtectedStoreError(.wrongPasscode, path: keybagPath, problem: "wrong passcode (\(attempts.failedAttempts) in a row\(next)\(erasing))",
+                                      remedy: "Try again with the device's passcode")
+        }
+    }
+
+    /// Destroys the device secret and the keybag, which makes every file of this device unrecoverable at once,
+    /// then removes the containers and settings, leaving an empty root.
     public func erase() throws {
-        try mutex.withLock {
+        let files: [EncryptedFile] = try mutex.withLock {
             classKeys.discard(ProtectionClass.allCases)
             currentState = .locked
+            let lockToRelease = pendingLock.take()
+            defer { lockToRelease?.complete() }
             try deviceSecret.destroy()
             guard unlink(keybagPath) == 0 || Foundation.errno == ENOENT else {
                 throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: keybagPath, doing: "remove the keybag")
             }
             try FileSystem.synchronizeDirectory(root)
+            defer { openClassAFiles = [:] }
+            return openClassAFiles.values.compactMap(\.file)
+        }
+        files.forEach { $0.discardKey() }
+        for name in [containersPath, passcodePolicyPath, passcodeAttemptsPath] where try FileSystem.exists(name) {
+            do {
+                try FileManager.default.removeItem(atPath: name)
+            } catch {
+                throw ProtectedStoreError(.io, path: name, problem: "the keys are destroyed, so the data is unreadable, but removing it failed (\(error.localizedDescription))",
+                                          remedy: "Remove the directory by hand")
+            }
         }
     }
 
@@ -215,38 +280,18 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         do {
             return try classKeys.key(for: protectionClass)
         } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
-            let reason = state == .beforeFirstUnlock ? "before first unlock" : "while the device is locked"
-            throw ProtectedStoreError(.protectedDataUnavailable, problem: "\(protectionClass.name) (class \(protectionClass.letter)) data is unavailable \(reason)",
-                                      remedy: "Unlock the device with its passcode")
+            throw Self.unavailableError(protectionClass, state: state)
         }
     }
 
-    // MARK: Whole files
-
-    /// Writes `contents` to `path` as a new encrypted file of `protectionClass`, atomically:
-    /// a reader sees the old file or the new one, never a mix, even after a crash.
-    public func writeFile(_ contents: [UInt8], to path: String, protection protectionClass: ProtectionClass = .complete) throws {
-        let directory = (path as NSString).deletingLastPathComponent
-        let temporary = FileSystem.temporarySibling(of: path)
-        do {
-            let file = try EncryptedFile.create(at: temporary, protectionClass: protectionClass, keys: self)
-            try file.write(contents, at: 0)
-            try file.synchronize()
-            try file.close()
-            guard rename(temporary, path) == 0 else {
-                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "replace the file")
-            }
-            try FileSystem.synchronizeDirectory(directory)
-        } catch {
-            unlink(temporary)
-            throw error
-        }
+    static func unavailableError(_ protectionClass: ProtectionClass, state: State, path: String? = nil) -> ProtectedStoreError {
+        let reason = state == .beforeFirstUnlock ? "before first unlock" : "while the device is locked"
+        return ProtectedStoreError(.protectedDataUnavailable, path: path, problem: "\(protectionClass.name) (class \(protectionClass.letter)) data is unavailable \(reason)",
+                                   remedy: "Unlock the device with its passcode")
     }
+}
 
-    /// Reads and authenticates the whole plaintext of the encrypted file at `path`.
-    public func readFile(at path: String) throws -> [UInt8] {
-        let file = try EncryptedFile.open(at: path, keys: self, writable: false)
-        defer { try? file.close() }
-        return try file.readAll()
-    }
+/// A weak reference to an open file, so a forgotten handle is not kept alive by the device.
+struct WeakFile {
+    weak var file: EncryptedFile?
 }

@@ -51,14 +51,20 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Class B needs only the public class key, so this works while the device is locked.
     public static func create(at path: String, protectionClass: ProtectionClass, keys: any ClassKeyProviding,
                               blockSize: Int = defaultBlockSize) throws -> EncryptedFile {
+        try create(at: FileLocation(path: path), protectionClass: protectionClass, keys: keys, blockSize: blockSize)
+    }
+
+    static func create(at location: FileLocation, protectionClass: ProtectionClass, keys: any ClassKeyProviding,
+                       blockSize: Int = defaultBlockSize) throws -> EncryptedFile {
         precondition(blockSize >= FileHeader.minimumBlockSize && blockSize <= FileHeader.maximumBlockSize && blockSize & (blockSize - 1) == 0)
+        let path = location.displayPath
         let fileKey = SecureBytes.random(count: FileHeader.fileKeyBytes)
         let header = try attributingKeyErrors(to: path) {
             try FileHeader.sealing(fileKey: fileKey, fileID: Random.bytes(FileHeader.idBytes),
                                    protectionClass: protectionClass, blockSize: blockSize, keys: keys)
         }
-        let descriptor = try FileSystem.open(path, .readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite],
-                                             doing: "create the encrypted file")
+        let descriptor = try location.open(.readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite],
+                                           doing: "create the encrypted file")
         let file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, plaintextSize: 0, isWritable: true)
         do {
             try file.writeStored(header.serialized, at: 0)
@@ -69,7 +75,7 @@ public final class EncryptedFile: @unchecked Sendable {
         } catch {
             // The handle owns the descriptor now: close through it, so nothing closes the number twice.
             try? file.close()
-            unlink(path)
+            location.unlink()
             throw error
         }
         return file
@@ -77,7 +83,12 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Opens an existing encrypted file, unwrapping its per-file key with the class key.
     public static func open(at path: String, keys: any ClassKeyProviding, writable: Bool) throws -> EncryptedFile {
-        let descriptor = try FileSystem.open(path, writable ? .readWrite : .readOnly, doing: "open the encrypted file")
+        try open(at: FileLocation(path: path), keys: keys, writable: writable)
+    }
+
+    static func open(at location: FileLocation, keys: any ClassKeyProviding, writable: Bool) throws -> EncryptedFile {
+        let path = location.displayPath
+        let descriptor = try location.openRegularFile(writable ? .readWrite : .readOnly, doing: "open the encrypted file")
         let file: EncryptedFile
         do {
             var headerBytes = [UInt8](repeating: 0, count: FileHeader.size)
@@ -108,8 +119,13 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Reads only the header, to learn a file's class without any key.
     public static func protectionClass(ofFileAt path: String) throws -> ProtectionClass {
-        let bytes = try FileSystem.readPrefix(path, count: FileHeader.size, what: "file header")
-        return try FileHeader.parse(bytes, path: path).protectionClass
+        try header(at: FileLocation(path: path)).protectionClass
+    }
+
+    /// The parsed header, read without any key (for listings: class, and size from the stored length).
+    static func header(at location: FileLocation) throws -> FileHeader {
+        let bytes = try location.readPrefix(count: FileHeader.size, what: "file header")
+        return try FileHeader.parse(bytes, path: location.displayPath)
     }
 
     /// Opens the final block once, so the size taken from the file length is authenticated (a file cut to any

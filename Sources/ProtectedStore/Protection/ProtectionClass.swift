@@ -43,6 +43,16 @@ public enum ProtectionClass: UInt8, Sendable, CaseIterable, CustomStringConverti
         }
     }
 
+    /// The `Data.WritingOptions` member that asks for this class.
+    public var writingOption: Data.WritingOptions {
+        switch self {
+        case .complete: .completeFileProtection
+        case .completeUnlessOpen: .completeFileProtectionUnlessOpen
+        case .completeUntilFirstUserAuthentication: .completeFileProtectionUntilFirstUserAuthentication
+        case .none: .noFileProtection
+        }
+    }
+
     /// The class behind a Foundation protection type; nil for a type Foundation may add later.
     public init?(_ type: FileProtectionType) {
         guard let match = Self.allCases.first(where: { $0.fileProtectionType == type }) else { return nil }

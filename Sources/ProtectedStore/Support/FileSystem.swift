@@ -97,13 +97,6 @@ extension Collection<UInt8> {
 extension FileSystem {
     /// The first `count` bytes of a file (fewer if it is shorter).
     static func readPrefix(_ path: String, count: Int, what: String) throws -> [UInt8] {
-        let fd = try open(path, .readOnly, doing: "open the \(what)")
-        return try fd.closeAfter {
-            var bytes = [UInt8](repeating: 0, count: count)
-            let read = try bytes.withUnsafeMutableBytes { buffer in
-                try mappingErrno(path: path, doing: "read the \(what)") { try fd.read(fromAbsoluteOffset: 0, into: buffer) }
-            }
-            return Array(bytes[0..<read])
-        }
+        try FileLocation(path: path).readPrefix(count: count, what: what)
     }
 }

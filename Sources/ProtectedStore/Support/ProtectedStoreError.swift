@@ -11,6 +11,8 @@ public struct ProtectedStoreError: Error, Sendable, CustomStringConvertible, Loc
         case unsupportedFormat
         /// The passcode did not unwrap the keybag.
         case wrongPasscode
+        /// Too many wrong passcodes: no attempt is allowed until a delay has passed.
+        case throttled
         /// The key needed is not available in the current protection state.
         case protectedDataUnavailable
         /// Something that must exist does not.
@@ -71,6 +73,21 @@ public struct ProtectedStoreError: Error, Sendable, CustomStringConvertible, Loc
         case .fileExists:
             kind = .alreadyExists
             remedy = "Choose another name or remove the existing item first"
+        case .isDirectory:
+            kind = .invalidArgument
+            remedy = "It is a directory; give the path of a file"
+        case .notDirectory:
+            kind = .invalidArgument
+            remedy = "A component of the path is a file, not a directory; check the path"
+        case .tooManySymbolicLinkLevels:
+            kind = .invalidArgument
+            remedy = "It is a symbolic link, which is not followed here; give the path of the item itself"
+        case .fileNameTooLong:
+            kind = .invalidArgument
+            remedy = "Use a shorter name"
+        case .directoryNotEmpty:
+            kind = .alreadyExists
+            remedy = "Remove the directory's contents first"
         default:
             kind = .io
             remedy = "Check the file system"

@@ -2,74 +2,162 @@ import ArgumentParser
 import Foundation
 import ProtectedStore
 
-struct DemoCommand: ParsableCommand {
+struct DemoCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "demo",
-        abstract: "Show data protection at work in a throwaway device (what `make demo` runs).",
-        discussion: "Creates a device in a temporary directory, writes a protected file, shows that its bytes on disk hold no plaintext, locks, shows the read denied, unlocks, and removes everything it made."
+        abstract: "Tell the whole lock/unlock story in a throwaway device (what `make demo` runs).",
+        discussion: "Creates a device and an app container in a temporary directory, writes one file per protection class, observes the events in all three forms, locks, shows per class what works and what is denied, creates a class B file while locked, unlocks, reboots, and removes everything it made."
     )
 
-    func run() throws {
-        try reportingErrors {
-            let style = Style(enabled: isatty(STDOUT_FILENO) == 1)
+    func run() async throws {
+        try await reportingErrors {
+            let style = Style.standardOutput
             let workspace = FileManager.default.temporaryDirectory.appendingPathComponent("sandboxctl-demo-\(UUID().uuidString)").path
             defer { try? FileManager.default.removeItem(atPath: workspace) }
             let root = (workspace as NSString).appendingPathComponent("device")
             let secret = (workspace as NSString).appendingPathComponent("device.secret")
             let passcode = try Passcode("correct horse battery staple")
+            var problems: [String] = []
 
-            print(style.heading("1. Create a device"))
+            print(style.heading("1. A device and an app container"))
             let device = try Device.create(root: root, deviceSecretPath: secret, passcode: passcode)
-            print("   root \(root)\n   device secret \(secret) (outside the root)\n   keybag: class keys A–D, Argon2id passcode key entangled with the device secret")
+            let container = try device.createContainer(bundleIdentifier: "com.example.diary")
+            print("   device \(root) (device secret kept outside it), unlocked after creation")
+            print("   container com.example.diary, default class complete: \(Container.layout(bundleIdentifier: container.bundleIdentifier).joined(separator: ", "))")
 
-            print(style.heading("2. Write a file with complete protection (class A)"))
-            let plaintext = "Dear diary, the vault code is 4-8-15-16-23-42."
-            let documents = (root as NSString).appendingPathComponent("Documents")
-            try FileManager.default.createDirectory(atPath: documents, withIntermediateDirectories: true)
-            let path = (documents as NSString).appendingPathComponent("diary.txt")
-            try device.writeFile(Array(plaintext.utf8), to: path, protection: .complete)
-            print("   wrote \(plaintext.utf8.count) bytes to \(path)")
+            print(style.heading("2. Observers: a delegate, NotificationCenter, an AsyncSequence"))
+            let log = EventLog()
+            let delegate = DemoDelegate(log: log)
+            device.addDelegate(delegate)
+            let center = device.notificationCenter
+            let observers = [Device.protectedDataWillBecomeUnavailableNotification, Device.protectedDataDidBecomeAvailableNotification].map { name in
+                center.addObserver(forName: name, object: device, queue: nil) { note in log.record("notification  \(note.name.rawValue)") }
+            }
+            defer { observers.forEach(center.removeObserver) }
+            let events = device.protectedDataEvents()
+            let consumer = Task {
+                for await event in events { log.record("async stream  \(event)") }
+            }
+            defer { consumer.cancel() }
+            print("   each gets every transition; the lock waits until all are done (or the 10 s grace period ends)")
 
-            print(style.heading("3. Read it back"))
-            print("   \"\(String(decoding: try device.readFile(at: path), as: UTF8.self))\"")
+            print(style.heading("3. One file per class, and two files kept open"))
+            let secretText = "Dear diary, the vault code is 4-8-15-16-23-42."
+            let options = ProtectionClass.allCases.map { ($0, $0.writingOption) }
+            for (protectionClass, option) in options {
+                try container.write(Data("\(secretText) (\(protectionClass.name))".utf8), toPath: Self.path(protectionClass), options: option)
+                print("   wrote \(Self.path(protectionClass))  class \(protectionClass.letter)")
+            }
+            let openA = try container.fileHandle(forReadingAtPath: Self.path(.complete))
+            let openB = try container.fileHandle(forReadingAtPath: Self.path(.completeUnlessOpen))
+            print("   holding open handles on the class A and class B files")
 
-            print(style.heading("4. Look at the bytes on disk"))
-            let onDisk = try Data(contentsOf: URL(fileURLWithPath: path))
-            print("   \(onDisk.count) bytes; first 48: \(onDisk.prefix(48).map { String(format: "%02x", $0) }.joined())")
-            let leaked = onDisk.range(of: Data(plaintext.utf8)) != nil || onDisk.range(of: Data("vault".utf8)) != nil
+            print(style.heading("4. No plaintext on disk"))
+            var leaked = false
+            for (protectionClass, _) in options {
+                let raw = try Data(contentsOf: URL(fileURLWithPath: (container.dataPath as NSString).appendingPathComponent(Self.path(protectionClass))))
+                leaked = leaked || raw.range(of: Data("vault code".utf8)) != nil
+            }
             print("   plaintext present on disk: " + (leaked ? style.bad("YES") : style.good("no")))
+            if leaked { problems.append("plaintext found on disk") }
 
-            print(style.heading("5. Lock the device"))
-            device.lock()
-            print("   isProtectedDataAvailable = \(device.isProtectedDataAvailable)")
-            do {
-                _ = try device.readFile(at: path)
-                print("   read: " + style.bad("succeeded while locked (this is a bug)"))
-            } catch let error as ProtectedStoreError {
-                print("   read: " + style.good("denied") + " — \(error.problem)")
+            print(style.heading("5. Lock"))
+            let lockStarted = Date()
+            await device.lock()
+            print("   keys discarded after \(Int(Date().timeIntervalSince(lockStarted) * 1000)) ms: every observer was done before the 10 s grace period ended")
+            print("   state \(device.state.rawValue), isProtectedDataAvailable = \(device.isProtectedDataAvailable)")
+            let expectations: [ProtectionClass: (read: Bool, create: Bool, handle: Bool)] = [
+                .complete: (false, false, false), .completeUnlessOpen: (false, true, true),
+                .completeUntilFirstUserAuthentication: (true, true, true), .none: (true, true, true),
+            ]
+            for (protectionClass, option) in options {
+                let expected = expectations[protectionClass]!
+                print("   class \(protectionClass.letter) \(protectionClass.name)")
+                problems += check("read:", expect: expected.read, style: style) { _ = try container.contents(atPath: Self.path(protectionClass)) }
+                problems += check("create:", expect: expected.create, style: style) {
+                    try container.write(Data("written while locked".utf8), toPath: "Documents/new-\(protectionClass.letter).txt", options: option)
+                }
+                if protectionClass == .complete {
+                    problems += check("handle opened before the lock:", expect: false, style: style) { _ = try openA.read(upToCount: 10, atOffset: 0) }
+                } else if protectionClass == .completeUnlessOpen {
+                    problems += check("handle opened before the lock:", expect: true, style: style) { _ = try openB.read(upToCount: 10, atOffset: 0) }
+                }
             }
 
-            print(style.heading("6. Unlock with the passcode"))
+            print(style.heading("6. A class B file arrives while locked"))
+            try container.write(Data("Package delivered at the door.".utf8), toPath: "Documents/arrived-while-locked.txt", options: .completeFileProtectionUnlessOpen)
+            print("   created Documents/arrived-while-locked.txt with class B's public key")
+            problems += check("read it back while still locked:", expect: false, style: style) { _ = try container.contents(atPath: "Documents/arrived-while-locked.txt") }
+
+            print(style.heading("7. Unlock"))
             do {
-                try device.unlock(with: try Passcode("wrong guess"))
+                try device.unlock(passcode: try Passcode("wrong guess"))
+                problems.append("a wrong passcode unlocked the device")
             } catch let error as ProtectedStoreError {
                 print("   wrong passcode: " + style.good("rejected") + " — \(error.problem)")
             }
-            try device.unlock(with: passcode)
-            print("   isProtectedDataAvailable = \(device.isProtectedDataAvailable)")
-            print("   read: \"\(String(decoding: try device.readFile(at: path), as: UTF8.self))\"")
+            try device.unlock(passcode: passcode)
+            print("   state \(device.state.rawValue), isProtectedDataAvailable = \(device.isProtectedDataAvailable)")
+            for path in options.map({ Self.path($0.0) }) + ["Documents/arrived-while-locked.txt"] {
+                problems += check("read \(path):", expect: true, style: style) { _ = try container.contents(atPath: path) }
+            }
+            try? openA.close()
+            try? openB.close()
 
-            print(style.heading("7. Clean up"))
+            print(style.heading("8. Events, in the order observers received them"))
+            try await Task.sleep(nanoseconds: 100_000_000)
+            for (index, line) in log.lines.enumerated() { print("   \(index + 1). \(line)") }
+
+            print(style.heading("9. Reboot: before first unlock"))
+            let rebooted = try Device.open(root: root, deviceSecretPath: secret)
+            let afterBoot = try rebooted.container(bundleIdentifier: container.bundleIdentifier)
+            print("   state \(rebooted.state.rawValue)")
+            for (protectionClass, _) in options {
+                problems += check("class \(protectionClass.letter) read:", expect: protectionClass == .none, style: style) {
+                    _ = try afterBoot.contents(atPath: Self.path(protectionClass))
+                }
+            }
+
+            print(style.heading("10. Clean up"))
             print("   removed \(workspace)")
-            if leaked { throw ExitCode(ExitStatus.failure) }
+            if !problems.isEmpty {
+                printError("the demo saw behaviour that contradicts the protection rules: \(problems.joined(separator: "; "))")
+                throw ExitCode(ExitStatus.failure)
+            }
+        }
+    }
+
+    private static func path(_ protectionClass: ProtectionClass) -> String { "Documents/class-\(protectionClass.letter).txt" }
+
+    /// Runs one operation, prints whether it worked or was denied (with the error), and returns a problem if that was not expected.
+    private func check(_ label: String, expect allowed: Bool, style: Style, _ operation: () throws -> Void) -> [String] {
+        let padded = "     " + label.padding(toLength: 44, withPad: " ", startingAt: 0)
+        do {
+            try operation()
+            print(padded + (allowed ? style.good("ok") : style.bad("ALLOWED (expected denied)")))
+            return allowed ? [] : ["\(label) allowed"]
+        } catch let error as CocoaError where error.isProtectedDataUnavailable {
+            let reason = "\(error.code == .fileReadNoPermission ? "CocoaError.fileReadNoPermission" : "CocoaError.fileWriteNoPermission"), EPERM: \(error.protectedStoreError!.problem)"
+            print(padded + (allowed ? style.bad("DENIED (expected ok)") : style.good("denied")) + style.dim(" — \(reason)"))
+            return allowed ? ["\(label) denied"] : []
+        } catch {
+            print(padded + style.bad("failed: \(error)"))
+            return ["\(label) failed: \(error)"]
         }
     }
 }
 
-/// ANSI colours on a terminal only, so piped output stays plain.
-struct Style {
-    let enabled: Bool
-    func heading(_ text: String) -> String { enabled ? "\u{1B}[1m\(text)\u{1B}[0m" : text }
-    func good(_ text: String) -> String { enabled ? "\u{1B}[32m\(text)\u{1B}[0m" : text }
-    func bad(_ text: String) -> String { enabled ? "\u{1B}[31m\(text)\u{1B}[0m" : text }
+/// Collects event lines from the observers' threads, in arrival order.
+private final class EventLog: @unchecked Sendable {
+    private let mutex = NSLock()
+    private var recorded: [String] = []
+    func record(_ line: String) { mutex.withLock { recorded.append(line) } }
+    var lines: [String] { mutex.withLock { recorded } }
+}
+
+private final class DemoDelegate: ProtectedDataDelegate {
+    let log: EventLog
+    init(log: EventLog) { self.log = log }
+    func protectedDataWillBecomeUnavailable(_ device: Device) { log.record("delegate      protectedDataWillBecomeUnavailable") }
+    func protectedDataDidBecomeAvailable(_ device: Device) { log.record("delegate      protectedDataDidBecomeAvailable") }
 }

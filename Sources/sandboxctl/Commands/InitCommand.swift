@@ -15,17 +15,28 @@ struct InitCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Passcode key derivation cost: interactive (default, 64 MiB), moderate (256 MiB), sensitive (1 GiB), or fast (INSECURE, tests only).", valueName: "preset"))
     var kdf: KDFPreset = .interactive
 
+    @Option(help: ArgumentHelp("Erase the device after this many wrong passcodes in a row (default: never). Delays grow after 5 failures: 1, 5, 15, 15, 60 minutes.", valueName: "count"))
+    var eraseAfter: Int?
+
     @Flag(help: "Read the passcode as one line from standard input instead of the terminal.")
     var passcodeStdin = false
+
+    func validate() throws {
+        if let eraseAfter, eraseAfter < 1 { throw ValidationError("--erase-after must be at least 1") }
+    }
 
     func run() throws {
         try reportingErrors {
             try Device.checkCreatable(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
             let passcode = try PasscodeInput.readNew(fromStandardInput: passcodeStdin)
-            let created = try Device.create(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret, passcode: passcode, kdf: kdf)
+            var policy = PasscodePolicy.default
+            policy.eraseAfterFailedAttempts = eraseAfter
+            let created = try Device.create(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret, passcode: passcode,
+                                            kdf: kdf, passcodePolicy: policy)
             print("Created a device in \(created.root)")
             print("  keybag:        \(created.keybagPath)")
             print("  device secret: \(created.deviceSecretPath)  (keep it; without it the data cannot be decrypted)")
+            if let eraseAfter { print("  erases itself after \(eraseAfter) wrong passcodes in a row") }
             if kdf == .fast { print("  warning: --kdf fast is for tests only; this passcode is cheap to brute-force") }
         }
     }

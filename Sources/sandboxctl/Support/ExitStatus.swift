@@ -12,7 +12,7 @@ enum ExitStatus {
     static func code(for kind: ProtectedStoreError.Kind) -> Int32 {
         switch kind {
         case .integrity, .unsupportedFormat: integrity
-        case .wrongPasscode, .protectedDataUnavailable: denied
+        case .wrongPasscode, .throttled, .protectedDataUnavailable: denied
         case .invalidArgument: usage
         case .notFound, .alreadyExists, .io: failure
         }
@@ -20,11 +20,37 @@ enum ExitStatus {
 }
 
 /// Runs a command body, printing library errors as one clear line and exiting with the documented code.
-func reportingErrors(_ body: () throws -> Void) throws {
+func reportingErrors<R>(_ body: () throws -> R) throws -> R {
     do {
-        try body()
-    } catch let error as ProtectedStoreError {
-        FileHandle.standardError.write(Data("sandboxctl: error: \(error)\n".utf8))
-        throw ExitCode(ExitStatus.code(for: error.kind))
+        return try body()
+    } catch {
+        throw exitCode(reporting: error)
     }
+}
+
+func reportingErrors<R>(_ body: () async throws -> R) async throws -> R {
+    do {
+        return try await body()
+    } catch {
+        throw exitCode(reporting: error)
+    }
+}
+
+/// Prints a library error (also one wrapped in a `CocoaError`) and returns the exit code to throw;
+/// ArgumentParser's own errors pass through untouched.
+private func exitCode(reporting error: any Error) -> any Error {
+    let libraryError = (error as? ProtectedStoreError) ?? (error as? CocoaError)?.protectedStoreError
+    if let libraryError {
+        printError("\(libraryError)")
+        return ExitCode(ExitStatus.code(for: libraryError.kind))
+    }
+    if let cocoa = error as? CocoaError {
+        printError("\(cocoa.filePath.map { "\($0): " } ?? "")\(cocoa.localizedDescription)")
+        return ExitCode(ExitStatus.failure)
+    }
+    return error
+}
+
+func printError(_ message: String) {
+    FileHandle.standardError.write(Data("sandboxctl: error: \(message)\n".utf8))
 }

@@ -4,6 +4,14 @@ import SystemPackage
 
 /// Reads passcodes from the terminal with echo off, or one line from standard input; never from argv.
 enum PasscodeInput {
+    /// Whether a controlling terminal exists to ask on.
+    static var terminalAvailable: Bool {
+        let terminal = open("/dev/tty", O_RDWR | O_CLOEXEC)
+        guard terminal >= 0 else { return false }
+        close(terminal)
+        return true
+    }
+
     static func read(prompt: String, fromStandardInput: Bool) throws -> Passcode {
         if fromStandardInput {
             return try Passcode.read(from: .standardInput)

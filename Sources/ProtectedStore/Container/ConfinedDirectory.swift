@@ -1,0 +1,149 @@
+import Foundation
+import SystemPackage
+
+/// An open directory descriptor, closed when released.
+final class OpenDirectory: @unchecked Sendable {
+    let descriptor: FileDescriptor
+    /// Its path inside the container, after symlinks.
+    let path: ContainerPath
+
+    init(descriptor: FileDescriptor, path: ContainerPath) {
+        self.descriptor = descriptor
+        self.path = path
+    }
+
+    deinit { try? descriptor.close() }
+
+    /// `name` in this directory, named in errors as `displayPath`.
+    func location(_ name: String, displayPath: String) -> FileLocation {
+        FileLocation(directory: descriptor, name: name, displayPath: displayPath)
+    }
+}
+
+/// Where a container path leads: the opened parent directory and the final name in it.
+struct ResolvedItem {
+    let parent: OpenDirectory
+    let name: String
+    /// The path as the caller wrote it, prefixed with the container, for errors.
+    let displayPath: String
+
+    var location: FileLocation { parent.location(name, displayPath: displayPath) }
+    var path: ContainerPath { parent.path.appending(name) }
+}
+
+/// A container's data directory, through which every path is resolved one component at a time with
+/// `openat(O_NOFOLLOW)`. Symlinks found on the way are followed only while they stay inside the container;
+/// absolute targets, targets climbing above the root, and loops are refused.
+final class ConfinedDirectory: @unchecked Sendable {
+    /// Same bound as the kernel's (MAXSYMLINKS).
+    static let maximumSymlinks = 40
+
+    let root: FileDescriptor
+    /// Names the container in errors ("com.example.app:Documents/x").
+    let containerName: String
+
+    init(path: String, containerName: String) throws {
+        root = try FileLocation(path: path).open(.readOnly, options: [.directory], doing: "open the container")
+        self.containerName = containerName
+    }
+
+    deinit { try? root.close() }
+
+    func displayPath(_ path: ContainerPath) -> String { "\(containerName):\(path)" }
+
+    /// The parent of `path`, opened, and its final name. With `followingFinalSymlink`, a symlink in the last place
+    /// is resolved (inside the container) too, so the item reached is the link's target.
+    func resolve(_ path: ContainerPath, followingFinalSymlink: Bool) throws -> ResolvedItem {
+        let display = displayPath(path)
+        guard !path.isRoot else {
+            throw ProtectedStoreError(.invalidArgument, path: display, problem: "the container root is not a file", remedy: "Give a path inside the container")
+        }
+        let rootDirectory = OpenDirectory(descriptor: try duplicateRoot(), path: .root)
+        var opened: [(directory: OpenDirectory, name: String)] = []
+        var current: OpenDirectory { opened.last?.directory ?? rootDirectory }
+        var remaining = Array(path.components.reversed())
+        var symlinks = 0
+        // ".." can only come from a symlink target: user paths may not contain it.
+        var lastLink = ContainerPath.root
+
+        func error(_ problem: String, _ remedy: String) -> ProtectedStoreError {
+            ProtectedStoreError(.invalidArgument, path: display, problem: problem, remedy: remedy)
+        }
+
+        while let component = remaining.popLast() {
+            switch component {
+            case "", ".":
+                continue
+            case "..":
+                guard opened.popLast() != nil else {
+                    throw error("the symbolic link \(lastLink) leads outside the container",
+                                "Symbolic links may point only inside the container; remove or fix the link")
+                }
+                continue
+            default:
+                break
+            }
+            let parent = current
+            let isFinal = remaining.isEmpty
+            let here = parent.location(component, displayPath: display)
+            guard let info = try here.status() else {
+                if isFinal { return ResolvedItem(parent: parent, name: component, displayPath: display) }
+                throw ProtectedStoreError(.notFound, path: display, problem: "the directory \(parent.path.appending(component)) does not exist",
+                                          remedy: "Create it first, or check the path")
+            }
+            if info.st_mode & S_IFMT == S_IFLNK, !isFinal || followingFinalSymlink {
+                symlinks += 1
+                guard symlinks <= Self.maximumSymlinks else {
+                    throw error("more than \(Self.maximumSymlinks) symbolic links on the way (a loop?)", "Remove the symbolic link loop")
+                }
+                lastLink = parent.path.appending(component)
+                let target = try readLink(here)
+                guard !target.hasPrefix("/") else {
+                    throw error("the symbolic link \(parent.path.appending(component)) points to the absolute path \(target), outside the container",
+                                "Symbolic links may point only inside the container, with a relative target; remove or fix the link")
+                }
+                remaining.append(contentsOf: target.split(separator: "/", omittingEmptySubsequences: false).reversed().map(String.init))
+                continue
+            }
+            if isFinal { return ResolvedItem(parent: parent, name: component, displayPath: display) }
+            guard info.st_mode & S_IFMT == S_IFDIR else {
+                throw ProtectedStoreError(.invalidArgument, path: display, problem: "\(parent.path.appending(component)) is not a directory",
+                                          remedy: "Check the path")
+            }
+            let descriptor = try here.open(.readOnly, options: [.directory], doing: "open the directory")
+            opened.append((OpenDirectory(descriptor: descriptor, path: parent.path.appending(component)), component))
+        }
+        // Every component was used up by "." or ".." from a symlink: the item is the directory reached.
+        guard let last = opened.popLast() else {
+            throw error("the path leads to the container root through a symbolic link", "Give a path inside the container")
+        }
+        return ResolvedItem(parent: current, name: last.name, displayPath: display)
+    }
+
+    /// Opens the directory at `path` (the root for an empty path), following symlinks inside the container.
+    func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
+        guard !path.isRoot else { return OpenDirectory(descriptor: try duplicateRoot(), path: .root) }
+        let item = try resolve(path, followingFinalSymlink: true)
+        guard let info = try item.location.status() else {
+            throw ProtectedStoreError(.notFound, path: item.displayPath, problem: "no such directory", remedy: "Check the path, or create the directory first")
+        }
+        guard info.st_mode & S_IFMT == S_IFDIR else {
+            throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "it is a file, not a directory", remedy: "Give the path of a directory")
+        }
+        let descriptor = try item.location.open(.readOnly, options: [.directory], doing: "open the directory")
+        return OpenDirectory(descriptor: descriptor, path: item.path)
+    }
+
+    private func duplicateRoot() throws -> FileDescriptor {
+        let copy = fcntl(root.rawValue, F_DUPFD_CLOEXEC, 0)
+        guard copy >= 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath(.root), doing: "duplicate the container descriptor") }
+        return FileDescriptor(rawValue: copy)
+    }
+
+    private func readLink(_ location: FileLocation) throws -> String {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = readlinkat(location.directory!.rawValue, location.name, &buffer, buffer.count - 1)
+        guard length >= 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: location.displayPath, doing: "read the symbolic link") }
+        return String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+}

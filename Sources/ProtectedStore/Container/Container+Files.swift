@@ -1,0 +1,382 @@
+import CSupport
+import Foundation
+import SystemPackage
+
+/// The file API, shaped after FileManager and Data so iOS code ports with few changes.
+extension Container {
+    // MARK: Whole files
+
+    /// Writes `data` to `path` atomically (a reader sees the old file or the new one, even after a crash).
+    /// The class comes from the protection option in `options` (`.completeFileProtection`…), else the replaced file's
+    /// class, else the parent directory's, else the container default. `.withoutOverwriting` refuses an existing file.
+    public func write(_ data: Data, toPath path: String, options: Data.WritingOptions = []) throws {
+        try foundationErrors(writing: true) {
+            let item = try directory.resolve(try self.path(path), followingFinalSymlink: true)
+            let existing = try item.location.status()
+            if let existing, existing.st_mode & S_IFMT == S_IFDIR {
+                throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "it is a directory", remedy: "Give the path of a file")
+            }
+            let keepExisting = options.contains(.withoutOverwriting)
+            if keepExisting, existing != nil {
+                throw ProtectedStoreError(.alreadyExists, path: item.displayPath, problem: "the file exists and .withoutOverwriting was given", remedy: "Remove it first, or write without .withoutOverwriting")
+            }
+            let protectionClass = try Self.protectionClass(in: options) ?? (existing != nil ? try? EncryptedFile.header(at: item.location).protectionClass : nil)
+                ?? (try inheritedClass(in: item.parent))
+            try writeWholeFile(data, to: item, protectionClass: protectionClass, replacing: !keepExisting)
+        }
+    }
+
+    /// Reads and authenticates the whole plaintext of the file at `path`.
+    public func contents(atPath path: String) throws -> Data {
+        try foundationErrors(writing: false) {
+            let item = try directory.resolve(try self.path(path), followingFinalSymlink: true)
+            let handle = try ProtectedFileHandle(opening: item, writable: false, container: self)
+            defer { try? handle.close() }
+            return Data(try handle.file.readAll())
+        }
+    }
+
+    // MARK: Handles
+
+    /// Creates a new, empty file (it must not exist) and returns a read-write handle. The class is `protection`, else
+    /// the parent directory's, else the container default. Class B files can be created and written while locked.
+    public func createFile(atPath path: String, protection: FileProtectionType? = nil) throws -> ProtectedFileHandle {
+        try foundationErrors(writing: true) {
+            let item = try directory.resolve(try self.path(path), followingFinalSymlink: false)
+            let protectionClass = try protection.map(Self.protectionClass(of:)) ?? inheritedClass(in: item.parent)
+            let file = try EncryptedFile.create(at: item.location, protectionClass: protectionClass, keys: device)
+            do {
+                let handle = try ProtectedFileHandle(file: file, path: item.displayPath, container: self)
+                try FileSystem.synchronize(item.parent.descriptor, path: item.parent.path.description)
+                return handle
+            } catch {
+                item.location.unlink()
+                throw error
+            }
+        }
+    }
+
+    /// Opens an existing file for reading at any offset.
+    public func fileHandle(forReadingAtPath path: String) throws -> ProtectedFileHandle {
+        try foundationErrors(writing: false) {
+            try ProtectedFileHandle(opening: try directory.resolve(try self.path(path), followingFinalSymlink: true), writable: false, container: self)
+        }
+    }
+
+    /// Opens an existing file for reading and writing at any offset.
+    public func fileHandle(forUpdatingAtPath path: String) throws -> ProtectedFileHandle {
+        try foundationErrors(writing: true) {
+            try ProtectedFileHandle(opening: try directory.resolve(try self.path(path), followingFinalSymlink: true), writable: true, container: self)
+        }
+    }
+
+    // MARK: Directories and items
+
+    /// The items of the directory at `path` ("" for the container root), sorted by name; needs no key.
+    public func contentsOfDirectory(atPath path: String) throws -> [ContainerItem] {
+        try foundationErrors(writing: false) {
+            let opened = try directory.openDirectory(try self.path(path))
+            return try names(in: opened).sorted().map { try item(named: $0, in: opened) }
+        }
+    }
+
+    /// The item at `path` (a symlink itself, not its target), with its class and plaintext size; needs no key.
+    public func itemInfo(atPath path: String) throws -> ContainerItem {
+        try foundationErrors(writing: false) {
+            let resolved = try directory.resolve(try self.path(path), followingFinalSymlink: false)
+            return try item(named: resolved.name, in: resolved.parent, displayPath: resolved.displayPath)
+        }
+    }
+
+    /// Like `FileManager.attributesOfItem(atPath:)`: type, plaintext size, modification date and `.protectionKey`.
+    public func attributesOfItem(atPath path: String) throws -> [FileAttributeKey: Any] { try itemInfo(atPath: path).attributes }
+
+    /// Like `FileManager.setAttributes(_:ofItemAtPath:)`; only `.protectionKey` can be set.
+    public func setAttributes(_ attributes: [FileAttributeKey: Any], ofItemAtPath path: String) throws {
+        guard attributes.keys.allSatisfy({ $0 == .protectionKey }), let protection = attributes[.protectionKey] as? FileProtectionType else {
+            throw ProtectedStoreError(.invalidArgument, path: "\(bundleIdentifier):\(path)", problem: "only FileAttributeKey.protectionKey with a FileProtectionType can be set",
+                                      remedy: "Pass [.protectionKey: FileProtectionType.complete] or another class").cocoaError(writing: true)
+        }
+        try setProtection(protection, ofItemAtPath: path)
+    }
+
+    /// Whether anything is at `path` (following symlinks inside the container).
+    public func fileExists(atPath path: String) -> Bool {
+        guard let parsed = try? self.path(path) else { return false }
+        if parsed.isRoot { return true }
+        guard let item = try? directory.resolve(parsed, followingFinalSymlink: true) else { return false }
+        return (try? item.location.status()) != nil
+    }
+
+    /// Changes a file's class (re-wraps its key; the body is untouched), or sets a directory's class for new items
+    /// in it. Changing a file's class needs its current class available and, unless the new class is B, the new one too.
+    public func setProtection(_ protection: FileProtectionType, ofItemAtPath path: String) throws {
+        try foundationErrors(writing: true) {
+            let newClass = try Self.protectionClass(of: protection)
+            let item = try directory.resolve(try self.path(path), followingFinalSymlink: true)
+            guard let info = try item.location.status() else {
+                throw ProtectedStoreError(.notFound, path: item.displayPath, problem: "no such file or directory", remedy: "Check the path")
+            }
+            if info.st_mode & S_IFMT == S_IFDIR {
+                let opened = try directory.openDirectory(item.path)
+                try writeSmallFile(Array("\(newClass.name)\n".utf8), named: Self.directoryClassName, in: opened, displayPath: item.displayPath)
+                return
+            }
+            let handle = try ProtectedFileHandle(opening: item, writable: true, container: self)
+            defer { try? handle.close() }
+            try handle.file.changeProtectionClass(to: newClass, keys: device)
+        }
+    }
+
+    /// Creates a directory (mode 0700). `protection` sets its class for new items; without it, the directory takes
+    /// its parent's class if one is set. With intermediates, missing parents are created too and an existing directory is fine.
+    public func createDirectory(atPath path: String, withIntermediateDirectories: Bool = false, protection: FileProtectionType? = nil) throws {
+        try foundationErrors(writing: true) {
+            let target = try self.path(path)
+            guard !target.isRoot else {
+                if withIntermediateDirectories { return }
+                throw ProtectedStoreError(.alreadyExists, path: "\(bundleIdentifier):", problem: "the container root exists", remedy: "Give the path of a new directory")
+            }
+            let explicitClass = try protection.map(Self.protectionClass(of:))
+            for depth in 1...target.components.count {
+                let prefix = ContainerPath.root.appendingComponents(target.components.prefix(depth))
+                let isTarget = depth == target.components.count
+                let item = try directory.resolve(prefix, followingFinalSymlink: true)
+                if let info = try item.location.status() {
+                    guard info.st_mode & S_IFMT == S_IFDIR else {
+                        throw ProtectedStoreError(.alreadyExists, path: item.displayPath, problem: "\(prefix) exists and is not a directory", remedy: "Choose another path")
+                    }
+                    if isTarget && !withIntermediateDirectories {
+                        throw ProtectedStoreError(.alreadyExists, path: item.displayPath, problem: "the directory already exists", remedy: "Choose another name")
+                    }
+                    continue
+                }
+                guard isTarget || withIntermediateDirectories else {
+                    throw ProtectedStoreError(.notFound, path: item.displayPath, problem: "the parent directory \(prefix) does not exist",
+                                              remedy: "Create it first, or create intermediate directories (mkdir -p)")
+                }
+                let inherited = try directoryClass(of: item.parent)
+                guard mkdirat(item.parent.descriptor.rawValue, item.name, 0o700) == 0 else {
+                    throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "create the directory")
+                }
+                if let directoryClass = explicitClass ?? inherited {
+                    let created = try directory.openDirectory(item.path)
+                    try writeSmallFile(Array("\(directoryClass.name)\n".utf8), named: Self.directoryClassName, in: created, displayPath: item.displayPath)
+                }
+                try FileSystem.synchronize(item.parent.descriptor, path: item.displayPath)
+            }
+        }
+    }
+
+    /// Removes a file, a symlink, or a directory with everything in it. The container's own folders can't be removed.
+    public func removeItem(atPath path: String) throws {
+        try foundationErrors(writing: true) {
+            let item = try directory.resolve(try self.path(path), followingFinalSymlink: false)
+            try refuseLayoutChange(item, doing: "removed")
+            guard let info = try item.location.status() else {
+                throw ProtectedStoreError(.notFound, path: item.displayPath, problem: "no such file or directory", remedy: "Check the path")
+            }
+            if info.st_mode & S_IFMT == S_IFDIR {
+                try removeTree(named: item.name, in: item.parent, displayPath: item.displayPath)
+            } else {
+                guard unlinkat(item.parent.descriptor.rawValue, item.name, 0) == 0 else {
+                    throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "remove the file")
+                }
+            }
+            try FileSystem.synchronize(item.parent.descriptor, path: item.displayPath)
+        }
+    }
+
+    /// Moves an item inside the container; the destination must not exist. Files keep their class.
+    public func moveItem(atPath source: String, toPath destination: String) throws {
+        try foundationErrors(writing: true) {
+            let from = try directory.resolve(try self.path(source), followingFinalSymlink: false)
+            let to = try directory.resolve(try self.path(destination), followingFinalSymlink: false)
+            try refuseLayoutChange(from, doing: "moved")
+            guard try from.location.status() != nil else {
+                throw ProtectedStoreError(.notFound, path: from.displayPath, problem: "no such file or directory", remedy: "Check the path")
+            }
+            guard ps_rename_noreplace(from.parent.descriptor.rawValue, from.name, to.parent.descriptor.rawValue, to.name) == 0 else {
+                let errno = Errno(rawValue: Foundation.errno)
+                if errno == .invalidArgument {
+                    throw ProtectedStoreError(.invalidArgument, path: to.displayPath, problem: "a directory can't be moved into itself", remedy: "Choose a destination outside \(source)")
+                }
+                throw ProtectedStoreError.io(errno, path: errno == .fileExists ? to.displayPath : from.displayPath, doing: "move \(source) to \(destination)")
+            }
+            try FileSystem.synchronize(to.parent.descriptor, path: to.displayPath)
+            try FileSystem.synchronize(from.parent.descriptor, path: from.displayPath)
+        }
+    }
+
+    // MARK: Classes
+
+    /// Marks a directory's class for new items in it: a small file with the class name, hidden from listings.
+    static let directoryClassName = "\(ContainerPath.reservedPrefix)-class"
+
+    static func protectionClass(of protection: FileProtectionType) throws -> ProtectionClass {
+        guard let protectionClass = ProtectionClass(protection) else {
+            throw ProtectedStoreError(.invalidArgument, problem: "unknown protection type \(protection.rawValue)", remedy: "Use one of \(ProtectionClass.acceptedNames)")
+        }
+        return protectionClass
+    }
+
+    /// The class a protection option of `Data.WritingOptions` asks for, if any.
+    static func protectionClass(in options: Data.WritingOptions) throws -> ProtectionClass? {
+        let chosen = options.rawValue & Data.WritingOptions.fileProtectionMask.rawValue
+        guard chosen != 0 else { return nil }
+        guard let match = ProtectionClass.allCases.first(where: { $0.writingOption.rawValue == chosen }) else {
+            throw ProtectedStoreError(.invalidArgument, problem: "unknown file protection option 0x\(String(chosen, radix: 16))", remedy: "Use one of the fileProtection options of Data.WritingOptions")
+        }
+        return match
+    }
+
+    /// The class set on a directory, if any.
+    func directoryClass(of opened: OpenDirectory) throws -> ProtectionClass? {
+        let marker = opened.location(Self.directoryClassName, displayPath: directory.displayPath(opened.path))
+        guard try marker.status() != nil else { return nil }
+        let bytes = try marker.readPrefix(count: 128, what: "directory class")
+        let name = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard let protectionClass = ProtectionClass(name: name) else {
+            throw ProtectedStoreError(.integrity, path: directory.displayPath(opened.path), problem: "the directory's class marker is unreadable",
+                                      remedy: "Set the directory's class again (sandboxctl protection --set CLASS)")
+        }
+        return protectionClass
+    }
+
+    /// The class of a new item in `parent`: the directory's if set, else the container default.
+    func inheritedClass(in parent: OpenDirectory) throws -> ProtectionClass { try directoryClass(of: parent) ?? defaultClass }
+
+    // MARK: Helpers
+
+    func writeWholeFile(_ data: Data, to item: ResolvedItem, protectionClass: ProtectionClass, replacing: Bool) throws {
+        let temporaryName = Self.temporaryName()
+        let temporary = item.parent.location(temporaryName, displayPath: item.displayPath)
+        let file = try EncryptedFile.create(at: temporary, protectionClass: protectionClass, keys: device)
+        do {
+            let handle = try ProtectedFileHandle(file: file, path: item.displayPath, container: self)
+            defer { try? handle.close() }
+            try data.withUnsafeBytes { try file.write(from: $0, at: 0) }
+            try file.synchronize()
+            try handle.close()
+            let renamed = replacing
+                ? renameat(item.parent.descriptor.rawValue, temporaryName, item.parent.descriptor.rawValue, item.name)
+                : ps_rename_noreplace(item.parent.descriptor.rawValue, temporaryName, item.parent.descriptor.rawValue, item.name)
+            guard renamed == 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "put the new file in place") }
+        } catch {
+            try? file.close()
+            temporary.unlink()
+            throw error
+        }
+        try FileSystem.synchronize(item.parent.descriptor, path: item.displayPath)
+    }
+
+    /// A hidden name for a file being written, fixed-length so it fits whatever the final name's length.
+    static func temporaryName() -> String { "\(ContainerPath.reservedPrefix)-tmp-\(Random.bytes(8).hex)" }
+
+    private func writeSmallFile(_ bytes: [UInt8], named name: String, in opened: OpenDirectory, displayPath: String) throws {
+        let temporaryName = Self.temporaryName()
+        let temporary = opened.location(temporaryName, displayPath: displayPath)
+        do {
+            let fd = try temporary.open(.writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite], doing: "create the directory class marker")
+            try fd.closeAfter {
+                _ = try bytes.withUnsafeBytes { buffer in
+                    try FileSystem.mappingErrno(path: displayPath, doing: "write the directory class marker") { try fd.writeAll(toAbsoluteOffset: 0, buffer) }
+                }
+                try FileSystem.synchronize(fd, path: displayPath)
+            }
+            guard renameat(opened.descriptor.rawValue, temporaryName, opened.descriptor.rawValue, name) == 0 else {
+                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "set the directory class")
+            }
+        } catch {
+            temporary.unlink()
+            throw error
+        }
+        try FileSystem.synchronize(opened.descriptor, path: displayPath)
+    }
+
+    private func refuseLayoutChange(_ item: ResolvedItem, doing action: String) throws {
+        guard !layoutPaths.contains(item.path) else {
+            throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "\(item.path) is one of the container's own folders and can't be \(action)",
+                                      remedy: "Work on the items inside it instead")
+        }
+    }
+
+    /// Every name in a directory, including ProtectedStore's own files when `includingReserved`.
+    func names(in opened: OpenDirectory, includingReserved: Bool = false) throws -> [String] {
+        let copy = fcntl(opened.descriptor.rawValue, F_DUPFD_CLOEXEC, 0)
+        guard copy >= 0, let stream = fdopendir(copy) else {
+            if copy >= 0 { Foundation.close(copy) }
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(opened.path), doing: "list the directory")
+        }
+        defer { closedir(stream) }
+        rewinddir(stream)
+        var names: [String] = []
+        while let entry = readdir(stream) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            if name == "." || name == ".." { continue }
+            if !includingReserved && name.hasPrefix(ContainerPath.reservedPrefix) { continue }
+            names.append(name)
+        }
+        return names
+    }
+
+    private func item(named name: String, in opened: OpenDirectory, displayPath: String? = nil) throws -> ContainerItem {
+        let path = opened.path.appending(name)
+        let location = opened.location(name, displayPath: displayPath ?? directory.displayPath(path))
+        guard let info = try location.status() else {
+            throw ProtectedStoreError(.notFound, path: location.displayPath, problem: "no such file or directory", remedy: "Check the path")
+        }
+        let modified = Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec) + TimeInterval(info.st_mtim.tv_nsec) / 1e9)
+        var type = FileAttributeType.typeUnknown
+        var protection: FileProtectionType?
+        var size: UInt64 = 0
+        var target: String?
+        var problem: String?
+        switch info.st_mode & S_IFMT {
+        case S_IFREG:
+            type = .typeRegular
+            do {
+                let header = try EncryptedFile.header(at: location)
+                protection = header.protectionClass.fileProtectionType
+                guard let plaintext = header.layout.plaintextSize(storedSize: Int64(info.st_size)) else {
+                    throw ProtectedStoreError(.integrity, path: location.displayPath, problem: "its length is not a valid encrypted length", remedy: "Restore it from a backup")
+                }
+                size = UInt64(plaintext)
+            } catch let error as ProtectedStoreError {
+                problem = error.problem
+            }
+        case S_IFDIR:
+            type = .typeDirectory
+            protection = try directoryClass(of: directory.openDirectory(path))?.fileProtectionType
+        case S_IFLNK:
+            type = .typeSymbolicLink
+            var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+            let length = readlinkat(opened.descriptor.rawValue, name, &buffer, buffer.count - 1)
+            target = length >= 0 ? String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
+        default:
+            problem = "not a regular file, directory or symbolic link"
+        }
+        return ContainerItem(name: name, path: path.description, type: type, protection: protection, size: size,
+                             modificationDate: modified, symbolicLinkTarget: target, problem: problem)
+    }
+
+    private func removeTree(named name: String, in parent: OpenDirectory, displayPath: String) throws {
+        let opened = try directory.openDirectory(parent.path.appending(name))
+        for child in try names(in: opened, includingReserved: true) {
+            let location = opened.location(child, displayPath: displayPath)
+            guard let info = try location.status() else { continue }
+            if info.st_mode & S_IFMT == S_IFDIR {
+                try removeTree(named: child, in: opened, displayPath: directory.displayPath(opened.path.appending(child)))
+            } else if unlinkat(opened.descriptor.rawValue, child, 0) != 0 && Foundation.errno != ENOENT {
+                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(opened.path.appending(child)), doing: "remove")
+            }
+        }
+        guard unlinkat(parent.descriptor.rawValue, name, AT_REMOVEDIR) == 0 else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "remove the directory")
+        }
+    }
+}
+
+extension ContainerPath {
+    func appendingComponents(_ names: some Sequence<String>) -> ContainerPath { names.reduce(self) { $0.appending($1) } }
+}

@@ -1,0 +1,145 @@
+import CSupport
+import Foundation
+import SystemPackage
+
+/// An app container on a device: the iOS layout, every path confined to it, every file encrypted under its class.
+///
+/// File operations throw `CocoaError` as Foundation's would (data-protection denials are `.fileReadNoPermission`
+/// or `.fileWriteNoPermission` over `POSIXError(.EPERM)`); `error.protectedStoreError` has the details.
+public final class Container: @unchecked Sendable {
+    /// The app's bundle identifier, which names the container.
+    public let bundleIdentifier: String
+    /// The class of new items when neither the caller nor the parent directory chose one (the entitlement's role).
+    public let defaultProtection: FileProtectionType
+    /// The device whose keys protect this container.
+    public let device: Device
+    /// The data directory on disk; every path the API takes is relative to it.
+    public let dataPath: String
+
+    let directory: ConfinedDirectory
+    let defaultClass: ProtectionClass
+
+    /// The container's own folders, created with it and never removed or moved.
+    public static func layout(bundleIdentifier: String) -> [String] {
+        ["Documents", documentsInbox, "Library", "Library/Application Support", applicationSupport(bundleIdentifier),
+         "Library/Caches", "Library/Preferences", "tmp"]
+    }
+
+    /// Where other programs deliver files: the app may read and delete them.
+    public static let documentsInbox = "Documents/Inbox"
+
+    /// Where the app keeps its own data files.
+    public static func applicationSupport(_ bundleIdentifier: String) -> String { "Library/Application Support/\(bundleIdentifier)" }
+
+    /// The app's data folder in this container, `Library/Application Support/<bundle id>`.
+    public var applicationSupportPath: String { Self.applicationSupport(bundleIdentifier) }
+
+    let layoutPaths: Set<ContainerPath>
+
+    init(device: Device, bundleIdentifier: String, containerPath: String) throws {
+        let metadataPath = (containerPath as NSString).appendingPathComponent(Self.metadataName)
+        let bytes = try FileSystem.readPrefix(metadataPath, count: 4096, what: "container description")
+        guard let metadata = try? JSONDecoder().decode(Metadata.self, from: Data(bytes)),
+              metadata.bundleIdentifier == bundleIdentifier,
+              let defaultClass = ProtectionClass(name: metadata.defaultProtection) else {
+            throw ProtectedStoreError(.integrity, path: metadataPath, problem: "the container description is unreadable or names another container",
+                                      remedy: "Restore it from a backup")
+        }
+        self.device = device
+        self.bundleIdentifier = bundleIdentifier
+        self.defaultClass = defaultClass
+        self.defaultProtection = defaultClass.fileProtectionType
+        self.dataPath = (containerPath as NSString).appendingPathComponent(Self.dataName)
+        self.directory = try ConfinedDirectory(path: dataPath, containerName: bundleIdentifier)
+        self.layoutPaths = Set(try Self.layout(bundleIdentifier: bundleIdentifier).map { try ContainerPath($0, container: bundleIdentifier) })
+    }
+
+    static let metadataName = "container.json"
+    static let dataName = "Data"
+
+    struct Metadata: Codable {
+        var bundleIdentifier: String
+        var defaultProtection: String
+    }
+
+    /// Checks a bundle identifier: reverse-DNS, letters, digits, hyphens and dots, at least two non-empty parts.
+    static func validate(bundleIdentifier: String) throws {
+        let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.")
+        let parts = bundleIdentifier.split(separator: ".", omittingEmptySubsequences: false)
+        let problem: String? =
+            bundleIdentifier.isEmpty ? "the bundle identifier is empty"
+            : bundleIdentifier.utf8.count > 155 ? "the bundle identifier is longer than 155 characters"
+            : !bundleIdentifier.allSatisfy(allowed.contains) ? "the bundle identifier may contain only letters, digits, hyphens and dots"
+            : parts.count < 2 ? "the bundle identifier needs at least two parts separated by dots"
+            : parts.contains(where: \.isEmpty) ? "the bundle identifier has an empty part (leading, trailing or double dot)"
+            : parts.contains(where: { $0.hasPrefix("-") }) ? "a part of the bundle identifier starts with a hyphen"
+            : nil
+        if let problem {
+            throw ProtectedStoreError(.invalidArgument, path: bundleIdentifier.isEmpty ? nil : bundleIdentifier, problem: problem,
+                                      remedy: "Use reverse-DNS form, such as com.example.notes")
+        }
+    }
+
+    func path(_ raw: String) throws -> ContainerPath { try ContainerPath(raw, container: bundleIdentifier) }
+}
+
+extension Device {
+    /// Creates an app container with the iOS layout. `defaultProtection` plays the data-protection entitlement's role:
+    /// the class of new items whose directory sets none (`.complete` unless chosen).
+    public func createContainer(bundleIdentifier: String, defaultProtection: FileProtectionType = .complete) throws -> Container {
+        try Container.validate(bundleIdentifier: bundleIdentifier)
+        guard let defaultClass = ProtectionClass(defaultProtection) else {
+            throw ProtectedStoreError(.invalidArgument, problem: "unknown protection type \(defaultProtection.rawValue)", remedy: "Use one of \(ProtectionClass.acceptedNames)")
+        }
+        let destination = (containersPath as NSString).appendingPathComponent(bundleIdentifier)
+        if try FileSystem.exists(destination) {
+            throw ProtectedStoreError(.alreadyExists, path: bundleIdentifier, problem: "the container already exists", remedy: "Choose another bundle identifier, or use the existing container")
+        }
+        try FileSystem.createDirectories(containersPath)
+        // Built aside and renamed into place, so a container is either complete or absent.
+        let staging = (containersPath as NSString).appendingPathComponent("\(ContainerPath.reservedPrefix)-new-\(Random.bytes(6).hex)")
+        do {
+            let data = (staging as NSString).appendingPathComponent(Container.dataName)
+            for folder in Container.layout(bundleIdentifier: bundleIdentifier) {
+                try FileSystem.createDirectories((data as NSString).appendingPathComponent(folder))
+            }
+            let metadata = Container.Metadata(bundleIdentifier: bundleIdentifier, defaultProtection: defaultClass.name)
+            try FileSystem.writeAtomically(Array(try JSONEncoder().encode(metadata)), to: (staging as NSString).appendingPathComponent(Container.metadataName), replacing: false)
+            guard ps_rename_noreplace(AT_FDCWD, staging, AT_FDCWD, destination) == 0 else {
+                let errno = Errno(rawValue: Foundation.errno)
+                if errno == .fileExists {
+                    throw ProtectedStoreError(.alreadyExists, path: bundleIdentifier, problem: "the container already exists", remedy: "Choose another bundle identifier, or use the existing container")
+                }
+                throw ProtectedStoreError.io(errno, path: destination, doing: "create the container")
+            }
+            try FileSystem.synchronizeDirectory(containersPath)
+        } catch {
+            try? FileManager.default.removeItem(atPath: staging)
+            throw error
+        }
+        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: destination)
+    }
+
+    /// Opens an existing container.
+    public func container(bundleIdentifier: String) throws -> Container {
+        try Container.validate(bundleIdentifier: bundleIdentifier)
+        let path = (containersPath as NSString).appendingPathComponent(bundleIdentifier)
+        guard try FileSystem.exists(path) else {
+            throw ProtectedStoreError(.notFound, path: bundleIdentifier, problem: "no such container on the device in \(root)",
+                                      remedy: "Create it with `sandboxctl create \(bundleIdentifier)`, or check the bundle identifier")
+        }
+        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: path)
+    }
+
+    /// The bundle identifiers of the device's containers, sorted.
+    public func containerIdentifiers() throws -> [String] {
+        guard try FileSystem.exists(containersPath) else { return [] }
+        do {
+            return try FileManager.default.contentsOfDirectory(atPath: containersPath)
+                .filter { !$0.hasPrefix(ContainerPath.reservedPrefix) }
+                .sorted()
+        } catch {
+            throw ProtectedStoreError(.io, path: containersPath, problem: "cannot list the containers (\(error.localizedDescription))", remedy: "Check the permissions of the device root")
+        }
+    }
+}

@@ -1,0 +1,151 @@
+import Dispatch
+import Foundation
+
+/// The lock state machine: beforeFirstUnlock → unlocked → locking (grace) → locked, and unlock from either locked state.
+///
+/// Guarantees: *will become unavailable* reaches every observer before any key is discarded;
+/// *did become available* is delivered only after every class key is loaded.
+extension Device {
+    /// The current state.
+    public var state: State { mutex.withLock { currentState } }
+
+    /// Whether class A data can be used now (UIApplication's `isProtectedDataAvailable`): true while unlocked,
+    /// and during the grace period of a lock, until the keys are discarded.
+    public var isProtectedDataAvailable: Bool {
+        let state = state
+        return state == .unlocked || state == .locking
+    }
+
+    /// Seconds between *will become unavailable* and discarding the keys when not every observer has said it is
+    /// done; 10 by default, as on iOS. 0 discards the keys as soon as the event has been handed to every observer.
+    public var gracePeriod: TimeInterval {
+        get { mutex.withLock { currentGracePeriod } }
+        set {
+            precondition(newValue >= 0 && newValue.isFinite, "the grace period must be a finite number of seconds ≥ 0")
+            mutex.withLock { currentGracePeriod = newValue }
+        }
+    }
+
+    // MARK: Observing
+
+    /// Adds a delegate (held weakly) that receives every later event.
+    public func addDelegate(_ delegate: any ProtectedDataDelegate) { dispatcher.add(delegate) }
+
+    /// Stops sending events to `delegate`.
+    public func removeDelegate(_ delegate: any ProtectedDataDelegate) { dispatcher.remove(delegate) }
+
+    /// A new subscription to every later event, as an `AsyncSequence`; it ends when dropped or its task is cancelled.
+    public func protectedDataEvents() -> ProtectedDataEvents { ProtectedDataEvents(subscription: dispatcher.subscribe()) }
+
+    // MARK: Locking and unlocking
+
+    /// Locks the device: delivers *will become unavailable* to every observer, then, once all are done or the grace
+    /// period (`gracePeriod` unless given) has passed, zeroes class A's key, class B's secret key and the per-file
+    /// keys of open class A files. Returns when the device is locked, or when an unlock during the grace period
+    /// cancelled the lock. Does nothing before first unlock or when already locked.
+    public func lock(gracePeriod: TimeInterval? = nil) async {
+        precondition((gracePeriod ?? 0) >= 0 && (gracePeriod ?? 0).isFinite, "the grace period must be a finite number of seconds ≥ 0")
+        let (attempt, grace, isNew): (LockAttempt?, TimeInterval, Bool) = mutex.withLock {
+            switch currentState {
+            case .unlocked:
+                let attempt = LockAttempt()
+                pendingLock = attempt
+                currentState = .locking
+                return (attempt, gracePeriod ?? currentGracePeriod, true)
+            case .locking:
+                return (pendingLock, 0, false)
+            case .locked, .beforeFirstUnlock:
+                return (nil, 0, false)
+            }
+        }
+        guard let attempt else { return }
+        if isNew {
+            let observersDone = dispatcher.deliver(.willBecomeUnavailable, from: self)
+            observersDone.notify(queue: .global()) { self.discardKeys(for: attempt) }
+            DispatchQueue.global().asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt) }
+        }
+        await attempt.wait()
+    }
+
+    /// The end of a lock: runs once per attempt, unless an unlock cancelled it first.
+    private func discardKeys(for attempt: LockAttempt) {
+        let files: [EncryptedFile]? = mutex.withLock {
+            guard pendingLock === attempt, currentState == .locking else { return nil }
+            pendingLock = nil
+            classKeys.discard([.complete, .completeUnlessOpen])
+            currentState = .locked
+            defer { openClassAFiles = [:] }
+            return openClassAFiles.values.compactMap(\.file)
+        }
+        guard let files else { return }
+        // Outside the mutex: each discard waits for that file's operation in flight, if any, to finish.
+        files.forEach { $0.discardKey() }
+        attempt.complete()
+    }
+
+    /// Unwraps classes A, B and C with the passcode and delivers *did become available* (unless already unlocked).
+    /// During a lock's grace period it cancels the lock. Wrong passcodes are counted and throttled (`passcodePolicy`):
+    /// throws `.wrongPasscode`, or `.throttled` while a delay runs.
+    public func unlock(passcode: Passcode) throws {
+        try passcodeLock.withLock {
+            let keybag = mutex.withLock { self.keybag }
+            let keys = try checkingPasscode { try keybag.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: deviceSecret, path: keybagPath) }
+            let (wasUnlocked, cancelled): (Bool, LockAttempt?) = mutex.withLock {
+                classKeys.insert(keys)
+                let wasUnlocked = currentState == .unlocked
+                currentState = .unlocked
+                return (wasUnlocked, pendingLock.take())
+            }
+            cancelled?.complete()
+            if !wasUnlocked { _ = dispatcher.deliver(.didBecomeAvailable, from: self) }
+        }
+    }
+
+    // MARK: Open class A files
+
+    /// Registers a file opened through a container, so a lock can discard its per-file key. A class A file that
+    /// raced with a lock and would outlive the class key is refused here.
+    func track(_ file: EncryptedFile) throws {
+        guard file.protectionClass == .complete else { return }
+        try mutex.withLock {
+            guard currentState == .unlocked || currentState == .locking else {
+                file.discardKey()
+                throw Self.unavailableError(.complete, state: currentState, path: file.path)
+            }
+            openClassAFiles[ObjectIdentifier(file)] = WeakFile(file: file)
+        }
+    }
+
+    /// Forgets a closed file.
+    func forget(_ file: EncryptedFile) {
+        _ = mutex.withLock { openClassAFiles.removeValue(forKey: ObjectIdentifier(file)) }
+    }
+}
+
+/// One lock in progress: callers of `lock()` wait on it; it completes when the keys are gone or an unlock cancels it.
+final class LockAttempt: @unchecked Sendable {
+    private let mutex = NSLock()
+    private var isComplete = false
+    private var waiters: [CheckedContinuation<Void, Never>] = []
+
+    func wait() async {
+        await withCheckedContinuation { continuation in
+            let resumeNow = mutex.withLock {
+                if isComplete { return true }
+                waiters.append(continuation)
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
+
+    func complete() {
+        let waiting: [CheckedContinuation<Void, Never>] = mutex.withLock {
+            guard !isComplete else { return [] }
+            isComplete = true
+            defer { waiters = [] }
+            return waiters
+        }
+        waiting.forEach { $0.resume() }
+    }
+}

@@ -1,0 +1,120 @@
+import Foundation
+
+/// A change of protected-data availability, named after UIApplication's.
+public enum ProtectedDataEvent: String, Sendable, CustomStringConvertible {
+    /// The device is locking: close protected files now; keys are discarded when every observer is done or the grace period ends.
+    case willBecomeUnavailable
+    /// The device was unlocked and every class key is usable again.
+    case didBecomeAvailable
+
+    public var description: String { rawValue }
+}
+
+/// Receives protected-data events, like UIApplicationDelegate's two methods. Called on a private serial queue per
+/// delegate; returning from `protectedDataWillBecomeUnavailable(_:)` tells the device this delegate is done.
+public protocol ProtectedDataDelegate: AnyObject, Sendable {
+    func protectedDataWillBecomeUnavailable(_ device: Device)
+    func protectedDataDidBecomeAvailable(_ device: Device)
+}
+
+extension Device {
+    /// Posted (object: the device) when protected data will become unavailable; raw value as UIKit's.
+    /// Observers run one after another on a private queue; the lock waits for the last one to return.
+    public static let protectedDataWillBecomeUnavailableNotification = Notification.Name("UIApplicationProtectedDataWillBecomeUnavailable")
+    /// Posted (object: the device) once protected data is available again; raw value as UIKit's.
+    public static let protectedDataDidBecomeAvailableNotification = Notification.Name("UIApplicationProtectedDataDidBecomeAvailable")
+}
+
+/// The events of one device as an `AsyncSequence`, subscribed from the moment it was made.
+///
+/// Asking for the next event tells the device that the previous one has been handled, so a
+/// `for await` loop that closes its files in the loop body lets a lock proceed as soon as the body ends.
+/// One consumer per sequence; make another sequence for another consumer.
+public struct ProtectedDataEvents: AsyncSequence, Sendable {
+    public typealias Element = ProtectedDataEvent
+    let subscription: EventSubscription
+
+    public func makeAsyncIterator() -> Iterator { Iterator(subscription: subscription) }
+
+    public struct Iterator: AsyncIteratorProtocol {
+        let subscription: EventSubscription
+
+        /// The next event; nil once the task is cancelled.
+        public mutating func next() async -> ProtectedDataEvent? { await subscription.next() }
+    }
+}
+
+/// One subscriber's buffer of undelivered events and the acknowledgement of the event it is handling.
+final class EventSubscription: @unchecked Sendable {
+    private let mutex = NSLock()
+    private var buffered: [(event: ProtectedDataEvent, handled: @Sendable () -> Void)] = []
+    private var handling: (@Sendable () -> Void)?
+    private var waiter: CheckedContinuation<ProtectedDataEvent?, Never>?
+    private var finished = false
+    private let onEnd: @Sendable (ObjectIdentifier) -> Void
+
+    init(onEnd: @escaping @Sendable (ObjectIdentifier) -> Void) { self.onEnd = onEnd }
+
+    deinit {
+        finish()
+    }
+
+    func enqueue(_ event: ProtectedDataEvent, handled: @escaping @Sendable () -> Void) {
+        let delivered: Bool = mutex.withLock {
+            guard !finished else { return false }
+            if let waiter {
+                self.waiter = nil
+                handling = handled
+                waiter.resume(returning: event)
+            } else {
+                buffered.append((event, handled))
+            }
+            return true
+        }
+        if !delivered { handled() }
+    }
+
+    func next() async -> ProtectedDataEvent? {
+        mutex.withLock { handling.take() }?()
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                mutex.withLock {
+                    if !buffered.isEmpty {
+                        let first = buffered.removeFirst()
+                        handling = first.handled
+                        continuation.resume(returning: first.event)
+                    } else if finished || Task.isCancelled {
+                        continuation.resume(returning: nil)
+                    } else {
+                        waiter = continuation
+                    }
+                }
+            }
+        } onCancel: {
+            finish()
+        }
+    }
+
+    /// Ends the subscription: releases a waiting consumer and counts every pending event as handled.
+    func finish() {
+        let ended: (pending: [@Sendable () -> Void], waiter: CheckedContinuation<ProtectedDataEvent?, Never>?)? = mutex.withLock {
+            guard !finished else { return nil }
+            finished = true
+            let pending = buffered.map(\.handled) + (handling.take().map { [$0] } ?? [])
+            buffered = []
+            return (pending, waiter.take())
+        }
+        guard let ended else { return }
+        ended.waiter?.resume(returning: nil)
+        ended.pending.forEach { $0() }
+        onEnd(ObjectIdentifier(self))
+    }
+}
+
+extension Optional {
+    /// Returns the value and leaves nil behind.
+    mutating func take() -> Wrapped? {
+        defer { self = nil }
+        return self
+    }
+}

@@ -1,0 +1,78 @@
+import ArgumentParser
+import Foundation
+import ProtectedStore
+
+struct LsCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ls",
+        abstract: "List a container directory, with each item's class and plaintext size.",
+        discussion: "Needs no passcode: names, classes and sizes are readable in every state."
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Flag(name: .short, help: "Long format: class, plaintext size, modification time, name.")
+    var long = false
+
+    @Flag(help: "Print JSON for scripts.")
+    var json = false
+
+    @Argument(help: ArgumentHelp("The container, or a directory or file in it.", valueName: "bundle[:path]"))
+    var target: ContainerReference
+
+    struct Entry: Codable {
+        var name: String
+        var path: String
+        var type: String
+        var protection: String?
+        var size: UInt64
+        var modified: Date
+        var target: String?
+        var problem: String?
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let container = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+                .container(bundleIdentifier: target.bundleIdentifier)
+            var items = [try container.itemInfo(atPath: target.path)]
+            if target.path.isEmpty || items[0].type == .typeDirectory || items[0].type == .typeSymbolicLink && target.path.hasSuffix("/") {
+                items = try container.contentsOfDirectory(atPath: target.path)
+            }
+            if json {
+                let entries = items.map {
+                    Entry(name: $0.name, path: $0.path, type: Self.typeName($0.type), protection: $0.protection.flatMap(ProtectionClass.init)?.name,
+                          size: $0.size, modified: $0.modificationDate, target: $0.symbolicLinkTarget, problem: $0.problem)
+                }
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+                encoder.dateEncodingStrategy = .iso8601
+                print(String(decoding: try encoder.encode(entries), as: UTF8.self))
+                return
+            }
+            let formatter = DateFormatter()
+            formatter.dateFormat = "yyyy-MM-dd HH:mm"
+            for item in items {
+                var name = item.name + (item.type == .typeDirectory ? "/" : "")
+                if let link = item.symbolicLinkTarget { name += " -> \(link)" }
+                guard long else {
+                    print(name)
+                    continue
+                }
+                let protection = item.protection.flatMap(ProtectionClass.init).map(\.name) ?? (item.type == .typeDirectory ? "(inherit)" : "?")
+                let size = item.type == .typeRegular && item.problem == nil ? String(item.size) : "-"
+                let line = "\(protection.padding(toLength: 40, withPad: " ", startingAt: 0)) \(String(repeating: " ", count: max(0, 12 - size.count)))\(size)  \(formatter.string(from: item.modificationDate))  \(name)"
+                print(line + (item.problem.map { "  (\($0))" } ?? ""))
+            }
+        }
+    }
+
+    private static func typeName(_ type: FileAttributeType) -> String {
+        switch type {
+        case .typeRegular: "file"
+        case .typeDirectory: "directory"
+        case .typeSymbolicLink: "symlink"
+        default: "other"
+        }
+    }
+}

@@ -1,0 +1,30 @@
+import ArgumentParser
+import ProtectedStore
+
+struct MkdirCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "mkdir",
+        abstract: "Create a directory in a container, optionally with a class for the new items in it.",
+        discussion: "Needs no passcode. Without --protection the directory takes its parent's class, if one is set."
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Flag(name: .short, help: "Create missing parent directories; an existing directory is not an error.")
+    var parents = false
+
+    @Option(help: ArgumentHelp("Class for new items in the directory: complete, complete-unless-open, complete-until-first-user-authentication, none (or A-D, or NSFileProtection… names).", valueName: "class"))
+    var protection: ProtectionClass?
+
+    @Argument(help: ArgumentHelp("The directory to create.", valueName: "bundle:path"))
+    var target: ContainerReference
+
+    func run() throws {
+        let path = try target.requireItemPath()
+        try reportingErrors {
+            try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+                .container(bundleIdentifier: target.bundleIdentifier)
+                .createDirectory(atPath: path, withIntermediateDirectories: parents, protection: protection?.fileProtectionType)
+        }
+    }
+}

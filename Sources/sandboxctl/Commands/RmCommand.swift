@@ -1,0 +1,36 @@
+import ArgumentParser
+import ProtectedStore
+
+struct RmCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "rm",
+        abstract: "Remove files (and, with -r, directories) from a container.",
+        discussion: "Needs no passcode: removing needs no key. The container's own folders (Documents, Library/…, tmp) can't be removed."
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Flag(name: .short, help: "Remove directories and everything in them.")
+    var recursive = false
+
+    @Argument(help: ArgumentHelp("The items to remove.", valueName: "bundle:path"))
+    var targets: [ContainerReference]
+
+    func validate() throws {
+        guard !targets.isEmpty else { throw ValidationError("Give at least one bundle:path to remove") }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let opened = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            for target in targets {
+                let path = try target.requireItemPath()
+                let container = try opened.container(bundleIdentifier: target.bundleIdentifier)
+                if !recursive, try container.itemInfo(atPath: path).type == .typeDirectory {
+                    throw ProtectedStoreError(.invalidArgument, path: target.description, problem: "it is a directory", remedy: "Pass -r to remove it and everything in it")
+                }
+                try container.removeItem(atPath: path)
+            }
+        }
+    }
+}

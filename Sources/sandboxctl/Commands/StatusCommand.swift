@@ -1,0 +1,87 @@
+import ArgumentParser
+import Foundation
+import ProtectedStore
+
+struct StatusCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "status",
+        abstract: "Show the device: lock state, passcode attempts, containers and how many files each class protects.",
+        discussion: "Needs no passcode. Without a daemon each command is its own key holder, which starts before first unlock, so the state shown is that of this command."
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Flag(help: "Print JSON for scripts.")
+    var json = false
+
+    struct Report: Codable {
+        struct ContainerReport: Codable {
+            var bundleIdentifier: String
+            var defaultProtection: String
+            /// Files per class name.
+            var files: [String: Int]
+            var bytes: UInt64
+            var unreadable: Int
+        }
+
+        var root: String
+        var keybagID: String
+        var deviceSecret: String
+        var state: String
+        var protectedDataAvailable: Bool
+        var failedPasscodeAttempts: Int
+        var containers: [ContainerReport]
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let opened = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            let containers = try opened.containerIdentifiers().map { id in
+                let container = try opened.container(bundleIdentifier: id)
+                var report = Report.ContainerReport(bundleIdentifier: id, defaultProtection: ProtectionClass(container.defaultProtection)!.name,
+                                                    files: [:], bytes: 0, unreadable: 0)
+                try count(in: container, path: "", into: &report)
+                return report
+            }
+            let report = Report(root: opened.root, keybagID: opened.keybagID.map { String(format: "%02x", $0) }.joined(),
+                                deviceSecret: opened.deviceSecretPath, state: opened.state.rawValue,
+                                protectedDataAvailable: opened.isProtectedDataAvailable,
+                                failedPasscodeAttempts: opened.failedPasscodeAttempts, containers: containers)
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+                print(String(decoding: try encoder.encode(report), as: UTF8.self))
+                return
+            }
+            print("Device \(report.root)")
+            print("  keybag id:      \(report.keybagID)")
+            print("  device secret:  \(report.deviceSecret)")
+            print("  state:          \(report.state) (embedded: this command's own key holder)")
+            print("  failed passcode attempts: \(report.failedPasscodeAttempts)")
+            print("  containers:     \(report.containers.count)")
+            for container in report.containers {
+                let counts = ProtectionClass.allCases.map { "\($0.letter) \(container.files[$0.name] ?? 0)" }.joined(separator: ", ")
+                print("    \(container.bundleIdentifier)  default \(container.defaultProtection); files: \(counts); \(container.bytes) bytes"
+                      + (container.unreadable > 0 ? "; \(container.unreadable) unreadable" : ""))
+            }
+        }
+    }
+
+    private func count(in container: Container, path: String, into report: inout Report.ContainerReport) throws {
+        for item in try container.contentsOfDirectory(atPath: path) {
+            switch item.type {
+            case .typeDirectory:
+                try count(in: container, path: item.path, into: &report)
+            case .typeRegular:
+                if let protection = item.protection, let protectionClass = ProtectionClass(protection) {
+                    report.files[protectionClass.name, default: 0] += 1
+                    report.bytes += item.size
+                } else {
+                    report.unreadable += 1
+                }
+            default:
+                break
+            }
+        }
+    }
+}
