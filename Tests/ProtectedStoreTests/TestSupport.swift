@@ -24,14 +24,52 @@ struct TestDevice {
     var root: String { directory.file("root") }
     var secretPath: String { directory.file("device.secret") }
 
-    init(passcode: String = TestDevice.passcode) throws {
+    init(passcode: String = TestDevice.passcode, policy: PasscodePolicy = .default) throws {
         device = try Device.create(root: directory.file("root"), deviceSecretPath: directory.file("device.secret"),
-                                   passcode: try Passcode(passcode), kdf: .fast)
+                                   passcode: try Passcode(passcode), kdf: .fast, passcodePolicy: policy, notificationCenter: NotificationCenter())
     }
 
-    func reopen() throws -> Device { try Device.open(root: root, deviceSecretPath: secretPath) }
+    /// The same device opened again, as after a reboot: before first unlock.
+    func reopen() throws -> Device { try Device.open(root: root, deviceSecretPath: secretPath, notificationCenter: NotificationCenter()) }
+
+    func makeContainer(_ bundleIdentifier: String = TestDevice.bundleIdentifier, defaultProtection: FileProtectionType = .complete) throws -> Container {
+        try device.createContainer(bundleIdentifier: bundleIdentifier, defaultProtection: defaultProtection)
+    }
+
+    static let bundleIdentifier = "com.example.test"
 
     func path(_ name: String) -> String { directory.file(name) }
+}
+
+/// Asserts that `body` throws the `CocoaError` Foundation would for a data-protection denial:
+/// `.fileReadNoPermission` or `.fileWriteNoPermission` with `POSIXError(.EPERM)` underneath.
+func expectDenied<R>(writing: Bool, sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> R) {
+    do {
+        _ = try body()
+        Issue.record("expected a data-protection denial, but the call succeeded", sourceLocation: sourceLocation)
+    } catch let error as CocoaError {
+        #expect(error.code == (writing ? .fileWriteNoPermission : .fileReadNoPermission), "got \(error)", sourceLocation: sourceLocation)
+        #expect((error.underlying as? POSIXError)?.code == .EPERM, "underlying \(String(describing: error.underlying))", sourceLocation: sourceLocation)
+        #expect(error.isProtectedDataUnavailable, sourceLocation: sourceLocation)
+    } catch {
+        Issue.record("expected CocoaError, got \(error)", sourceLocation: sourceLocation)
+    }
+}
+
+/// Asserts that a container call throws a `CocoaError` carrying a library error of `kind`.
+@discardableResult
+func expectCocoaError<R>(_ kind: ProtectedStoreError.Kind, sourceLocation: SourceLocation = #_sourceLocation,
+                         _ body: () throws -> R) -> CocoaError? {
+    do {
+        _ = try body()
+        Issue.record("expected a \(kind) error, but the call succeeded", sourceLocation: sourceLocation)
+    } catch let error as CocoaError {
+        #expect(error.protectedStoreError?.kind == kind, "got \(error.protectedStoreError.map(String.init(describing:)) ?? String(describing: error))", sourceLocation: sourceLocation)
+        return error
+    } catch {
+        Issue.record("expected CocoaError(\(kind)), got \(error)", sourceLocation: sourceLocation)
+    }
+    return nil
 }
 
 /// Asserts that `body` throws a `ProtectedStoreError` of `kind` and returns it.

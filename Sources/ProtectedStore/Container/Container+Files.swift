@@ -38,12 +38,13 @@ extension Container {
 
     // MARK: Handles
 
-    /// Creates a new, empty file (it must not exist) and returns a read-write handle. The class is `protection`, else
-    /// the parent directory's, else the container default. Class B files can be created and written while locked.
-    public func createFile(atPath path: String, protection: FileProtectionType? = nil) throws -> ProtectedFileHandle {
+    /// Creates a new, empty file (it must not exist) and returns a read-write handle. The class is the
+    /// `.protectionKey` attribute, else the parent directory's, else the container default (as FileManager's
+    /// `createFile(atPath:contents:attributes:)`). Class B files can be created and written while locked.
+    public func createFile(atPath path: String, attributes: [FileAttributeKey: Any] = [:]) throws -> ProtectedFileHandle {
         try foundationErrors(writing: true) {
             let item = try directory.resolve(try self.path(path), followingFinalSymlink: false)
-            let protectionClass = try protection.map(Self.protectionClass(of:)) ?? inheritedClass(in: item.parent)
+            let protectionClass = try Self.protectionClass(in: attributes, path: item.displayPath) ?? inheritedClass(in: item.parent)
             let file = try EncryptedFile.create(at: item.location, protectionClass: protectionClass, keys: device)
             do {
                 let handle = try ProtectedFileHandle(file: file, path: item.displayPath, container: self)
@@ -93,11 +94,11 @@ extension Container {
 
     /// Like `FileManager.setAttributes(_:ofItemAtPath:)`; only `.protectionKey` can be set.
     public func setAttributes(_ attributes: [FileAttributeKey: Any], ofItemAtPath path: String) throws {
-        guard attributes.keys.allSatisfy({ $0 == .protectionKey }), let protection = attributes[.protectionKey] as? FileProtectionType else {
-            throw ProtectedStoreError(.invalidArgument, path: "\(bundleIdentifier):\(path)", problem: "only FileAttributeKey.protectionKey with a FileProtectionType can be set",
-                                      remedy: "Pass [.protectionKey: FileProtectionType.complete] or another class").cocoaError(writing: true)
+        let protectionClass = try foundationErrors(writing: true) {
+            try Self.protectionClass(in: attributes, path: "\(bundleIdentifier):\(path)")
         }
-        try setProtection(protection, ofItemAtPath: path)
+        guard let protectionClass else { return }
+        try setProtection(protectionClass.fileProtectionType, ofItemAtPath: path)
     }
 
     /// Whether anything is at `path` (following symlinks inside the container).
@@ -128,16 +129,17 @@ extension Container {
         }
     }
 
-    /// Creates a directory (mode 0700). `protection` sets its class for new items; without it, the directory takes
-    /// its parent's class if one is set. With intermediates, missing parents are created too and an existing directory is fine.
-    public func createDirectory(atPath path: String, withIntermediateDirectories: Bool = false, protection: FileProtectionType? = nil) throws {
+    /// Creates a directory (mode 0700), as FileManager's method of the same name. A `.protectionKey` attribute sets its
+    /// class for new items; without it, the directory takes its parent's class if one is set. With intermediates,
+    /// missing parents are created too (with the same attributes) and an existing directory is fine.
+    public func createDirectory(atPath path: String, withIntermediateDirectories: Bool = false, attributes: [FileAttributeKey: Any] = [:]) throws {
         try foundationErrors(writing: true) {
             let target = try self.path(path)
             guard !target.isRoot else {
                 if withIntermediateDirectories { return }
                 throw ProtectedStoreError(.alreadyExists, path: "\(bundleIdentifier):", problem: "the container root exists", remedy: "Give the path of a new directory")
             }
-            let explicitClass = try protection.map(Self.protectionClass(of:))
+            let explicitClass = try Self.protectionClass(in: attributes, path: "\(bundleIdentifier):\(path)")
             for depth in 1...target.components.count {
                 let prefix = ContainerPath.root.appendingComponents(target.components.prefix(depth))
                 let isTarget = depth == target.components.count
@@ -218,6 +220,22 @@ extension Container {
             throw ProtectedStoreError(.invalidArgument, problem: "unknown protection type \(protection.rawValue)", remedy: "Use one of \(ProtectionClass.acceptedNames)")
         }
         return protectionClass
+    }
+
+    /// The class an attribute dictionary asks for, if any; attributes other than `.protectionKey` are refused
+    /// rather than silently ignored.
+    static func protectionClass(in attributes: [FileAttributeKey: Any], path: String) throws -> ProtectionClass? {
+        let unsupported = attributes.keys.filter { $0 != .protectionKey }
+        guard unsupported.isEmpty else {
+            throw ProtectedStoreError(.invalidArgument, path: path, problem: "unsupported attributes \(unsupported.map(\.rawValue).sorted().joined(separator: ", "))",
+                                      remedy: "Only FileAttributeKey.protectionKey can be set")
+        }
+        guard let value = attributes[.protectionKey] else { return nil }
+        guard let protection = value as? FileProtectionType else {
+            throw ProtectedStoreError(.invalidArgument, path: path, problem: "the .protectionKey attribute is a \(type(of: value)), not a FileProtectionType",
+                                      remedy: "Pass a FileProtectionType such as .complete")
+        }
+        return try protectionClass(of: protection)
     }
 
     /// The class a protection option of `Data.WritingOptions` asks for, if any.

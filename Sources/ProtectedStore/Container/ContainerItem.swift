@@ -18,6 +18,9 @@ public struct ContainerItem: Sendable {
     /// Why a file's class or size could not be read (not a ProtectedStore file, or damaged header).
     public let problem: String?
 
+    /// `protection` as the library's class enum.
+    public var protectionClass: ProtectionClass? { protection.flatMap(ProtectionClass.init) }
+
     /// The same information as `FileManager.attributesOfItem(atPath:)` keys.
     public var attributes: [FileAttributeKey: Any] {
         var attributes: [FileAttributeKey: Any] = [.type: type, .size: NSNumber(value: size), .modificationDate: modificationDate]

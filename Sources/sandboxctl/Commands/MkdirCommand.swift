@@ -24,7 +24,8 @@ struct MkdirCommand: ParsableCommand {
         try reportingErrors {
             try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
                 .container(bundleIdentifier: target.bundleIdentifier)
-                .createDirectory(atPath: path, withIntermediateDirectories: parents, protection: protection?.fileProtectionType)
+                .createDirectory(atPath: path, withIntermediateDirectories: parents,
+                                 attributes: protection.map { [.protectionKey: $0.fileProtectionType] } ?? [:])
         }
     }
 }
