@@ -1,0 +1,47 @@
+import Foundation
+import Testing
+import ProtectedStore
+
+/// The README's library example, kept compiling and true.
+@Suite("README")
+struct ReadmeExampleTests {
+    @Test("the library example runs as written")
+    func example() async throws {
+        let scratch = TemporaryDirectory()
+        let device = try Device.create(root: scratch.file("device"), deviceSecretPath: scratch.file("device.secret"),
+                                       passcode: try Passcode("correct horse"), kdf: .fast, notificationCenter: NotificationCenter())
+        let app = try device.createContainer(bundleIdentifier: "com.example.notes")
+
+        try app.write(Data("hello".utf8), toPath: "Documents/note.txt", options: .completeFileProtection)
+        try app.write(Data("inbox".utf8), toPath: "Documents/later.txt", options: .completeFileProtectionUnlessOpen)
+        let attributes = try app.attributesOfItem(atPath: "Documents/note.txt")
+        #expect((attributes[.protectionKey] as? FileProtectionType)?.rawValue == FileProtectionType.complete.rawValue)
+
+        let events = device.protectedDataEvents()
+        let consumer = Task { () -> [ProtectedDataEvent] in
+            var seen: [ProtectedDataEvent] = []
+            for await event in events {
+                seen.append(event)
+                if seen.count == 2 { break }
+            }
+            return seen
+        }
+
+        await device.lock()
+        var denied = false
+        do {
+            _ = try app.contents(atPath: "Documents/note.txt")
+        } catch let error as CocoaError where error.code == .fileReadNoPermission {
+            denied = (error.underlying as? POSIXError)?.code == .EPERM
+        }
+        #expect(denied)
+        try app.write(Data("arrived".utf8), toPath: "Documents/while-locked.txt", options: .completeFileProtectionUnlessOpen)
+        try device.unlock(passcode: try Passcode("correct horse"))
+
+        let handle = try app.fileHandle(forUpdatingAtPath: "Documents/note.txt")
+        try handle.write(contentsOf: Data(" world".utf8), atOffset: 5)
+        try handle.close()
+        #expect(try app.contents(atPath: "Documents/note.txt") == Data("hello world".utf8))
+        #expect(await consumer.value == [.willBecomeUnavailable, .didBecomeAvailable])
+    }
+}
