@@ -74,6 +74,10 @@ struct CLIContainerTests {
         #expect(ls.stdout.contains("complete-unless-open"), "\(ls.stdout)")
         #expect(ls.stdout.contains("a/"))
         #expect(ls.stdout.contains("23  "), "plaintext size shown")
+        let top = try shell.run(["ls", "com.example.notes"])
+        #expect(top.status == 0, "\(top.stderr)")
+        #expect(top.stdout == "Documents/\nLibrary/\ntmp/\n")
+        #expect(try shell.run(["protection", "com.example.notes"]).stdout.contains("complete (class A"))
         let json = try shell.run(["ls", "--json", "com.example.notes:Documents/a"])
         let entries = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [[String: Any]])
         #expect(entries.first?["name"] as? String == "b")
@@ -134,6 +138,7 @@ struct CLIContainerTests {
             (["rm", "-r", "com.example.notes:Documents"], 64, "own folders"),
             (["mv", "com.example.notes:Documents/x", "com.example.other:Documents/x"], 64, "only inside one container"),
             (["mkdir", "com.example.notes:Documents/none/deeper"], 1, "does not exist"),
+            (["rm", "com.example.notes:Documents/x", "com.example.notes:Documents/missing"], 1, "no such file"),
         ]
         for (arguments, status, message) in cases {
             let result = try shell.run(arguments, stdin: "")

@@ -90,6 +90,9 @@ struct ConcurrencyTests {
                 models.put(worker, model)
             }
         }
+        let log = ObservationLog()
+        let delegate = RecordingDelegate("delegate", log: log)
+        device.addDelegate(delegate)
         let passcode = try Passcode(TestDevice.passcode)
         for cycle in 0..<200 {
             await device.lock(gracePeriod: cycle % 2 == 0 ? 0 : 0.001)
@@ -98,6 +101,9 @@ struct ConcurrencyTests {
         }
         stop.set()
         done.wait()
+        try await Task.sleep(nanoseconds: 100_000_000)
+        let events = log.events(of: "delegate")
+        #expect(events == Array(repeating: [ProtectedDataEvent.willBecomeUnavailable, .didBecomeAvailable], count: 200).flatMap { $0 }, "events alternate, in state order")
         #expect(tally.failures.isEmpty, "\(tally.failures.prefix(5))")
         #expect(tally.succeeded > 0 && tally.denied > 0, "both outcomes happened: \(tally.succeeded) succeeded, \(tally.denied) denied")
         // Every file holds exactly what the last successful operation left.

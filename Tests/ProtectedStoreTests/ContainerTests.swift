@@ -17,6 +17,9 @@ struct ContainerTests {
         #expect(reopened.defaultProtection == FileProtectionType.completeUntilFirstUserAuthentication)
         #expect(try test.device.containerIdentifiers() == [TestDevice.bundleIdentifier])
         expectError(.alreadyExists) { try test.makeContainer() }
+        writeRaw([1], test.root + "/containers/README")
+        try FileManager.default.createDirectory(atPath: test.root + "/containers/.sandboxctl-new-0123", withIntermediateDirectories: false)
+        #expect(try test.device.containerIdentifiers() == [TestDevice.bundleIdentifier], "stray entries are not containers")
         expectError(.notFound) { try test.device.container(bundleIdentifier: "com.example.missing") }
     }
 
@@ -70,6 +73,10 @@ struct ContainerTests {
         #expect(directory?.localizedDescription.contains("directory") == true)
         expectCocoaError(.invalidArgument) { try container.write(Data(), toPath: "Documents") }
         expectCocoaError(.alreadyExists) { try container.createFile(atPath: "Documents/report.pdf") }
+        expectCocoaError(.invalidArgument) { try container.contents(atPath: "Documents/report.pdf/") }
+        expectCocoaError(.invalidArgument) { try container.write(Data(), toPath: "Documents/new/") }
+        let root = try container.itemInfo(atPath: "")
+        #expect(root.type == .typeDirectory && root.protection == nil)
     }
 
     @Test("a file of another format or another device gets a clear integrity error and stays untouched")

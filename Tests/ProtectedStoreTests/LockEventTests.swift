@@ -185,6 +185,38 @@ struct LockEventTests {
         try b.close()
     }
 
+    @Test("with a grace period of 0, every observer still gets the event before the keys go")
+    func zeroGrace() async throws {
+        let test = try TestDevice()
+        let device = test.device
+        let log = ObservationLog()
+        let delegates = (0..<4).map { RecordingDelegate("delegate-\($0)", log: log) }
+        delegates.forEach(device.addDelegate)
+        let observer = device.notificationCenter.addObserver(forName: Device.protectedDataWillBecomeUnavailableNotification, object: device, queue: nil) { _ in
+            log.record("notification", .willBecomeUnavailable, device: device)
+        }
+        defer { device.notificationCenter.removeObserver(observer) }
+        for _ in 0..<20 {
+            await device.lock(gracePeriod: 0)
+            try device.unlock(passcode: try Passcode(TestDevice.passcode))
+        }
+        try await Task.sleep(nanoseconds: 100_000_000)
+        let wills = log.entries.filter { $0.event == .willBecomeUnavailable }
+        #expect(wills.count == 20 * 5)
+        #expect(wills.filter { !$0.classAUsable }.isEmpty, "an observer was entered after the keys were gone")
+    }
+
+    @Test("a handle opened before its file became class A loses its key at the lock too")
+    func reclassifiedHandle() async throws {
+        let test = try TestDevice()
+        let container = try test.makeContainer()
+        try container.write(Data("c".utf8), toPath: "Documents/f", options: .completeFileProtectionUntilFirstUserAuthentication)
+        let old = try container.fileHandle(forReadingAtPath: "Documents/f")
+        try container.setProtection(.complete, ofItemAtPath: "Documents/f")
+        await test.device.lock(gracePeriod: 0)
+        expectDenied(writing: false) { try old.read(upToCount: 1, atOffset: 0) }
+    }
+
     @Test("wrong passcodes are throttled, and the throttle survives reopening the device")
     func throttling() throws {
         let policy = PasscodePolicy(freeAttempts: 2, delays: [0.5, 3600])

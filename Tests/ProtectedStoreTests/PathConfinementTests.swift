@@ -34,6 +34,7 @@ struct PathConfinementTests {
                 ("inside-dir", "../Library/Caches"),
                 ("inside-file", "secret.txt"),
                 ("chain", "root/root/up3"),
+                ("marker", ".sandboxctl-class"),                    // a reserved name, reached through a link
             ]
             for (name, target) in links {
                 try FileManager.default.createSymbolicLink(atPath: documents + "/" + name, withDestinationPath: target)
@@ -70,7 +71,7 @@ struct PathConfinementTests {
         "Documents/abs/victim.txt", "Documents/abs/new.txt", "Documents/abs-file", "Documents/etc/passwd", "Documents/etc/new",
         "Documents/up3/keybag", "Documents/up3/x", "Documents/up4/x", "Documents/keybag", "Documents/neighbour/x",
         "Documents/loop1", "Documents/loop1/x", "Documents/root/../x", "Documents/root/root/x", "Documents/chain/x",
-        "Documents/abs", "Documents/up3",
+        "Documents/abs", "Documents/up3", "Documents/marker",
     ]
 
     @Test("lexically hostile paths are refused with an error naming the path, for every operation", arguments: lexical)
@@ -92,7 +93,7 @@ struct PathConfinementTests {
         let container = fixture.container
         // Operations that act on a final symlink itself (remove, move, lstat) are legitimate and stay inside.
         let followsFinal: Set<String> = ["write", "contents", "handle", "list", "mkdir -p", "setProtection"]
-        let isFinalLink = ["Documents/abs", "Documents/abs-file", "Documents/up3", "Documents/keybag", "Documents/loop1"].contains(path)
+        let isFinalLink = ["Documents/abs", "Documents/abs-file", "Documents/up3", "Documents/keybag", "Documents/loop1", "Documents/marker"].contains(path)
         for (name, operation) in Self.operations(container, path) where !isFinalLink || followsFinal.contains(name) {
             do {
                 _ = try operation()

@@ -18,6 +18,17 @@ final class OpenDirectory: @unchecked Sendable {
     func location(_ name: String, displayPath: String) -> FileLocation {
         FileLocation(directory: descriptor, name: name, displayPath: displayPath)
     }
+
+    /// Opens the subdirectory `name` relative to this descriptor, refusing a symlink: what was checked is what is opened.
+    func subdirectory(_ name: String, displayPath: String) throws -> OpenDirectory {
+        let fd = try location(name, displayPath: displayPath).open(.readOnly, options: [.directory], doing: "open the directory")
+        return OpenDirectory(descriptor: fd, path: path.appending(name))
+    }
+
+    /// A new open file description of this directory, so a listing has its own read position.
+    func reopened() throws -> FileDescriptor {
+        try location(".", displayPath: path.description).open(.readOnly, options: [.directory], doing: "open the directory")
+    }
 }
 
 /// Where a container path leads: the opened parent directory and the final name in it.
@@ -43,7 +54,8 @@ final class ConfinedDirectory: @unchecked Sendable {
     let containerName: String
 
     init(path: String, containerName: String) throws {
-        root = try FileLocation(path: path).open(.readOnly, options: [.directory], doing: "open the container")
+        // No-follow: a Data symlink would move the whole container elsewhere.
+        root = try FileLocation(path: path).open(.readOnly, options: [.directory, .noFollow], doing: "open the container")
         self.containerName = containerName
     }
 
@@ -102,10 +114,21 @@ final class ConfinedDirectory: @unchecked Sendable {
                     throw error("the symbolic link \(parent.path.appending(component)) points to the absolute path \(target), outside the container",
                                 "Symbolic links may point only inside the container, with a relative target; remove or fix the link")
                 }
-                remaining.append(contentsOf: target.split(separator: "/", omittingEmptySubsequences: false).reversed().map(String.init))
+                let targetComponents = target.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+                if let bad = targetComponents.first(where: { $0.hasPrefix(ContainerPath.reservedPrefix) || $0.utf8.count > ContainerPath.maximumNameBytes }) {
+                    throw error("the symbolic link \(lastLink) points to \"\(bad.prefix(60))\", a reserved or over-long name",
+                                "Remove or fix the link")
+                }
+                remaining.append(contentsOf: targetComponents.reversed())
                 continue
             }
-            if isFinal { return ResolvedItem(parent: parent, name: component, displayPath: display) }
+            if isFinal {
+                guard !path.mustBeDirectory || info.st_mode & S_IFMT == S_IFDIR else {
+                    throw ProtectedStoreError(.invalidArgument, path: display, problem: "it is not a directory, but the path ends with \"/\"",
+                                              remedy: "Write the path without the trailing slash")
+                }
+                return ResolvedItem(parent: parent, name: component, displayPath: display)
+            }
             guard info.st_mode & S_IFMT == S_IFDIR else {
                 throw ProtectedStoreError(.invalidArgument, path: display, problem: "\(parent.path.appending(component)) is not a directory",
                                           remedy: "Check the path")
@@ -130,8 +153,7 @@ final class ConfinedDirectory: @unchecked Sendable {
         guard info.st_mode & S_IFMT == S_IFDIR else {
             throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "it is a file, not a directory", remedy: "Give the path of a directory")
         }
-        let descriptor = try item.location.open(.readOnly, options: [.directory], doing: "open the directory")
-        return OpenDirectory(descriptor: descriptor, path: item.path)
+        return try item.parent.subdirectory(item.name, displayPath: item.displayPath)
     }
 
     private func duplicateRoot() throws -> FileDescriptor {

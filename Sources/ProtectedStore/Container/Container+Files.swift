@@ -11,7 +11,7 @@ extension Container {
     /// class, else the parent directory's, else the container default. `.withoutOverwriting` refuses an existing file.
     public func write(_ data: Data, toPath path: String, options: Data.WritingOptions = []) throws {
         try foundationErrors(writing: true) {
-            let item = try directory.resolve(try self.path(path), followingFinalSymlink: true)
+            let item = try directory.resolve(try filePath(path), followingFinalSymlink: true)
             let existing = try item.location.status()
             if let existing, existing.st_mode & S_IFMT == S_IFDIR {
                 throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "it is a directory", remedy: "Give the path of a file")
@@ -43,7 +43,7 @@ extension Container {
     /// `createFile(atPath:contents:attributes:)`). Class B files can be created and written while locked.
     public func createFile(atPath path: String, attributes: [FileAttributeKey: Any] = [:]) throws -> ProtectedFileHandle {
         try foundationErrors(writing: true) {
-            let item = try directory.resolve(try self.path(path), followingFinalSymlink: false)
+            let item = try directory.resolve(try filePath(path), followingFinalSymlink: false)
             let protectionClass = try Self.protectionClass(in: attributes, path: item.displayPath) ?? inheritedClass(in: item.parent)
             let file = try EncryptedFile.create(at: item.location, protectionClass: protectionClass, keys: device)
             do {
@@ -77,15 +77,30 @@ extension Container {
     public func contentsOfDirectory(atPath path: String) throws -> [ContainerItem] {
         try foundationErrors(writing: false) {
             let opened = try directory.openDirectory(try self.path(path))
-            return try names(in: opened).sorted().map { try item(named: $0, in: opened) }
+            // An entry removed between readdir and lstat is simply no longer there.
+            return try names(in: opened).sorted().compactMap { try item(named: $0, in: opened) }
         }
     }
 
-    /// The item at `path` (a symlink itself, not its target), with its class and plaintext size; needs no key.
+    /// The item at `path` (a symlink itself, not its target; "" for the container root), with its class and
+    /// plaintext size; needs no key.
     public func itemInfo(atPath path: String) throws -> ContainerItem {
         try foundationErrors(writing: false) {
-            let resolved = try directory.resolve(try self.path(path), followingFinalSymlink: false)
-            return try item(named: resolved.name, in: resolved.parent, displayPath: resolved.displayPath)
+            let parsed = try self.path(path)
+            if parsed.isRoot {
+                var info = stat()
+                guard fstat(directory.root.rawValue, &info) == 0 else {
+                    throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(.root), doing: "stat")
+                }
+                let root = try directory.openDirectory(.root)
+                return ContainerItem(name: "", path: "", type: .typeDirectory, protection: try directoryClass(of: root)?.fileProtectionType,
+                                     size: 0, modificationDate: Self.modificationDate(info), symbolicLinkTarget: nil, problem: nil)
+            }
+            let resolved = try directory.resolve(parsed, followingFinalSymlink: false)
+            guard let found = try item(named: resolved.name, in: resolved.parent, displayPath: resolved.displayPath) else {
+                throw ProtectedStoreError(.notFound, path: resolved.displayPath, problem: "no such file or directory", remedy: "Check the path")
+            }
+            return found
         }
     }
 
@@ -114,18 +129,24 @@ extension Container {
     public func setProtection(_ protection: FileProtectionType, ofItemAtPath path: String) throws {
         try foundationErrors(writing: true) {
             let newClass = try Self.protectionClass(of: protection)
-            let item = try directory.resolve(try self.path(path), followingFinalSymlink: true)
+            let parsed = try self.path(path)
+            guard !parsed.isRoot else {
+                throw ProtectedStoreError(.invalidArgument, path: "\(bundleIdentifier):", problem: "the container root's class is the container default, chosen when the container is created",
+                                          remedy: "Set the class of a directory or file inside the container")
+            }
+            let item = try directory.resolve(parsed, followingFinalSymlink: true)
             guard let info = try item.location.status() else {
                 throw ProtectedStoreError(.notFound, path: item.displayPath, problem: "no such file or directory", remedy: "Check the path")
             }
             if info.st_mode & S_IFMT == S_IFDIR {
-                let opened = try directory.openDirectory(item.path)
+                let opened = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
                 try writeSmallFile(Array("\(newClass.name)\n".utf8), named: Self.directoryClassName, in: opened, displayPath: item.displayPath)
                 return
             }
             let handle = try ProtectedFileHandle(opening: item, writable: true, container: self)
             defer { try? handle.close() }
             try handle.file.changeProtectionClass(to: newClass, keys: device)
+            if newClass == .complete { device.fileBecameComplete(fileID: handle.file.fileID) }
         }
     }
 
@@ -162,7 +183,7 @@ extension Container {
                     throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "create the directory")
                 }
                 if let directoryClass = explicitClass ?? inherited {
-                    let created = try directory.openDirectory(item.path)
+                    let created = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
                     try writeSmallFile(Array("\(directoryClass.name)\n".utf8), named: Self.directoryClassName, in: created, displayPath: item.displayPath)
                 }
                 try FileSystem.synchronize(item.parent.descriptor, path: item.displayPath)
@@ -208,6 +229,16 @@ extension Container {
             try FileSystem.synchronize(to.parent.descriptor, path: to.displayPath)
             try FileSystem.synchronize(from.parent.descriptor, path: from.displayPath)
         }
+    }
+
+    /// A path that must name a file: a trailing "/" is refused rather than ignored.
+    private func filePath(_ raw: String) throws -> ContainerPath {
+        let parsed = try path(raw)
+        guard !parsed.mustBeDirectory else {
+            throw ProtectedStoreError(.invalidArgument, path: "\(bundleIdentifier):\(raw)", problem: "the path ends with \"/\", so it names a directory",
+                                      remedy: "Give the file's path without the trailing slash")
+        }
+        return parsed
     }
 
     // MARK: Classes
@@ -272,10 +303,10 @@ extension Container {
         let file = try EncryptedFile.create(at: temporary, protectionClass: protectionClass, keys: device)
         do {
             let handle = try ProtectedFileHandle(file: file, path: item.displayPath, container: self)
-            defer { try? handle.close() }
+            defer { handle.forget() }
             try data.withUnsafeBytes { try file.write(from: $0, at: 0) }
             try file.synchronize()
-            try handle.close()
+            try file.close()
             let renamed = replacing
                 ? renameat(item.parent.descriptor.rawValue, temporaryName, item.parent.descriptor.rawValue, item.name)
                 : ps_rename_noreplace(item.parent.descriptor.rawValue, temporaryName, item.parent.descriptor.rawValue, item.name)
@@ -296,11 +327,11 @@ extension Container {
         let temporary = opened.location(temporaryName, displayPath: displayPath)
         do {
             let fd = try temporary.open(.writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite], doing: "create the directory class marker")
-            try fd.closeAfter {
-                _ = try bytes.withUnsafeBytes { buffer in
-                    try FileSystem.mappingErrno(path: displayPath, doing: "write the directory class marker") { try fd.writeAll(toAbsoluteOffset: 0, buffer) }
+            try FileSystem.mappingErrno(path: displayPath, doing: "write the directory class marker") {
+                try fd.closeAfter {
+                    _ = try bytes.withUnsafeBytes { try fd.writeAll(toAbsoluteOffset: 0, $0) }
+                    try FileSystem.synchronize(fd, path: displayPath)
                 }
-                try FileSystem.synchronize(fd, path: displayPath)
             }
             guard renameat(opened.descriptor.rawValue, temporaryName, opened.descriptor.rawValue, name) == 0 else {
                 throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "set the directory class")
@@ -321,13 +352,13 @@ extension Container {
 
     /// Every name in a directory, including ProtectedStore's own files when `includingReserved`.
     func names(in opened: OpenDirectory, includingReserved: Bool = false) throws -> [String] {
-        let copy = fcntl(opened.descriptor.rawValue, F_DUPFD_CLOEXEC, 0)
-        guard copy >= 0, let stream = fdopendir(copy) else {
-            if copy >= 0 { Foundation.close(copy) }
-            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(opened.path), doing: "list the directory")
+        let copy = try opened.reopened()
+        guard let stream = fdopendir(copy.rawValue) else {
+            let errno = Errno(rawValue: Foundation.errno)
+            try? copy.close()
+            throw ProtectedStoreError.io(errno, path: directory.displayPath(opened.path), doing: "list the directory")
         }
         defer { closedir(stream) }
-        rewinddir(stream)
         var names: [String] = []
         while let entry = readdir(stream) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
@@ -338,13 +369,12 @@ extension Container {
         return names
     }
 
-    private func item(named name: String, in opened: OpenDirectory, displayPath: String? = nil) throws -> ContainerItem {
+    /// The item `name` in `opened`; nil if nothing is there.
+    private func item(named name: String, in opened: OpenDirectory, displayPath: String? = nil) throws -> ContainerItem? {
         let path = opened.path.appending(name)
         let location = opened.location(name, displayPath: displayPath ?? directory.displayPath(path))
-        guard let info = try location.status() else {
-            throw ProtectedStoreError(.notFound, path: location.displayPath, problem: "no such file or directory", remedy: "Check the path")
-        }
-        let modified = Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec) + TimeInterval(info.st_mtim.tv_nsec) / 1e9)
+        guard let info = try location.status() else { return nil }
+        let modified = Self.modificationDate(info)
         var type = FileAttributeType.typeUnknown
         var protection: FileProtectionType?
         var size: UInt64 = 0
@@ -365,7 +395,7 @@ extension Container {
             }
         case S_IFDIR:
             type = .typeDirectory
-            protection = try directoryClass(of: directory.openDirectory(path))?.fileProtectionType
+            protection = try directoryClass(of: opened.subdirectory(name, displayPath: location.displayPath))?.fileProtectionType
         case S_IFLNK:
             type = .typeSymbolicLink
             var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
@@ -378,8 +408,12 @@ extension Container {
                              modificationDate: modified, symbolicLinkTarget: target, problem: problem)
     }
 
+    static func modificationDate(_ info: stat) -> Date {
+        Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec) + TimeInterval(info.st_mtim.tv_nsec) / 1e9)
+    }
+
     private func removeTree(named name: String, in parent: OpenDirectory, displayPath: String) throws {
-        let opened = try directory.openDirectory(parent.path.appending(name))
+        let opened = try parent.subdirectory(name, displayPath: displayPath)
         for child in try names(in: opened, includingReserved: true) {
             let location = opened.location(child, displayPath: displayPath)
             guard let info = try location.status() else { continue }

@@ -135,8 +135,14 @@ extension Device {
     public func containerIdentifiers() throws -> [String] {
         guard try FileSystem.exists(containersPath) else { return [] }
         do {
+            // Anything else found there (a stray file, a half-built container) is not a container.
             return try FileManager.default.contentsOfDirectory(atPath: containersPath)
-                .filter { !$0.hasPrefix(ContainerPath.reservedPrefix) }
+                .filter { name in
+                    var isDirectory: ObjCBool = false
+                    return (try? Container.validate(bundleIdentifier: name)) != nil
+                        && FileManager.default.fileExists(atPath: (containersPath as NSString).appendingPathComponent(name), isDirectory: &isDirectory)
+                        && isDirectory.boolValue
+                }
                 .sorted()
         } catch {
             throw ProtectedStoreError(.io, path: containersPath, problem: "cannot list the containers (\(error.localizedDescription))", remedy: "Check the permissions of the device root")

@@ -10,10 +10,15 @@ struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
 
     /// The components; empty for the container's root.
     let components: [String]
+    /// The path was written with a trailing "/": it must name a directory.
+    let mustBeDirectory: Bool
 
     static let root = ContainerPath(components: [])
 
-    private init(components: [String]) { self.components = components }
+    private init(components: [String], mustBeDirectory: Bool = false) {
+        self.components = components
+        self.mustBeDirectory = mustBeDirectory
+    }
 
     /// Checks `raw` (e.g. "Documents/notes.txt"); "" names the container root, and one trailing "/" is allowed.
     /// `container` only names the container in errors.
@@ -31,6 +36,7 @@ struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
         guard !trimmed.isEmpty else {
             guard raw.isEmpty else { throw reject("the path is only \"/\"") }
             self.components = []
+            self.mustBeDirectory = false
             return
         }
         var components: [String] = []
@@ -50,14 +56,19 @@ struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
             components.append(String(component))
         }
         self.components = components
+        self.mustBeDirectory = trimmed.count < raw.count
     }
 
     var isRoot: Bool { components.isEmpty }
     var name: String? { components.last }
-    var parent: ContainerPath { ContainerPath(components: components.dropLast()) }
+    var parent: ContainerPath { ContainerPath(components: Array(components.dropLast())) }
     var description: String { components.joined(separator: "/") }
 
     func appending(_ name: String) -> ContainerPath { ContainerPath(components: components + [name]) }
+
+    // Identity is the components: a trailing slash is a constraint on what the path names, not another path.
+    static func == (lhs: ContainerPath, rhs: ContainerPath) -> Bool { lhs.components == rhs.components }
+    func hash(into hasher: inout Hasher) { hasher.combine(components) }
 
     /// Whether `self` is `other` or lies inside it.
     func isWithin(_ other: ContainerPath) -> Bool { components.starts(with: other.components) }

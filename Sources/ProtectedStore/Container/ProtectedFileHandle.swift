@@ -30,6 +30,9 @@ public final class ProtectedFileHandle: @unchecked Sendable {
 
     deinit { device.forget(file) }
 
+    /// Stops tracking the file for the lock (it is being closed by its owner).
+    func forget() { device.forget(file) }
+
     /// The file's class.
     public var protection: FileProtectionType { file.protectionClass.fileProtectionType }
 

@@ -45,24 +45,35 @@ extension Device {
     /// cancelled the lock. Does nothing before first unlock or when already locked.
     public func lock(gracePeriod: TimeInterval? = nil) async {
         precondition((gracePeriod ?? 0) >= 0 && (gracePeriod ?? 0).isFinite, "the grace period must be a finite number of seconds ≥ 0")
-        let (attempt, grace, isNew): (LockAttempt?, TimeInterval, Bool) = mutex.withLock {
-            switch currentState {
-            case .unlocked:
-                let attempt = LockAttempt()
-                pendingLock = attempt
-                currentState = .locking
-                return (attempt, gracePeriod ?? currentGracePeriod, true)
-            case .locking:
-                return (pendingLock, 0, false)
-            case .locked, .beforeFirstUnlock:
-                return (nil, 0, false)
+        // The state change and the hand-off of its event happen under one lock, so every observer sees
+        // will/did in the order the state changed, even when a lock and an unlock race.
+        let (attempt, grace, observers): (LockAttempt?, TimeInterval, (handedOver: DispatchGroup, done: DispatchGroup)?) = deliveryLock.withLock {
+            let (attempt, grace, isNew): (LockAttempt?, TimeInterval, Bool) = mutex.withLock {
+                switch currentState {
+                case .unlocked:
+                    let attempt = LockAttempt()
+                    pendingLock = attempt
+                    currentState = .locking
+                    return (attempt, gracePeriod ?? currentGracePeriod, true)
+                case .locking:
+                    return (pendingLock, 0, false)
+                case .locked, .beforeFirstUnlock:
+                    return (nil, 0, false)
+                }
             }
+            return (attempt, grace, isNew ? dispatcher.deliver(.willBecomeUnavailable, from: self) : nil)
         }
         guard let attempt else { return }
-        if isNew {
-            let observersDone = dispatcher.deliver(.willBecomeUnavailable, from: self)
-            observersDone.notify(queue: .global()) { self.discardKeys(for: attempt) }
-            DispatchQueue.global().asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt) }
+        if let observers {
+            observers.done.notify(queue: .global()) { self.discardKeys(for: attempt) }
+            // The grace period runs from the moment every observer has the event, so a grace of 0 still lets each
+            // one be entered first; an observer stuck in an earlier callback is waited for at most max(grace, 1 s).
+            let startGrace: @Sendable () -> Void = {
+                guard attempt.startGracePeriod() else { return }
+                DispatchQueue.global().asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt) }
+            }
+            observers.handedOver.notify(queue: .global(), execute: startGrace)
+            DispatchQueue.global().asyncAfter(deadline: .now() + max(grace, 1), execute: startGrace)
         }
         await attempt.wait()
     }
@@ -74,8 +85,7 @@ extension Device {
             pendingLock = nil
             classKeys.discard([.complete, .completeUnlessOpen])
             currentState = .locked
-            defer { openClassAFiles = [:] }
-            return openClassAFiles.values.compactMap(\.file)
+            return takeClassAFiles()
         }
         guard let files else { return }
         // Outside the mutex: each discard waits for that file's operation in flight, if any, to finish.
@@ -90,35 +100,53 @@ extension Device {
         try passcodeLock.withLock {
             let keybag = mutex.withLock { self.keybag }
             let keys = try checkingPasscode { try keybag.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: deviceSecret, path: keybagPath) }
-            let (wasUnlocked, cancelled): (Bool, LockAttempt?) = mutex.withLock {
-                classKeys.insert(keys)
-                let wasUnlocked = currentState == .unlocked
-                currentState = .unlocked
-                return (wasUnlocked, pendingLock.take())
+            let cancelled: LockAttempt? = deliveryLock.withLock {
+                let (wasUnlocked, cancelled): (Bool, LockAttempt?) = mutex.withLock {
+                    classKeys.insert(keys)
+                    let wasUnlocked = currentState == .unlocked
+                    currentState = .unlocked
+                    return (wasUnlocked, pendingLock.take())
+                }
+                if !wasUnlocked { _ = dispatcher.deliver(.didBecomeAvailable, from: self) }
+                return cancelled
             }
             cancelled?.complete()
-            if !wasUnlocked { _ = dispatcher.deliver(.didBecomeAvailable, from: self) }
         }
     }
 
-    // MARK: Open class A files
+    // MARK: Open files
 
-    /// Registers a file opened through a container, so a lock can discard its per-file key. A class A file that
-    /// raced with a lock and would outlive the class key is refused here.
+    /// Registers a file opened through a container, so a lock can discard its per-file key if it is class A.
+    /// A class A file that raced with a lock and would outlive the class key is refused here.
     func track(_ file: EncryptedFile) throws {
-        guard file.protectionClass == .complete else { return }
         try mutex.withLock {
-            guard currentState == .unlocked || currentState == .locking else {
+            if file.protectionClass == .complete && !(currentState == .unlocked || currentState == .locking) {
                 file.discardKey()
                 throw Self.unavailableError(.complete, state: currentState, path: file.path)
             }
-            openClassAFiles[ObjectIdentifier(file)] = WeakFile(file: file)
+            openFiles[ObjectIdentifier(file)] = WeakFile(file: file)
         }
     }
 
     /// Forgets a closed file.
     func forget(_ file: EncryptedFile) {
-        _ = mutex.withLock { openClassAFiles.removeValue(forKey: ObjectIdentifier(file)) }
+        _ = mutex.withLock { openFiles.removeValue(forKey: ObjectIdentifier(file)) }
+    }
+
+    /// A file became class A through another handle: handles opened before, under its old class, must lose their
+    /// key at the next lock too.
+    func fileBecameComplete(fileID: [UInt8]) {
+        _ = mutex.withLock { reclassifiedToComplete.insert(fileID) }
+    }
+
+    /// The open files whose keys a lock discards, forgotten as they are returned. Caller holds `mutex`.
+    func takeClassAFiles() -> [EncryptedFile] {
+        let live = openFiles.values.compactMap(\.file)
+        let classA = live.filter { $0.protectionClass == .complete || reclassifiedToComplete.contains($0.fileID) }
+        for file in classA { openFiles.removeValue(forKey: ObjectIdentifier(file)) }
+        openFiles = openFiles.filter { $0.value.file != nil }
+        reclassifiedToComplete = []
+        return classA
     }
 }
 
@@ -126,6 +154,7 @@ extension Device {
 final class LockAttempt: @unchecked Sendable {
     private let mutex = NSLock()
     private var isComplete = false
+    private var graceStarted = false
     private var waiters: [CheckedContinuation<Void, Never>] = []
 
     func wait() async {
@@ -136,6 +165,14 @@ final class LockAttempt: @unchecked Sendable {
                 return false
             }
             if resumeNow { continuation.resume() }
+        }
+    }
+
+    /// True the first time only: the grace timer is started once, by whichever trigger comes first.
+    func startGracePeriod() -> Bool {
+        mutex.withLock {
+            defer { graceStarted = true }
+            return !graceStarted
         }
     }
 

@@ -46,7 +46,10 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     var currentState: State
     var currentGracePeriod = Device.defaultGracePeriod
     var pendingLock: LockAttempt?
-    var openClassAFiles: [ObjectIdentifier: WeakFile] = [:]
+    // Taken around a state change and the hand-off of its event, so observers see events in state order.
+    let deliveryLock = NSLock()
+    var openFiles: [ObjectIdentifier: WeakFile] = [:]
+    var reclassifiedToComplete: Set<[UInt8]> = []
     let dispatcher: EventDispatcher
 
     private init(root: String, deviceSecret: DeviceSecret, keybag: Keybag, classKeys: ClassKeys, state: State,
@@ -218,22 +221,31 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     public var failedPasscodeAttempts: Int { (try? PasscodeAttempts.load(from: passcodeAttemptsPath).failedAttempts) ?? 0 }
 
     /// Runs a passcode check under the throttle: refuses while a delay is running, counts a wrong passcode
-    /// (erasing the device if the policy says so), and resets the count on success. Caller holds `passcodeLock`.
+    /// (erasing the device if the policy says so), and resets the count on success. Caller holds `passcodeLock`;
+    /// an flock on a file beside the counter serialises checks across processes.
     func checkingPasscode<R>(_ check: () throws -> R) throws -> R {
-        var attempts = try PasscodeAttempts.load(from: passcodeAttemptsPath)
-        let remaining = attempts.remainingDelay(policy: passcodePolicy, now: Date())
+        // One check at a time across processes too, so parallel guesses are each counted.
+        let lockPath = passcodeAttemptsPath + ".lock"
+        let lockFile = try FileLocation(path: lockPath).open(.readWrite, options: [.create], permissions: [.ownerReadWrite], doing: "open the passcode attempt lock")
+        defer { try? lockFile.close() }
+        guard flock(lockFile.rawValue, LOCK_EX) == 0 else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: lockPath, doing: "lock the passcode attempt counter")
+        }
+        let before = try PasscodeAttempts.load(from: passcodeAttemptsPath)
+        let remaining = before.remainingDelay(policy: passcodePolicy, now: Date())
         guard remaining <= 0 else {
-            throw ProtectedStoreError(.throttled, path: root, problem: "\(attempts.failedAttempts) wrong passcodes in a row; the next attempt is allowed in \(Int(remaining.rounded(.up))) s",
+            throw ProtectedStoreError(.throttled, path: root, problem: "\(before.failedAttempts) wrong passcodes in a row; the next attempt is allowed in \(Int(remaining.rounded(.up))) s",
                                       remedy: "Wait, then try again")
         }
+        // Counted before the check: a process killed during Argon2id to dodge the count has still used its guess.
+        var attempts = before
+        attempts.failedAttempts += 1
+        attempts.lastFailure = Date().timeIntervalSince1970
+        try attempts.save(to: passcodeAttemptsPath)
+        let result: R
         do {
-            let result = try check()
-            if attempts.failedAttempts > 0 { try PasscodeAttempts().save(to: passcodeAttemptsPath) }
-            return result
+            result = try check()
         } catch let error as ProtectedStoreError where error.kind == .wrongPasscode {
-            attempts.failedAttempts += 1
-            attempts.lastFailure = Date().timeIntervalSince1970
-            try attempts.save(to: passcodeAttemptsPath)
             if let limit = passcodePolicy.eraseAfterFailedAttempts, attempts.failedAttempts >= limit {
                 try erase()
                 throw ProtectedStoreError(.wrongPasscode, path: root, problem: "wrong passcode, \(attempts.failedAttempts) times in a row: the device has been erased, as its passcode policy requires",
@@ -244,27 +256,33 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             let erasing = passcodePolicy.eraseAfterFailedAttempts.map { "; the device is erased after \($0) in a row" } ?? ""
             throw ProtectedStoreError(.wrongPasscode, path: keybagPath, problem: "wrong passcode (\(attempts.failedAttempts) in a row\(next)\(erasing))",
                                       remedy: "Try again with the device's passcode")
+        } catch {
+            // Not a passcode verdict (a damaged keybag, I/O): the attempt does not count.
+            try? before.save(to: passcodeAttemptsPath)
+            throw error
         }
+        try PasscodeAttempts().save(to: passcodeAttemptsPath)
+        return result
     }
 
     /// Destroys the device secret and the keybag, which makes every file of this device unrecoverable at once,
     /// then removes the containers and settings, leaving an empty root.
     public func erase() throws {
-        let files: [EncryptedFile] = try mutex.withLock {
+        // Every key in memory goes first, whatever fails afterwards.
+        let (files, lockToRelease): ([EncryptedFile], LockAttempt?) = mutex.withLock {
             classKeys.discard(ProtectionClass.allCases)
             currentState = .locked
-            let lockToRelease = pendingLock.take()
-            defer { lockToRelease?.complete() }
-            try deviceSecret.destroy()
-            guard unlink(keybagPath) == 0 || Foundation.errno == ENOENT else {
-                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: keybagPath, doing: "remove the keybag")
-            }
-            try FileSystem.synchronizeDirectory(root)
-            defer { openClassAFiles = [:] }
-            return openClassAFiles.values.compactMap(\.file)
+            defer { openFiles = [:] }
+            return (openFiles.values.compactMap(\.file), pendingLock.take())
         }
         files.forEach { $0.discardKey() }
-        for name in [containersPath, passcodePolicyPath, passcodeAttemptsPath] where try FileSystem.exists(name) {
+        lockToRelease?.complete()
+        try deviceSecret.destroy()
+        guard unlink(keybagPath) == 0 || Foundation.errno == ENOENT else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: keybagPath, doing: "remove the keybag")
+        }
+        try FileSystem.synchronizeDirectory(root)
+        for name in [containersPath, passcodePolicyPath, passcodeAttemptsPath, passcodeAttemptsPath + ".lock"] where try FileSystem.exists(name) {
             do {
                 try FileManager.default.removeItem(atPath: name)
             } catch {

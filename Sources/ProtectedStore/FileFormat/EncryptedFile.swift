@@ -6,6 +6,8 @@ import SystemPackage
 /// each write re-encrypting only the blocks it touches, each block under a fresh random nonce.
 ///
 /// A handle serialises its own operations; several handles on one file are not coordinated.
+/// Opened directly, a handle keeps its key until `close()` or `discardKey()`; files opened through a `Container`
+/// are registered with the device, whose lock discards class A keys.
 public final class EncryptedFile: @unchecked Sendable {
     /// Plaintext bytes per block in new files, chosen by measurement (docs/FORMAT.md §4, docs/PERFORMANCE.md).
     public static let defaultBlockSize = 4096
@@ -146,6 +148,9 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Plaintext size in bytes.
     public var size: Int64 { mutex.withLock { plaintextSize } }
+
+    /// The file's random id (in every block's associated data).
+    var fileID: [UInt8] { mutex.withLock { header.fileID } }
 
     /// The class whose key wraps this file's key.
     public var protectionClass: ProtectionClass { mutex.withLock { header.protectionClass } }

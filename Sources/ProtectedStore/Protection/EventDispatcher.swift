@@ -6,6 +6,8 @@ import Foundation
 /// Every observer gets its events in order, each on its own queue, so one slow observer delays nobody else's delivery.
 final class EventDispatcher: @unchecked Sendable {
     private struct DelegateEntry {
+        /// Identity at registration, so `remove` never has to load the weak reference.
+        let identity: ObjectIdentifier
         weak var delegate: (any ProtectedDataDelegate)?
         let queue: DispatchQueue
     }
@@ -16,61 +18,91 @@ final class EventDispatcher: @unchecked Sendable {
 
     let notificationCenter: NotificationCenter
     private let mutex = NSLock()
-    private var delegates: [ObjectIdentifier: DelegateEntry] = [:]
-    private var subscriptions: [ObjectIdentifier: SubscriptionEntry] = [:]
+    // Keyed by a counter, never by address: a dead observer's address can be reused by a new one.
+    private var nextToken: UInt64 = 0
+    private var delegates: [UInt64: DelegateEntry] = [:]
+    private var subscriptions: [UInt64: SubscriptionEntry] = [:]
     private let notificationQueue = DispatchQueue(label: "ProtectedStore.notifications")
 
     init(notificationCenter: NotificationCenter) { self.notificationCenter = notificationCenter }
 
     func add(_ delegate: any ProtectedDataDelegate) {
+        let entry = DelegateEntry(identity: ObjectIdentifier(delegate), delegate: delegate, queue: DispatchQueue(label: "ProtectedStore.delegate"))
         mutex.withLock {
-            delegates[ObjectIdentifier(delegate)] = DelegateEntry(delegate: delegate, queue: DispatchQueue(label: "ProtectedStore.delegate"))
+            nextToken += 1
+            delegates[nextToken] = entry
         }
     }
 
     func remove(_ delegate: any ProtectedDataDelegate) {
-        _ = mutex.withLock { delegates.removeValue(forKey: ObjectIdentifier(delegate)) }
+        let identity = ObjectIdentifier(delegate)
+        mutex.withLock { delegates = delegates.filter { $0.value.identity != identity } }
     }
 
     func subscribe() -> EventSubscription {
-        let subscription = EventSubscription { [weak self] id in
-            guard let self else { return }
-            _ = mutex.withLock { self.subscriptions.removeValue(forKey: id) }
+        let token: UInt64 = mutex.withLock {
+            nextToken += 1
+            return nextToken
         }
-        mutex.withLock { subscriptions[ObjectIdentifier(subscription)] = SubscriptionEntry(subscription: subscription) }
+        let subscription = EventSubscription { [weak self] in
+            guard let self else { return }
+            _ = mutex.withLock { self.subscriptions.removeValue(forKey: token) }
+        }
+        mutex.withLock { subscriptions[token] = SubscriptionEntry(subscription: subscription) }
         return subscription
     }
 
-    /// Hands `event` to every observer now; the returned group is left by each observer once it has handled it.
-    func deliver(_ event: ProtectedDataEvent, from device: Device) -> DispatchGroup {
-        let group = DispatchGroup()
-        let (delegates, subscriptions) = mutex.withLock {
-            self.delegates = self.delegates.filter { $0.value.delegate != nil }
-            self.subscriptions = self.subscriptions.filter { $0.value.subscription != nil }
-            return (Array(self.delegates.values), self.subscriptions.values.compactMap(\.subscription))
-        }
-        for entry in delegates {
-            guard let delegate = entry.delegate else { continue }
-            group.enter()
+    /// Hands `event` to every observer now. `handedOver` is left once every observer has been given the event
+    /// (its delegate method entered, its notification being posted, or the event queued in its sequence);
+    /// `done` once every observer has finished handling it.
+    func deliver(_ event: ProtectedDataEvent, from device: Device) -> (handedOver: DispatchGroup, done: DispatchGroup) {
+        let handedOver = DispatchGroup()
+        let done = DispatchGroup()
+        // Weak references are loaded outside the mutex: loading one can make this the last strong reference,
+        // and the observer's deinit (ending a subscription, removing a delegate) takes the mutex itself.
+        let (delegateEntries, subscriptionEntries) = mutex.withLock { (delegates, subscriptions) }
+        var gone: [UInt64] = []
+        for (id, entry) in delegateEntries {
+            guard let delegate = entry.delegate else {
+                gone.append(id)
+                continue
+            }
+            handedOver.enter()
+            done.enter()
             entry.queue.async {
+                handedOver.leave()
                 switch event {
                 case .willBecomeUnavailable: delegate.protectedDataWillBecomeUnavailable(device)
                 case .didBecomeAvailable: delegate.protectedDataDidBecomeAvailable(device)
                 }
-                group.leave()
+                done.leave()
             }
         }
-        for subscription in subscriptions {
-            group.enter()
-            subscription.enqueue(event) { group.leave() }
+        for (id, entry) in subscriptionEntries {
+            guard let subscription = entry.subscription else {
+                gone.append(id)
+                continue
+            }
+            done.enter()
+            subscription.enqueue(event) { done.leave() }
         }
-        group.enter()
+        handedOver.enter()
+        done.enter()
         let center = notificationCenter
         notificationQueue.async {
+            handedOver.leave()
             let name = event == .willBecomeUnavailable ? Device.protectedDataWillBecomeUnavailableNotification : Device.protectedDataDidBecomeAvailableNotification
             center.post(name: name, object: device)
-            group.leave()
+            done.leave()
         }
-        return group
+        if !gone.isEmpty {
+            mutex.withLock {
+                for id in gone {
+                    delegates.removeValue(forKey: id)
+                    subscriptions.removeValue(forKey: id)
+                }
+            }
+        }
+        return (handedOver, done)
     }
 }

@@ -51,9 +51,9 @@ final class EventSubscription: @unchecked Sendable {
     private var handling: (@Sendable () -> Void)?
     private var waiter: CheckedContinuation<ProtectedDataEvent?, Never>?
     private var finished = false
-    private let onEnd: @Sendable (ObjectIdentifier) -> Void
+    private let onEnd: @Sendable () -> Void
 
-    init(onEnd: @escaping @Sendable (ObjectIdentifier) -> Void) { self.onEnd = onEnd }
+    init(onEnd: @escaping @Sendable () -> Void) { self.onEnd = onEnd }
 
     deinit {
         finish()
@@ -86,6 +86,7 @@ final class EventSubscription: @unchecked Sendable {
                     } else if finished || Task.isCancelled {
                         continuation.resume(returning: nil)
                     } else {
+                        precondition(waiter == nil, "ProtectedDataEvents has one consumer; call protectedDataEvents() again for another")
                         waiter = continuation
                     }
                 }
@@ -107,7 +108,7 @@ final class EventSubscription: @unchecked Sendable {
         guard let ended else { return }
         ended.waiter?.resume(returning: nil)
         ended.pending.forEach { $0() }
-        onEnd(ObjectIdentifier(self))
+        onEnd()
     }
 }
 

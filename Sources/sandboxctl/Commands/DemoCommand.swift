@@ -64,7 +64,10 @@ struct DemoCommand: AsyncParsableCommand {
             print(style.heading("5. Lock"))
             let lockStarted = Date()
             await device.lock()
-            print("   keys discarded after \(Int(Date().timeIntervalSince(lockStarted) * 1000)) ms: every observer was done before the 10 s grace period ended")
+            let waited = Date().timeIntervalSince(lockStarted)
+            print("   keys discarded after \(Int(waited * 1000)) ms" + (waited < device.gracePeriod
+                ? ": every observer was done before the \(Int(device.gracePeriod)) s grace period ended"
+                : ": the grace period ended before every observer was done"))
             print("   state \(device.state.rawValue), isProtectedDataAvailable = \(device.isProtectedDataAvailable)")
             let expectations: [ProtectionClass: (read: Bool, create: Bool, handle: Bool)] = [
                 .complete: (false, false, false), .completeUnlessOpen: (false, true, true),

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import ProtectedStore
 
 struct RmCommand: ParsableCommand {
@@ -23,14 +24,22 @@ struct RmCommand: ParsableCommand {
     func run() throws {
         try reportingErrors {
             let opened = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
-            for target in targets {
+            // Check every target before removing any, so one bad argument removes nothing.
+            let checked = try targets.map { target in
                 let path = try target.requireItemPath()
                 let container = try opened.container(bundleIdentifier: target.bundleIdentifier)
-                if !recursive, try container.itemInfo(atPath: path).type == .typeDirectory {
-                    throw ProtectedStoreError(.invalidArgument, path: target.description, problem: "it is a directory", remedy: "Pass -r to remove it and everything in it")
+                if try container.itemInfo(atPath: path).type == .typeDirectory {
+                    guard recursive else {
+                        throw ProtectedStoreError(.invalidArgument, path: target.description, problem: "it is a directory", remedy: "Pass -r to remove it and everything in it")
+                    }
+                    guard !Container.layout(bundleIdentifier: container.bundleIdentifier).contains(path.trimmingCharacters(in: CharacterSet(charactersIn: "/"))) else {
+                        throw ProtectedStoreError(.invalidArgument, path: target.description, problem: "it is one of the container's own folders and can't be removed",
+                                                  remedy: "Remove the items inside it instead")
+                    }
                 }
-                try container.removeItem(atPath: path)
+                return (container, path)
             }
+            for (container, path) in checked { try container.removeItem(atPath: path) }
         }
     }
 }
