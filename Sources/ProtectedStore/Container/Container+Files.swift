@@ -145,8 +145,8 @@ extension Container {
             }
             let handle = try ProtectedFileHandle(opening: item, writable: true, container: self)
             defer { try? handle.close() }
+            if newClass == .complete { device.fileBecomesComplete(fileID: handle.file.fileID) }
             try handle.file.changeProtectionClass(to: newClass, keys: device)
-            if newClass == .complete { device.fileBecameComplete(fileID: handle.file.fileID) }
         }
     }
 
@@ -395,7 +395,9 @@ extension Container {
             }
         case S_IFDIR:
             type = .typeDirectory
-            protection = try directoryClass(of: opened.subdirectory(name, displayPath: location.displayPath))?.fileProtectionType
+            // Removed or replaced since the lstat: the entry is gone as far as this listing goes.
+            guard let subdirectory = try? opened.subdirectory(name, displayPath: location.displayPath) else { return nil }
+            protection = try directoryClass(of: subdirectory)?.fileProtectionType
         case S_IFLNK:
             type = .typeSymbolicLink
             var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)

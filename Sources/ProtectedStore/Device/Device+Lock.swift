@@ -119,12 +119,15 @@ extension Device {
     /// Registers a file opened through a container, so a lock can discard its per-file key if it is class A.
     /// A class A file that raced with a lock and would outlive the class key is refused here.
     func track(_ file: EncryptedFile) throws {
+        // Read before taking the device mutex: nothing may take a file's mutex while holding the device's.
+        let isComplete = file.protectionClass == .complete
+        let fileID = file.fileID
         try mutex.withLock {
-            if file.protectionClass == .complete && !(currentState == .unlocked || currentState == .locking) {
+            if isComplete && !(currentState == .unlocked || currentState == .locking) {
                 file.discardKey()
                 throw Self.unavailableError(.complete, state: currentState, path: file.path)
             }
-            openFiles[ObjectIdentifier(file)] = WeakFile(file: file)
+            openFiles[ObjectIdentifier(file)] = TrackedFile(file: file, fileID: fileID, isComplete: isComplete)
         }
     }
 
@@ -133,19 +136,18 @@ extension Device {
         _ = mutex.withLock { openFiles.removeValue(forKey: ObjectIdentifier(file)) }
     }
 
-    /// A file became class A through another handle: handles opened before, under its old class, must lose their
-    /// key at the next lock too.
-    func fileBecameComplete(fileID: [UInt8]) {
-        _ = mutex.withLock { reclassifiedToComplete.insert(fileID) }
+    /// A file is becoming class A through one handle: the handles opened before, under its old class, must lose
+    /// their key at the next lock too. Called before the change, so a lock in between errs on the safe side.
+    func fileBecomesComplete(fileID: [UInt8]) {
+        mutex.withLock {
+            for (id, tracked) in openFiles where tracked.fileID == fileID { openFiles[id]?.isComplete = true }
+        }
     }
 
-    /// The open files whose keys a lock discards, forgotten as they are returned. Caller holds `mutex`.
+    /// The open class A files, forgotten as they are returned. Caller holds `mutex`.
     func takeClassAFiles() -> [EncryptedFile] {
-        let live = openFiles.values.compactMap(\.file)
-        let classA = live.filter { $0.protectionClass == .complete || reclassifiedToComplete.contains($0.fileID) }
-        for file in classA { openFiles.removeValue(forKey: ObjectIdentifier(file)) }
-        openFiles = openFiles.filter { $0.value.file != nil }
-        reclassifiedToComplete = []
+        let classA = openFiles.values.filter(\.isComplete).compactMap(\.file)
+        openFiles = openFiles.filter { !$0.value.isComplete && $0.value.file != nil }
         return classA
     }
 }

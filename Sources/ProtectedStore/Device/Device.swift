@@ -48,8 +48,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     var pendingLock: LockAttempt?
     // Taken around a state change and the hand-off of its event, so observers see events in state order.
     let deliveryLock = NSLock()
-    var openFiles: [ObjectIdentifier: WeakFile] = [:]
-    var reclassifiedToComplete: Set<[UInt8]> = []
+    var openFiles: [ObjectIdentifier: TrackedFile] = [:]
     let dispatcher: EventDispatcher
 
     private init(root: String, deviceSecret: DeviceSecret, keybag: Keybag, classKeys: ClassKeys, state: State,
@@ -224,6 +223,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// (erasing the device if the policy says so), and resets the count on success. Caller holds `passcodeLock`;
     /// an flock on a file beside the counter serialises checks across processes.
     func checkingPasscode<R>(_ check: () throws -> R) throws -> R {
+        try requireNotErased()
         // One check at a time across processes too, so parallel guesses are each counted.
         let lockPath = passcodeAttemptsPath + ".lock"
         let lockFile = try FileLocation(path: lockPath).open(.readWrite, options: [.create], permissions: [.ownerReadWrite], doing: "open the passcode attempt lock")
@@ -231,6 +231,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         guard flock(lockFile.rawValue, LOCK_EX) == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: lockPath, doing: "lock the passcode attempt counter")
         }
+        // Another process may have erased the device while this one waited for the lock.
+        try requireNotErased()
         let before = try PasscodeAttempts.load(from: passcodeAttemptsPath)
         let remaining = before.remainingDelay(policy: passcodePolicy, now: Date())
         guard remaining <= 0 else {
@@ -261,8 +263,16 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             try? before.save(to: passcodeAttemptsPath)
             throw error
         }
-        try PasscodeAttempts().save(to: passcodeAttemptsPath)
+        // The passcode was right: failing to reset the counter must not turn that into a failure.
+        try? PasscodeAttempts().save(to: passcodeAttemptsPath)
         return result
+    }
+
+    private func requireNotErased() throws {
+        guard try FileSystem.exists(keybagPath) else {
+            throw ProtectedStoreError(.notFound, path: root, problem: "the device has been erased (its keybag is gone)",
+                                      remedy: "Create a new device with `sandboxctl init`")
+        }
     }
 
     /// Destroys the device secret and the keybag, which makes every file of this device unrecoverable at once,
@@ -309,7 +319,10 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     }
 }
 
-/// A weak reference to an open file, so a forgotten handle is not kept alive by the device.
-struct WeakFile {
+/// An open file as the lock sees it: weakly held (a forgotten handle is not kept alive), with what the lock needs
+/// recorded up front so the device never reads a file's state under its own mutex.
+struct TrackedFile {
     weak var file: EncryptedFile?
+    let fileID: [UInt8]
+    var isComplete: Bool
 }

@@ -29,6 +29,8 @@ final class EventDispatcher: @unchecked Sendable {
     func add(_ delegate: any ProtectedDataDelegate) {
         let entry = DelegateEntry(identity: ObjectIdentifier(delegate), delegate: delegate, queue: DispatchQueue(label: "ProtectedStore.delegate"))
         mutex.withLock {
+            // Adding a delegate twice registers it once, as NotificationCenter-style APIs users expect.
+            delegates = delegates.filter { $0.value.identity != entry.identity }
             nextToken += 1
             delegates[nextToken] = entry
         }
