@@ -84,7 +84,10 @@ struct CLIContainerTests {
         #expect(entries.first?["protection"] as? String == "complete-until-first-user-authentication")
 
         let protection = try shell.run(["protection", "com.example.notes:Documents/hello.txt", "--json"])
-        #expect(protection.stdout.contains("\"protection\":\"complete-unless-open\""), "\(protection.stdout)")
+        let protectionReport = try #require(try JSONSerialization.jsonObject(with: Data(protection.stdout.utf8)) as? [String: Any])
+        #expect(protectionReport["protection"] as? String == "complete-unless-open", "\(protection.stdout)")
+        #expect(protectionReport["letter"] as? String == "B")
+        #expect(protectionReport["inherited"] as? Bool == false)
         let changed = try shell.run(["protection", "com.example.notes:Documents/hello.txt", "--set", "none", "--passcode-stdin"], stdin: "pin-1234\n")
         #expect(changed.status == 0, "\(changed.stderr)")
         #expect(changed.stdout.contains("none (class D"))

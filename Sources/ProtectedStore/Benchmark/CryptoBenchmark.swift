@@ -85,13 +85,13 @@ public struct CryptoBenchmark: Sendable {
             },
             plainWriteMBps: try throughput {
                 unlink(plainPath)
-                let fd = try FileSystem.open(plainPath, .writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite], doing: "create")
+                let fd = try FileLocation(path: plainPath).open(.writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite], doing: "create")
                 try fd.closeAfter {
                     for call in 0..<sizeMiB { _ = try fd.writeAll(toAbsoluteOffset: Int64(call * Self.callSize), payload) }
                 }
             },
             plainReadMBps: try throughput {
-                let fd = try FileSystem.open(plainPath, .readOnly, doing: "open")
+                let fd = try FileLocation(path: plainPath).open(.readOnly, doing: "open")
                 var buffer = [UInt8](repeating: 0, count: Self.callSize)
                 try fd.closeAfter {
                     for call in 0..<sizeMiB {

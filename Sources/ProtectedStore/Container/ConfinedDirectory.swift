@@ -109,7 +109,7 @@ final class ConfinedDirectory: @unchecked Sendable {
                     throw error("more than \(Self.maximumSymlinks) symbolic links on the way (a loop?)", "Remove the symbolic link loop")
                 }
                 lastLink = parent.path.appending(component)
-                let target = try readLink(here)
+                let target = try here.readLink()
                 guard !target.hasPrefix("/") else {
                     throw error("the symbolic link \(parent.path.appending(component)) points to the absolute path \(target), outside the container",
                                 "Symbolic links may point only inside the container, with a relative target; remove or fix the link")
@@ -160,12 +160,5 @@ final class ConfinedDirectory: @unchecked Sendable {
         let copy = fcntl(root.rawValue, F_DUPFD_CLOEXEC, 0)
         guard copy >= 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath(.root), doing: "duplicate the container descriptor") }
         return FileDescriptor(rawValue: copy)
-    }
-
-    private func readLink(_ location: FileLocation) throws -> String {
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let length = readlinkat(location.directory!.rawValue, location.name, &buffer, buffer.count - 1)
-        guard length >= 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: location.displayPath, doing: "read the symbolic link") }
-        return String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }

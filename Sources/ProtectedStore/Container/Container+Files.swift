@@ -1,4 +1,3 @@
-import CSupport
 import Foundation
 import SystemPackage
 
@@ -48,7 +47,7 @@ extension Container {
             let file = try EncryptedFile.create(at: item.location, protectionClass: protectionClass, keys: device)
             do {
                 let handle = try ProtectedFileHandle(file: file, path: item.displayPath, container: self)
-                try FileSystem.synchronize(item.parent.descriptor, path: item.parent.path.description)
+                try item.location.synchronizeDirectory()
                 return handle
             } catch {
                 item.location.unlink()
@@ -140,7 +139,7 @@ extension Container {
             }
             if info.st_mode & S_IFMT == S_IFDIR {
                 let opened = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
-                try writeSmallFile(Array("\(newClass.name)\n".utf8), named: Self.directoryClassName, in: opened, displayPath: item.displayPath)
+                try writeDirectoryClass(newClass, in: opened, displayPath: item.displayPath)
                 return
             }
             let handle = try ProtectedFileHandle(opening: item, writable: true, container: self)
@@ -184,9 +183,9 @@ extension Container {
                 }
                 if let directoryClass = explicitClass ?? inherited {
                     let created = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
-                    try writeSmallFile(Array("\(directoryClass.name)\n".utf8), named: Self.directoryClassName, in: created, displayPath: item.displayPath)
+                    try writeDirectoryClass(directoryClass, in: created, displayPath: item.displayPath)
                 }
-                try FileSystem.synchronize(item.parent.descriptor, path: item.displayPath)
+                try item.location.synchronizeDirectory()
             }
         }
     }
@@ -206,7 +205,7 @@ extension Container {
                     throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "remove the file")
                 }
             }
-            try FileSystem.synchronize(item.parent.descriptor, path: item.displayPath)
+            try item.location.synchronizeDirectory()
         }
     }
 
@@ -219,15 +218,17 @@ extension Container {
             guard try from.location.status() != nil else {
                 throw ProtectedStoreError(.notFound, path: from.displayPath, problem: "no such file or directory", remedy: "Check the path")
             }
-            guard ps_rename_noreplace(from.parent.descriptor.rawValue, from.name, to.parent.descriptor.rawValue, to.name) == 0 else {
-                let errno = Errno(rawValue: Foundation.errno)
-                if errno == .invalidArgument {
+            do {
+                try from.location.rename(to: to.location, replacing: false)
+            } catch let error as ProtectedStoreError where error.errno == .invalidArgument {
+                if to.path.isWithin(from.path) {
                     throw ProtectedStoreError(.invalidArgument, path: to.displayPath, problem: "a directory can't be moved into itself", remedy: "Choose a destination outside \(source)")
                 }
-                throw ProtectedStoreError.io(errno, path: errno == .fileExists ? to.displayPath : from.displayPath, doing: "move \(source) to \(destination)")
+                throw ProtectedStoreError(.io, path: from.displayPath, problem: "the file system does not support renames that refuse to overwrite (renameat2 RENAME_NOREPLACE)",
+                                          remedy: "Keep the device root on a local file system such as ext4, xfs, btrfs or tmpfs", errno: error.errno)
             }
-            try FileSystem.synchronize(to.parent.descriptor, path: to.displayPath)
-            try FileSystem.synchronize(from.parent.descriptor, path: from.displayPath)
+            try to.location.synchronizeDirectory()
+            try from.location.synchronizeDirectory()
         }
     }
 
@@ -298,8 +299,7 @@ extension Container {
     // MARK: Helpers
 
     func writeWholeFile(_ data: Data, to item: ResolvedItem, protectionClass: ProtectionClass, replacing: Bool) throws {
-        let temporaryName = Self.temporaryName()
-        let temporary = item.parent.location(temporaryName, displayPath: item.displayPath)
+        let temporary = item.location.temporarySibling()
         let file = try EncryptedFile.create(at: temporary, protectionClass: protectionClass, keys: device)
         do {
             let handle = try ProtectedFileHandle(file: file, path: item.displayPath, container: self)
@@ -307,40 +307,17 @@ extension Container {
             try data.withUnsafeBytes { try file.write(from: $0, at: 0) }
             try file.synchronize()
             try file.close()
-            let renamed = replacing
-                ? renameat(item.parent.descriptor.rawValue, temporaryName, item.parent.descriptor.rawValue, item.name)
-                : ps_rename_noreplace(item.parent.descriptor.rawValue, temporaryName, item.parent.descriptor.rawValue, item.name)
-            guard renamed == 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "put the new file in place") }
+            try temporary.rename(to: item.location, replacing: replacing)
         } catch {
             try? file.close()
             temporary.unlink()
             throw error
         }
-        try FileSystem.synchronize(item.parent.descriptor, path: item.displayPath)
+        try item.location.synchronizeDirectory()
     }
 
-    /// A hidden name for a file being written, fixed-length so it fits whatever the final name's length.
-    static func temporaryName() -> String { "\(ContainerPath.reservedPrefix)-tmp-\(Random.bytes(8).hex)" }
-
-    private func writeSmallFile(_ bytes: [UInt8], named name: String, in opened: OpenDirectory, displayPath: String) throws {
-        let temporaryName = Self.temporaryName()
-        let temporary = opened.location(temporaryName, displayPath: displayPath)
-        do {
-            let fd = try temporary.open(.writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite], doing: "create the directory class marker")
-            try FileSystem.mappingErrno(path: displayPath, doing: "write the directory class marker") {
-                try fd.closeAfter {
-                    _ = try bytes.withUnsafeBytes { try fd.writeAll(toAbsoluteOffset: 0, $0) }
-                    try FileSystem.synchronize(fd, path: displayPath)
-                }
-            }
-            guard renameat(opened.descriptor.rawValue, temporaryName, opened.descriptor.rawValue, name) == 0 else {
-                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "set the directory class")
-            }
-        } catch {
-            temporary.unlink()
-            throw error
-        }
-        try FileSystem.synchronize(opened.descriptor, path: displayPath)
+    private func writeDirectoryClass(_ protectionClass: ProtectionClass, in opened: OpenDirectory, displayPath: String) throws {
+        try FileSystem.writeAtomically(Array("\(protectionClass.name)\n".utf8), to: opened.location(Self.directoryClassName, displayPath: displayPath), replacing: true)
     }
 
     private func refuseLayoutChange(_ item: ResolvedItem, doing action: String) throws {
@@ -400,9 +377,7 @@ extension Container {
             protection = try directoryClass(of: subdirectory)?.fileProtectionType
         case S_IFLNK:
             type = .typeSymbolicLink
-            var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-            let length = readlinkat(opened.descriptor.rawValue, name, &buffer, buffer.count - 1)
-            target = length >= 0 ? String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
+            target = try? location.readLink()
         default:
             problem = "not a regular file, directory or symbolic link"
         }

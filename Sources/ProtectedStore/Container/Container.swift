@@ -1,4 +1,3 @@
-import CSupport
 import Foundation
 import SystemPackage
 
@@ -38,8 +37,7 @@ public final class Container: @unchecked Sendable {
 
     init(device: Device, bundleIdentifier: String, containerPath: String) throws {
         let metadataPath = (containerPath as NSString).appendingPathComponent(Self.metadataName)
-        let bytes = try FileSystem.readPrefix(metadataPath, count: 4096, what: "container description")
-        guard let metadata = try? JSONDecoder().decode(Metadata.self, from: Data(bytes)),
+        guard let metadata = try FileLocation(path: metadataPath).readJSON(Metadata.self, what: "container description"),
               metadata.bundleIdentifier == bundleIdentifier,
               let defaultClass = ProtectionClass(name: metadata.defaultProtection) else {
             throw ProtectedStoreError(.integrity, path: metadataPath, problem: "the container description is unreadable or names another container",
@@ -92,9 +90,9 @@ extension Device {
             throw ProtectedStoreError(.invalidArgument, problem: "unknown protection type \(defaultProtection.rawValue)", remedy: "Use one of \(ProtectionClass.acceptedNames)")
         }
         let destination = (containersPath as NSString).appendingPathComponent(bundleIdentifier)
-        if try FileSystem.exists(destination) {
-            throw ProtectedStoreError(.alreadyExists, path: bundleIdentifier, problem: "the container already exists", remedy: "Choose another bundle identifier, or use the existing container")
-        }
+        let alreadyExists = ProtectedStoreError(.alreadyExists, path: bundleIdentifier, problem: "the container already exists",
+                                                remedy: "Choose another bundle identifier, or use the existing container")
+        if try FileSystem.exists(destination) { throw alreadyExists }
         try FileSystem.createDirectories(containersPath)
         // Built aside and renamed into place, so a container is either complete or absent.
         let staging = (containersPath as NSString).appendingPathComponent("\(ContainerPath.reservedPrefix)-new-\(Random.bytes(6).hex)")
@@ -104,13 +102,11 @@ extension Device {
                 try FileSystem.createDirectories((data as NSString).appendingPathComponent(folder))
             }
             let metadata = Container.Metadata(bundleIdentifier: bundleIdentifier, defaultProtection: defaultClass.name)
-            try FileSystem.writeAtomically(Array(try JSONEncoder().encode(metadata)), to: (staging as NSString).appendingPathComponent(Container.metadataName), replacing: false)
-            guard ps_rename_noreplace(AT_FDCWD, staging, AT_FDCWD, destination) == 0 else {
-                let errno = Errno(rawValue: Foundation.errno)
-                if errno == .fileExists {
-                    throw ProtectedStoreError(.alreadyExists, path: bundleIdentifier, problem: "the container already exists", remedy: "Choose another bundle identifier, or use the existing container")
-                }
-                throw ProtectedStoreError.io(errno, path: destination, doing: "create the container")
+            try FileSystem.writeAtomically(Array(try JSONEncoder().encode(metadata)), to: FileLocation(path: (staging as NSString).appendingPathComponent(Container.metadataName)), replacing: false)
+            do {
+                try FileLocation(path: staging).rename(to: FileLocation(path: destination), replacing: false)
+            } catch let error as ProtectedStoreError where error.kind == .alreadyExists {
+                throw alreadyExists
             }
             try FileSystem.synchronizeDirectory(containersPath)
         } catch {

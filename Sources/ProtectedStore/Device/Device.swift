@@ -65,7 +65,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     }
 
     static func keybagPath(root: String) -> String { (root as NSString).appendingPathComponent("keybag") }
-    var passcodePolicyPath: String { (root as NSString).appendingPathComponent("passcode-policy.json") }
+    static func passcodePolicyPath(root: String) -> String { (root as NSString).appendingPathComponent("passcode-policy.json") }
+    var passcodePolicyPath: String { Self.passcodePolicyPath(root: root) }
     var passcodeAttemptsPath: String { (root as NSString).appendingPathComponent("passcode-attempts.json") }
     var containersPath: String { (root as NSString).appendingPathComponent("containers") }
 
@@ -89,9 +90,9 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             let device = Device(root: root, deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys, state: .unlocked,
                                 passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
             try FileSystem.createDirectories(device.containersPath)
-            try FileSystem.writeAtomically(Array(try JSONEncoder().encode(passcodePolicy)), to: device.passcodePolicyPath, replacing: false)
+            try FileSystem.writeAtomically(Array(try JSONEncoder().encode(passcodePolicy)), to: FileLocation(path: device.passcodePolicyPath), replacing: false)
             // The keybag last: a root is a device once it has one, so a crash before this leaves a root `create` can reuse.
-            try FileSystem.writeAtomically(try keybag.serialized(deviceSecret: deviceSecret), to: device.keybagPath, replacing: false)
+            try FileSystem.writeAtomically(try keybag.serialized(deviceSecret: deviceSecret), to: FileLocation(path: device.keybagPath), replacing: false)
             return device
         } catch {
             // Leave nothing half-made. The root was empty (checked above), so anything in it is ours.
@@ -160,7 +161,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             throw ProtectedStoreError(.notFound, path: root, problem: "no device here (no keybag)",
                                       remedy: "Create one with `sandboxctl init --root \(root)`, or pass the right --root")
         }
-        let bytes = try FileSystem.readPrefix(keybagPath, count: Keybag.size + 1, what: "keybag")
+        let bytes = try FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")
         let keybagID = try Keybag.peekID(bytes, path: keybagPath)
         let deviceSecret = try DeviceSecret.load(at: absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID)))
         guard deviceSecret.keybagID == keybagID else {
@@ -169,11 +170,10 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         }
         let keybag = try Keybag.parse(bytes, path: keybagPath, deviceSecret: deviceSecret)
         let classD = try keybag.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
-        let policyPath = (root as NSString).appendingPathComponent("passcode-policy.json")
+        let policyPath = passcodePolicyPath(root: root)
         var policy = PasscodePolicy.default
         if try FileSystem.exists(policyPath) {
-            let policyBytes = try FileSystem.readPrefix(policyPath, count: 4096, what: "passcode policy")
-            guard let stored = try? JSONDecoder().decode(PasscodePolicy.self, from: Data(policyBytes)), (try? stored.validate()) != nil else {
+            guard let stored = try FileLocation(path: policyPath).readJSON(PasscodePolicy.self, what: "passcode policy"), (try? stored.validate()) != nil else {
                 throw ProtectedStoreError(.integrity, path: policyPath, problem: "the passcode policy is unreadable",
                                           remedy: "Restore it from a backup, or delete it to use the default policy")
             }
@@ -204,10 +204,10 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             let newKeybag = try current.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: deviceSecret)
             let bytes = try newKeybag.serialized(deviceSecret: deviceSecret)
             do {
-                try FileSystem.writeAtomically(bytes, to: keybagPath, replacing: true)
+                try FileSystem.writeAtomically(bytes, to: FileLocation(path: keybagPath), replacing: true)
             } catch {
                 // If the rename happened and only the directory fsync failed, the new keybag is the one on disk.
-                if (try? FileSystem.readPrefix(keybagPath, count: Keybag.size + 1, what: "keybag")) == bytes {
+                if (try? FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")) == bytes {
                     mutex.withLock { keybag = newKeybag }
                 }
                 throw error

@@ -44,8 +44,7 @@ struct PasscodeAttempts: Codable, Equatable {
 
     static func load(from path: String) throws -> PasscodeAttempts {
         guard try FileSystem.exists(path) else { return PasscodeAttempts() }
-        let bytes = try FileSystem.readPrefix(path, count: 4096, what: "passcode attempt counter")
-        guard let attempts = try? JSONDecoder().decode(PasscodeAttempts.self, from: Data(bytes)), attempts.failedAttempts >= 0 else {
+        guard let attempts = try FileLocation(path: path).readJSON(PasscodeAttempts.self, what: "passcode attempt counter"), attempts.failedAttempts >= 0 else {
             throw ProtectedStoreError(.integrity, path: path, problem: "the passcode attempt counter is unreadable",
                                       remedy: "Delete the file to reset the counter, then unlock again")
         }
@@ -54,7 +53,7 @@ struct PasscodeAttempts: Codable, Equatable {
 
     func save(to path: String) throws {
         let bytes = try JSONEncoder().encode(self)
-        try FileSystem.writeAtomically(Array(bytes), to: path, replacing: true)
+        try FileSystem.writeAtomically(Array(bytes), to: FileLocation(path: path), replacing: true)
     }
 
     /// Seconds left before another attempt is allowed (0: allowed now). A clock set back counts as no time passed.

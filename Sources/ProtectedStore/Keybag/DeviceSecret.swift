@@ -43,7 +43,7 @@ public final class DeviceSecret: Sendable {
         try secret.withUnsafeBytes { bytes.append(contentsOf: $0) }
         defer { zeroize(&bytes) }
         do {
-            try FileSystem.writeAtomically(bytes, to: path, replacing: false)
+            try FileSystem.writeAtomically(bytes, to: FileLocation(path: path), replacing: false)
         } catch let error as ProtectedStoreError where error.kind == .alreadyExists {
             throw ProtectedStoreError(.alreadyExists, path: path, problem: "a device secret already exists there",
                                       remedy: "Pass another --device-secret path; an existing secret is never overwritten")
@@ -66,7 +66,7 @@ public final class DeviceSecret: Sendable {
             throw ProtectedStoreError(.invalidArgument, path: path, problem: "the device secret is accessible to other users (mode \(String(info.st_mode & 0o777, radix: 8)))",
                                       remedy: "Run: chmod 600 '\(path)'")
         }
-        var bytes = try FileSystem.readPrefix(path, count: size + 1, what: "device secret")
+        var bytes = try FileLocation(path: path).readPrefix(count: size + 1, what: "device secret")
         defer { zeroize(&bytes) }
         guard bytes.count == size, Array(bytes[0..<8]) == magic else {
             throw ProtectedStoreError(.integrity, path: path, problem: "not a ProtectedStore device secret (wrong size or magic)",
@@ -97,7 +97,7 @@ public final class DeviceSecret: Sendable {
 
     /// Overwrites the stored secret with zeros, syncs, and unlinks it: the effaceable-storage step of an erase.
     func destroy() throws {
-        let fd = try FileSystem.open(path, .writeOnly, doing: "open the device secret to destroy it")
+        let fd = try FileLocation(path: path).open(.writeOnly, doing: "open the device secret to destroy it")
         try fd.closeAfter {
             _ = try FileSystem.mappingErrno(path: path, doing: "overwrite the device secret") {
                 try fd.writeAll(toAbsoluteOffset: 0, [UInt8](repeating: 0, count: Self.size))

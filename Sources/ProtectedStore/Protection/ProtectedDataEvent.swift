@@ -111,11 +111,3 @@ final class EventSubscription: @unchecked Sendable {
         onEnd()
     }
 }
-
-extension Optional {
-    /// Returns the value and leaves nil behind.
-    mutating func take() -> Wrapped? {
-        defer { self = nil }
-        return self
-    }
-}

@@ -1,3 +1,4 @@
+import CSupport
 import Foundation
 import SystemPackage
 
@@ -24,6 +25,58 @@ struct FileLocation: Sendable {
         self.directory = directory
         self.name = name
         self.displayPath = displayPath
+    }
+
+    private init(directory: FileDescriptor?, name: String, displayPath: String) {
+        self.directory = directory
+        self.name = name
+        self.displayPath = displayPath
+    }
+
+    /// A fresh hidden name in the same directory, for writing a file before renaming it into place. Fixed-length,
+    /// so it fits whatever the final name's length; errors still name the final file.
+    func temporarySibling() -> FileLocation {
+        let temporaryName = "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)"
+        guard directory == nil else { return FileLocation(directory: directory, name: temporaryName, displayPath: displayPath) }
+        return FileLocation(directory: nil, name: (parentPath as NSString).appendingPathComponent(temporaryName), displayPath: displayPath)
+    }
+
+    /// The directory holding a plain path.
+    private var parentPath: String {
+        let parent = (name as NSString).deletingLastPathComponent
+        return parent.isEmpty ? "." : parent
+    }
+
+    /// Renames this file to `target` in the same file system, replacing an existing one or refusing it (EEXIST).
+    func rename(to target: FileLocation, replacing: Bool) throws {
+        let result = replacing
+            ? renameat(directoryDescriptor, name, target.directoryDescriptor, target.name)
+            : ps_rename_noreplace(directoryDescriptor, name, target.directoryDescriptor, target.name)
+        guard result == 0 else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: target.displayPath, doing: replacing ? "put the new file in place" : "create the file")
+        }
+    }
+
+    /// Makes a rename or unlink of this name durable: fsync of the directory holding it.
+    func synchronizeDirectory() throws {
+        if let directory {
+            try FileSystem.synchronize(directory, path: displayPath)
+        } else {
+            try FileSystem.synchronizeDirectory(parentPath)
+        }
+    }
+
+    /// Where the symbolic link at this location points.
+    func readLink() throws -> String {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = readlinkat(directoryDescriptor, name, &buffer, buffer.count - 1)
+        guard length >= 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "read the symbolic link") }
+        return String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// A small JSON file (settings, counters, descriptions) decoded as `T`; nil if its contents don't decode.
+    func readJSON<T: Decodable>(_ type: T.Type, what: String) throws -> T? {
+        try? JSONDecoder().decode(type, from: Data(readPrefix(count: 64 * 1024, what: what)))
     }
 
     private var directoryDescriptor: Int32 { directory?.rawValue ?? AT_FDCWD }

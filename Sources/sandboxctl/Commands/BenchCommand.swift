@@ -40,9 +40,7 @@ struct CryptoBench: ParsableCommand {
         try reportingErrors {
             let result = try CryptoBenchmark(sizeMiB: sizeMib, blockSize: blockSize, directory: directory).run()
             if json {
-                let encoder = JSONEncoder()
-                encoder.outputFormatting = [.sortedKeys]
-                print(String(decoding: try encoder.encode(result), as: UTF8.self))
+                try printJSON(result)
                 return
             }
             func row(_ name: String, _ value: Double, _ note: String = "") {

@@ -13,12 +13,12 @@ struct CreateCommand: ParsableCommand {
     @Argument(help: ArgumentHelp("The app's bundle identifier, in reverse-DNS form (e.g. com.example.notes).", valueName: "bundle-id"))
     var bundleIdentifier: String
 
-    @Option(help: ArgumentHelp("Class of new items: complete (default), complete-unless-open, complete-until-first-user-authentication, none (or A-D, or NSFileProtection… names).", valueName: "class"))
+    @Option(help: ProtectionClass.optionHelp("Class of new items whose directory sets none"))
     var defaultProtection: ProtectionClass = .complete
 
     func run() throws {
         try reportingErrors {
-            let opened = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            let opened = try device.open()
             let container = try opened.createContainer(bundleIdentifier: bundleIdentifier, defaultProtection: defaultProtection.fileProtectionType)
             print("Created container \(container.bundleIdentifier) (default class: \(defaultProtection.name))")
             for folder in Container.layout(bundleIdentifier: bundleIdentifier) { print("  \(folder)/") }

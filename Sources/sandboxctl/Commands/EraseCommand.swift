@@ -15,7 +15,7 @@ struct EraseCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let opened = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            let opened = try device.open()
             try opened.unlock(passcode: try PasscodeInput.read(prompt: "Passcode: ", fromStandardInput: passcodeStdin))
             try opened.erase()
             print("Erased the device in \(opened.root): its keys are destroyed and its containers removed")

@@ -33,7 +33,7 @@ struct LsCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let container = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            let container = try device.open()
                 .container(bundleIdentifier: target.bundleIdentifier)
             var items = [try container.itemInfo(atPath: target.path)]
             if target.path.isEmpty || items[0].type == .typeDirectory || items[0].type == .typeSymbolicLink && target.path.hasSuffix("/") {
@@ -41,13 +41,10 @@ struct LsCommand: ParsableCommand {
             }
             if json {
                 let entries = items.map {
-                    Entry(name: $0.name, path: $0.path, type: Self.typeName($0.type), protection: $0.protection.flatMap(ProtectionClass.init)?.name,
+                    Entry(name: $0.name, path: $0.path, type: Self.typeName($0.type), protection: $0.protectionClass?.name,
                           size: $0.size, modified: $0.modificationDate, target: $0.symbolicLinkTarget, problem: $0.problem)
                 }
-                let encoder = JSONEncoder()
-                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-                encoder.dateEncodingStrategy = .iso8601
-                print(String(decoding: try encoder.encode(entries), as: UTF8.self))
+                try printJSON(entries)
                 return
             }
             let formatter = DateFormatter()
@@ -59,7 +56,7 @@ struct LsCommand: ParsableCommand {
                     print(name)
                     continue
                 }
-                let protection = item.protection.flatMap(ProtectionClass.init).map(\.name) ?? (item.type == .typeDirectory ? "(inherit)" : "?")
+                let protection = item.protectionClass?.name ?? (item.type == .typeDirectory ? "(inherit)" : "?")
                 let size = item.type == .typeRegular && item.problem == nil ? String(item.size) : "-"
                 let line = "\(protection.padding(toLength: 40, withPad: " ", startingAt: 0)) \(String(repeating: " ", count: max(0, 12 - size.count)))\(size)  \(formatter.string(from: item.modificationDate))  \(name)"
                 print(line + (item.problem.map { "  (\($0))" } ?? ""))

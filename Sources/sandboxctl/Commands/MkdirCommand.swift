@@ -13,7 +13,7 @@ struct MkdirCommand: ParsableCommand {
     @Flag(name: .short, help: "Create missing parent directories; an existing directory is not an error.")
     var parents = false
 
-    @Option(help: ArgumentHelp("Class for new items in the directory: complete, complete-unless-open, complete-until-first-user-authentication, none (or A-D, or NSFileProtection… names).", valueName: "class"))
+    @Option(help: ProtectionClass.optionHelp("Class for new items in the directory"))
     var protection: ProtectionClass?
 
     @Argument(help: ArgumentHelp("The directory to create.", valueName: "bundle:path"))
@@ -22,7 +22,7 @@ struct MkdirCommand: ParsableCommand {
     func run() throws {
         let path = try target.requireItemPath()
         try reportingErrors {
-            try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            try device.open()
                 .container(bundleIdentifier: target.bundleIdentifier)
                 .createDirectory(atPath: path, withIntermediateDirectories: parents,
                                  attributes: protection.map { [.protectionKey: $0.fileProtectionType] } ?? [:])

@@ -22,7 +22,7 @@ struct MvCommand: ParsableCommand {
         }
         let from = try source.requireItemPath()
         try reportingErrors {
-            let container = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            let container = try device.open()
                 .container(bundleIdentifier: source.bundleIdentifier)
             var target = destination
             if (try? container.itemInfo(atPath: destination.path))?.type == .typeDirectory || destination.path.isEmpty {

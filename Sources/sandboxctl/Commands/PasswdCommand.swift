@@ -15,7 +15,7 @@ struct PasswdCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let opened = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            let opened = try device.open()
             let old = try PasscodeInput.read(prompt: "Current passcode: ", fromStandardInput: passcodeStdin)
             let new = try PasscodeInput.readNew(fromStandardInput: passcodeStdin)
             try opened.changePasscode(from: old, to: new)

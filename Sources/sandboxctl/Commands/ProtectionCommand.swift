@@ -12,7 +12,7 @@ struct ProtectionCommand: ParsableCommand {
     @OptionGroup var device: DeviceOptions
     @OptionGroup var passcode: PasscodeOptions
 
-    @Option(help: ArgumentHelp("The new class: complete, complete-unless-open, complete-until-first-user-authentication, none (or A-D, or NSFileProtection… names).", valueName: "class"))
+    @Option(help: ProtectionClass.optionHelp("The new class"))
     var set: ProtectionClass?
 
     @Flag(help: "Print JSON for scripts.")
@@ -20,6 +20,11 @@ struct ProtectionCommand: ParsableCommand {
 
     @Argument(help: ArgumentHelp("The file or directory.", valueName: "bundle:path"))
     var target: ContainerReference
+
+    struct Report: Encodable {
+        var path, protection, letter, fileProtectionType: String
+        var inherited: Bool
+    }
 
     func run() throws {
         try reportingErrors {
@@ -30,13 +35,12 @@ struct ProtectionCommand: ParsableCommand {
                 try session.withKeys { try container.setProtection(set.fileProtectionType, ofItemAtPath: path) }
             }
             let item = try container.itemInfo(atPath: target.path)
-            let explicitClass = item.protection.flatMap(ProtectionClass.init)
+            let explicitClass = item.protectionClass
             let effective = explicitClass ?? ProtectionClass(container.defaultProtection)!
             let inherited = explicitClass == nil && item.type == .typeDirectory
             if json {
-                let object: [String: Any] = ["path": target.description, "protection": effective.name, "letter": effective.letter,
-                                             "fileProtectionType": effective.fileProtectionType.rawValue, "inherited": inherited]
-                print(String(decoding: try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]), as: UTF8.self))
+                try printJSON(Report(path: target.description, protection: effective.name, letter: effective.letter,
+                                     fileProtectionType: effective.fileProtectionType.rawValue, inherited: inherited))
             } else {
                 print("\(target): \(effective.name) (class \(effective.letter), \(effective.fileProtectionType.rawValue))\(inherited ? ", the container default" : "")")
             }

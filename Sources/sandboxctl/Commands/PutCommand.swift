@@ -12,7 +12,7 @@ struct PutCommand: ParsableCommand {
     @OptionGroup var device: DeviceOptions
     @OptionGroup var passcode: PasscodeOptions
 
-    @Option(help: ArgumentHelp("Class of the new file: complete, complete-unless-open, complete-until-first-user-authentication, none (or A-D, or NSFileProtection… names).", valueName: "class"))
+    @Option(help: ProtectionClass.optionHelp("Class of the new file"))
     var protection: ProtectionClass?
 
     @Argument(help: ArgumentHelp("The local file to read, or - for standard input.", valueName: "source"))
@@ -35,7 +35,7 @@ struct PutCommand: ParsableCommand {
             let options = protection?.writingOption ?? []
             try session.withKeys { try container.write(data, toPath: path, options: options) }
             let written = try container.itemInfo(atPath: path)
-            print("\(target): \(written.size) bytes, \(written.protection.flatMap(ProtectionClass.init)?.name ?? "?")")
+            print("\(target): \(written.size) bytes, \(written.protectionClass?.name ?? "?")")
         }
     }
 

@@ -23,7 +23,7 @@ struct RmCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let opened = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            let opened = try device.open()
             // Check every target before removing any, so one bad argument removes nothing.
             let checked = try targets.map { target in
                 let path = try target.requireItemPath()

@@ -35,7 +35,7 @@ struct StatusCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let opened = try Device.open(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret)
+            let opened = try device.open()
             let containers = try opened.containerIdentifiers().map { id in
                 let container = try opened.container(bundleIdentifier: id)
                 var report = Report.ContainerReport(bundleIdentifier: id, defaultProtection: ProtectionClass(container.defaultProtection)!.name,
@@ -48,9 +48,7 @@ struct StatusCommand: ParsableCommand {
                                 protectedDataAvailable: opened.isProtectedDataAvailable,
                                 failedPasscodeAttempts: opened.failedPasscodeAttempts, containers: containers)
             if json {
-                let encoder = JSONEncoder()
-                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-                print(String(decoding: try encoder.encode(report), as: UTF8.self))
+                try printJSON(report)
                 return
             }
             print("Device \(report.root)")
@@ -73,7 +71,7 @@ struct StatusCommand: ParsableCommand {
             case .typeDirectory:
                 try count(in: container, path: item.path, into: &report)
             case .typeRegular:
-                if let protection = item.protection, let protectionClass = ProtectionClass(protection) {
+                if let protectionClass = item.protectionClass {
                     report.files[protectionClass.name, default: 0] += 1
                     report.bytes += item.size
                 } else {

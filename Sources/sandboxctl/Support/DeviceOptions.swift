@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import ProtectedStore
 
 /// Where the device lives: options shared by every command that touches one.
 struct DeviceOptions: ParsableArguments {
@@ -18,6 +19,9 @@ struct DeviceOptions: ParsableArguments {
 
     /// nil means the library's default for the keybag's id.
     var resolvedDeviceSecret: String? { deviceSecret ?? environment("SANDBOXCTL_DEVICE_SECRET") }
+
+    /// Opens the device these options name, before first unlock.
+    func open() throws -> Device { try Device.open(root: resolvedRoot, deviceSecretPath: resolvedDeviceSecret) }
 
     private func environment(_ name: String) -> String? {
         ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }

@@ -16,7 +16,7 @@ struct EmbeddedSession {
     private let passcodeOptions: PasscodeOptions
 
     init(_ deviceOptions: DeviceOptions, _ passcodeOptions: PasscodeOptions) throws {
-        device = try Device.open(root: deviceOptions.resolvedRoot, deviceSecretPath: deviceOptions.resolvedDeviceSecret)
+        device = try deviceOptions.open()
         self.passcodeOptions = passcodeOptions
         if passcodeOptions.passcodeStdin {
             try device.unlock(passcode: try PasscodeInput.read(prompt: "", fromStandardInput: true))
@@ -32,19 +32,15 @@ struct EmbeddedSession {
     func withKeys<R>(_ operation: () throws -> R) throws -> R {
         do {
             return try operation()
-        } catch let error where Self.isDenial(error) && device.state == .beforeFirstUnlock && !passcodeOptions.passcodeStdin {
+        } catch {
+            guard let denial = libraryError(in: error), denial.kind == .protectedDataUnavailable,
+                  device.state == .beforeFirstUnlock, !passcodeOptions.passcodeStdin else { throw error }
             guard PasscodeInput.terminalAvailable else {
-                let original = (error as? ProtectedStoreError) ?? (error as! CocoaError).protectedStoreError!
-                throw ProtectedStoreError(.protectedDataUnavailable, path: original.path, problem: original.problem,
+                throw ProtectedStoreError(.protectedDataUnavailable, path: denial.path, problem: denial.problem,
                                           remedy: "Pass --passcode-stdin and write the passcode as the first line of standard input, or run in a terminal to be asked")
             }
             try device.unlock(passcode: try PasscodeInput.read(prompt: "Passcode: ", fromStandardInput: false))
             return try operation()
         }
-    }
-
-    private static func isDenial(_ error: any Error) -> Bool {
-        let libraryError = (error as? ProtectedStoreError) ?? (error as? CocoaError)?.protectedStoreError
-        return libraryError?.kind == .protectedDataUnavailable
     }
 }

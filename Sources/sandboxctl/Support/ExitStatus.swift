@@ -39,8 +39,7 @@ func reportingErrors<R>(_ body: () async throws -> R) async throws -> R {
 /// Prints a library error (also one wrapped in a `CocoaError`) and returns the exit code to throw;
 /// ArgumentParser's own errors pass through untouched.
 private func exitCode(reporting error: any Error) -> any Error {
-    let libraryError = (error as? ProtectedStoreError) ?? (error as? CocoaError)?.protectedStoreError
-    if let libraryError {
+    if let libraryError = libraryError(in: error) {
         printError("\(libraryError)")
         return ExitCode(ExitStatus.code(for: libraryError.kind))
     }
@@ -49,6 +48,11 @@ private func exitCode(reporting error: any Error) -> any Error {
         return ExitCode(ExitStatus.failure)
     }
     return error
+}
+
+/// The library's error behind `error`, thrown directly or inside the `CocoaError` of a file operation.
+func libraryError(in error: any Error) -> ProtectedStoreError? {
+    (error as? ProtectedStoreError) ?? (error as? CocoaError)?.protectedStoreError
 }
 
 func printError(_ message: String) {

@@ -1,0 +1,18 @@
+import ArgumentParser
+import Foundation
+import ProtectedStore
+
+/// Prints `value` as JSON for scripts: sorted keys, ISO 8601 dates.
+func printJSON(_ value: some Encodable) throws {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+    encoder.dateEncodingStrategy = .iso8601
+    print(String(decoding: try encoder.encode(value), as: UTF8.self))
+}
+
+extension ProtectionClass {
+    /// Help for an option taking a class name, listing every accepted spelling.
+    static func optionHelp(_ abstract: String) -> ArgumentHelp {
+        ArgumentHelp("\(abstract): \(acceptedNames).", valueName: "class")
+    }
+}
