@@ -8,9 +8,11 @@ struct Sandboxctl: AsyncParsableCommand {
         discussion: """
             Items are named BUNDLE:PATH, the path relative to the app container (e.g. com.example.notes:Documents/a.txt).
 
-            Each command is its own key holder (embedded mode): it opens the device before first unlock and asks for the \
-            passcode only when an operation needs a key. Passcodes are never taken from the command line: they are read \
-            from the terminal (with echo off) or, with --passcode-stdin, as the first line of standard input.
+            Key holders: when `sandboxctl daemon` serves the root, it holds the keys for every program; `lock`, `unlock` and \
+            `watch` talk to it, and file commands use its state (no passcode asked; denied with 77 while locked). Without a \
+            daemon each command is its own key holder (embedded mode): it opens the device before first unlock and asks \
+            for the passcode only when an operation needs a key. Passcodes are never taken from the command line: they \
+            are read from the terminal (with echo off) or, with --passcode-stdin, as the first line of standard input.
 
             Class names: complete, complete-unless-open, complete-until-first-user-authentication, none \
             (also A-D, and Foundation's NSFileProtection… names).
@@ -24,9 +26,11 @@ struct Sandboxctl: AsyncParsableCommand {
               1   other failure (I/O, missing files)
               64  usage error (bad option, bad argument)
               65  integrity error (authentication failed, corrupt or unsupported data)
+              69  no key daemon serves the device (lock, unlock, watch), or it stopped
               77  denied by data protection (locked, before first unlock, wrong passcode)
             """,
-        subcommands: [InitCommand.self, CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self,
+        subcommands: [InitCommand.self, DaemonCommand.self, UnlockCommand.self, LockCommand.self, WatchCommand.self,
+                      CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self,
                       RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, PasswdCommand.self, EraseCommand.self,
                       DemoCommand.self, BenchCommand.self]
     )

@@ -5,4 +5,20 @@
 /// Returns 0, or -1 with errno set (EEXIST when the target exists).
 int ps_rename_noreplace(int old_directory, const char *old_name, int new_directory, const char *new_name);
 
+/// A non-blocking, close-on-exec Unix stream socket bound to `path` and listening; -1 with errno set
+/// (ENAMETOOLONG when the path does not fit a sockaddr_un).
+int ps_unix_listen(const char *path, int backlog);
+
+/// A blocking, close-on-exec Unix stream socket connected to `path`; -1 with errno set.
+int ps_unix_connect(const char *path);
+
+/// The peer's pid and uid (SO_PEERCRED, whose struct ucred glibc declares only under _GNU_SOURCE); -1 with errno set.
+int ps_peer_credentials(int fd, int *pid, unsigned int *uid);
+
+/// accept4 with SOCK_CLOEXEC | SOCK_NONBLOCK; -1 with errno set (EAGAIN when no connection waits).
+int ps_accept(int listener);
+
+/// pipe2 with O_CLOEXEC | O_NONBLOCK; -1 with errno set.
+int ps_pipe(int ends[2]);
+
 #endif

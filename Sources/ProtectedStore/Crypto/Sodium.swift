@@ -38,3 +38,10 @@ func zeroize(_ bytes: inout [UInt8]) {
         if let base = buffer.baseAddress { sodium_memzero(base, buffer.count) }
     }
 }
+
+/// Zeroes the first `count` bytes of `bytes`.
+func zeroize(_ bytes: inout [UInt8], count: Int) {
+    bytes.withUnsafeMutableBytes { buffer in
+        if let base = buffer.baseAddress, count > 0 { sodium_memzero(base, min(count, buffer.count)) }
+    }
+}

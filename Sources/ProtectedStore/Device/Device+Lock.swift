@@ -43,8 +43,20 @@ extension Device {
     /// period (`gracePeriod` unless given) has passed, zeroes class A's key, class B's secret key and the per-file
     /// keys of open class A files. Returns when the device is locked, or when an unlock during the grace period
     /// cancelled the lock. Does nothing before first unlock or when already locked.
+    ///
+    /// Attached to a daemon, it asks the daemon, which locks every program using the device (`gracePeriod` nil: the
+    /// daemon's own); if the daemon can't be reached, this process drops its class A file keys and counts as locked.
     public func lock(gracePeriod: TimeInterval? = nil) async {
         precondition((gracePeriod ?? 0) >= 0 && (gracePeriod ?? 0).isFinite, "the grace period must be a finite number of seconds ≥ 0")
+        if case .daemon(let link) = holder {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                DispatchQueue.global().async {
+                    self.lockThroughDaemon(link, gracePeriod: gracePeriod)
+                    continuation.resume()
+                }
+            }
+            return
+        }
         // The state change and the hand-off of its event happen under one lock, so every observer sees
         // will/did in the order the state changed, even when a lock and an unlock race.
         let (attempt, grace, observers): (LockAttempt?, TimeInterval, (handedOver: DispatchGroup, done: DispatchGroup)?) = deliveryLock.withLock {
@@ -80,10 +92,11 @@ extension Device {
 
     /// The end of a lock: runs once per attempt, unless an unlock cancelled it first.
     private func discardKeys(for attempt: LockAttempt) {
+        guard case .embedded(let keys) = holder else { return }
         let files: [EncryptedFile]? = mutex.withLock {
             guard pendingLock === attempt, currentState == .locking else { return nil }
             pendingLock = nil
-            classKeys.discard([.complete, .completeUnlessOpen])
+            keys.classKeys.discard([.complete, .completeUnlessOpen])
             currentState = .locked
             return takeClassAFiles()
         }
@@ -95,14 +108,18 @@ extension Device {
 
     /// Unwraps classes A, B and C with the passcode and delivers *did become available* (unless already unlocked).
     /// During a lock's grace period it cancels the lock. Wrong passcodes are counted and throttled (`passcodePolicy`):
-    /// throws `.wrongPasscode`, or `.throttled` while a delay runs.
+    /// throws `.wrongPasscode`, or `.throttled` while a delay runs. Attached to a daemon, the daemon checks the passcode.
     public func unlock(passcode: Passcode) throws {
+        let embedded: EmbeddedKeys
+        switch holder {
+        case .daemon(let link): return try unlockThroughDaemon(link, passcode: passcode)
+        case .embedded(let keys): embedded = keys
+        }
         try passcodeLock.withLock {
-            let keybag = mutex.withLock { self.keybag }
-            let keys = try checkingPasscode { try keybag.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: deviceSecret, path: keybagPath) }
+            let keys = try unwrapPasscodeClassKeys(embedded, passcode: passcode)
             let cancelled: LockAttempt? = deliveryLock.withLock {
                 let (wasUnlocked, cancelled): (Bool, LockAttempt?) = mutex.withLock {
-                    classKeys.insert(keys)
+                    embedded.classKeys.insert(keys)
                     let wasUnlocked = currentState == .unlocked
                     currentState = .unlocked
                     return (wasUnlocked, pendingLock.take())

@@ -23,8 +23,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
 
     /// The root directory.
     public let root: String
-    /// The device secret file in use.
-    public var deviceSecretPath: String { deviceSecret.path }
+    /// The device secret file in use (by the daemon, when attached to one).
+    public let deviceSecretPath: String
     /// The keybag file inside the root.
     public var keybagPath: String { Self.keybagPath(root: root) }
     /// The 16-byte id of this device's keybag (also in every file header).
@@ -35,14 +35,14 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     public let passcodePolicy: PasscodePolicy
     /// Where the protected-data notifications are posted.
     public var notificationCenter: NotificationCenter { dispatcher.notificationCenter }
+    /// Whether a key daemon holds the keys (`Device.attach`) rather than this process (`Device.open`, `Device.create`).
+    public var isAttachedToDaemon: Bool { if case .daemon = holder { true } else { false } }
 
-    let deviceSecret: DeviceSecret
+    let holder: KeyHolder
     let mutex = NSLock()
     // Serialises passcode checks (unlock, passcode change) so the attempt counter is never raced,
     // without holding `mutex` through Argon2id.
     let passcodeLock = NSLock()
-    var keybag: Keybag
-    let classKeys: ClassKeys
     var currentState: State
     var currentGracePeriod = Device.defaultGracePeriod
     var pendingLock: LockAttempt?
@@ -50,18 +50,28 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     let deliveryLock = NSLock()
     var openFiles: [ObjectIdentifier: TrackedFile] = [:]
     let dispatcher: EventDispatcher
+    /// Attached to a daemon: serves its events to this process's observers, one at a time, in order.
+    let daemonEvents = DispatchQueue(label: "ProtectedStore.daemon-events")
 
-    private init(root: String, deviceSecret: DeviceSecret, keybag: Keybag, classKeys: ClassKeys, state: State,
-                 passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
+    init(root: String, deviceSecretPath: String, keybagID: [UInt8], classBPublicKey: [UInt8], holder: KeyHolder, state: State,
+         passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
         self.root = root
-        self.deviceSecret = deviceSecret
-        self.keybag = keybag
-        self.keybagID = keybag.keybagID
-        self.classBPublicKey = keybag.classBPublicKey
-        self.classKeys = classKeys
+        self.deviceSecretPath = deviceSecretPath
+        self.keybagID = keybagID
+        self.classBPublicKey = classBPublicKey
+        self.holder = holder
         self.currentState = state
         self.passcodePolicy = passcodePolicy
         self.dispatcher = EventDispatcher(notificationCenter: notificationCenter)
+    }
+
+    deinit {
+        if case .daemon(let link) = holder { link.close() }
+    }
+
+    private convenience init(root: String, keys: EmbeddedKeys, state: State, passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
+        self.init(root: root, deviceSecretPath: keys.deviceSecret.path, keybagID: keys.keybag.keybagID, classBPublicKey: keys.keybag.classBPublicKey,
+                  holder: .embedded(keys), state: state, passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
     }
 
     static func keybagPath(root: String) -> String { (root as NSString).appendingPathComponent("keybag") }
@@ -87,7 +97,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         do {
             let deviceSecret = try DeviceSecret.create(at: secretPath, keybagID: keybagID)
             let (keybag, classKeys) = try Keybag.create(keybagID: keybagID, passcode: passcode, preset: kdf, deviceSecret: deviceSecret)
-            let device = Device(root: root, deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys, state: .unlocked,
+            let device = Device(root: root, keys: EmbeddedKeys(deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys), state: .unlocked,
                                 passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
             try FileSystem.createDirectories(device.containersPath)
             try FileSystem.writeAtomically(Array(try JSONEncoder().encode(passcodePolicy)), to: FileLocation(path: device.passcodePolicyPath), replacing: false)
@@ -170,17 +180,19 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         }
         let keybag = try Keybag.parse(bytes, path: keybagPath, deviceSecret: deviceSecret)
         let classD = try keybag.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
+        return Device(root: root, keys: EmbeddedKeys(deviceSecret: deviceSecret, keybag: keybag, classKeys: ClassKeys(keys: [.none: classD])),
+                      state: .beforeFirstUnlock, passcodePolicy: try loadPasscodePolicy(root: root), notificationCenter: notificationCenter)
+    }
+
+    /// The root's passcode policy, or the default when it has none.
+    static func loadPasscodePolicy(root: String) throws -> PasscodePolicy {
         let policyPath = passcodePolicyPath(root: root)
-        var policy = PasscodePolicy.default
-        if try FileSystem.exists(policyPath) {
-            guard let stored = try FileLocation(path: policyPath).readJSON(PasscodePolicy.self, what: "passcode policy"), (try? stored.validate()) != nil else {
-                throw ProtectedStoreError(.integrity, path: policyPath, problem: "the passcode policy is unreadable",
-                                          remedy: "Restore it from a backup, or delete it to use the default policy")
-            }
-            policy = stored
+        guard try FileSystem.exists(policyPath) else { return .default }
+        guard let stored = try FileLocation(path: policyPath).readJSON(PasscodePolicy.self, what: "passcode policy"), (try? stored.validate()) != nil else {
+            throw ProtectedStoreError(.integrity, path: policyPath, problem: "the passcode policy is unreadable",
+                                      remedy: "Restore it from a backup, or delete it to use the default policy")
         }
-        return Device(root: root, deviceSecret: deviceSecret, keybag: keybag, classKeys: ClassKeys(keys: [.none: classD]),
-                      state: .beforeFirstUnlock, passcodePolicy: policy, notificationCenter: notificationCenter)
+        return stored
     }
 
     static func absolute(_ path: String) -> String {
@@ -195,25 +207,47 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// so a crash at any instant leaves one that opens with either the old or the new passcode.
     /// A wrong `oldPasscode` counts as a failed attempt, as an unlock would.
     public func changePasscode(from oldPasscode: Passcode, to newPasscode: Passcode) throws {
+        let keys: EmbeddedKeys
+        switch holder {
+        case .daemon(let link): return try link.changePasscode(from: oldPasscode, to: newPasscode)
+        case .embedded(let embedded): keys = embedded
+        }
         try passcodeLock.withLock {
-            let current = mutex.withLock { keybag }
-            let unwrapped = try checkingPasscode { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: deviceSecret, path: keybagPath) }
-            let classD = try current.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
+            let current = try currentKeybag(keys)
+            let unwrapped = try checkingPasscode { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: keys.deviceSecret, path: keybagPath) }
+            let classD = try current.unwrapDeviceClassKey(deviceSecret: keys.deviceSecret, path: keybagPath)
             let allKeys = ClassKeys(keys: unwrapped.merging([.none: classD]) { current, _ in current })
             defer { allKeys.discard(ProtectionClass.allCases) }
-            let newKeybag = try current.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: deviceSecret)
-            let bytes = try newKeybag.serialized(deviceSecret: deviceSecret)
+            let newKeybag = try current.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: keys.deviceSecret)
+            let bytes = try newKeybag.serialized(deviceSecret: keys.deviceSecret)
             do {
                 try FileSystem.writeAtomically(bytes, to: FileLocation(path: keybagPath), replacing: true)
             } catch {
                 // If the rename happened and only the directory fsync failed, the new keybag is the one on disk.
                 if (try? FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")) == bytes {
-                    mutex.withLock { keybag = newKeybag }
+                    mutex.withLock { keys.keybag = newKeybag }
                 }
                 throw error
             }
-            mutex.withLock { keybag = newKeybag }
+            mutex.withLock { keys.keybag = newKeybag }
         }
+    }
+
+    /// The keybag as on disk now: another process (the CLI beside a daemon) may have changed the passcode since this
+    /// device was opened. Falls back to the one in memory if the file can't be read; the passcode check then says why.
+    private func currentKeybag(_ keys: EmbeddedKeys) throws -> Keybag {
+        let inMemory = mutex.withLock { keys.keybag }
+        guard let bytes = try? FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag"),
+              let onDisk = try? Keybag.parse(bytes, path: keybagPath, deviceSecret: keys.deviceSecret),
+              onDisk.keybagID == inMemory.keybagID, onDisk.classBPublicKey == inMemory.classBPublicKey else { return inMemory }
+        mutex.withLock { keys.keybag = onDisk }
+        return onDisk
+    }
+
+    /// Unwraps classes A, B and C with the passcode (throttled), from the keybag as on disk. Caller holds `passcodeLock`.
+    func unwrapPasscodeClassKeys(_ keys: EmbeddedKeys, passcode: Passcode) throws -> [ProtectionClass: SecureBytes] {
+        let keybag = try currentKeybag(keys)
+        return try checkingPasscode { try keybag.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: keys.deviceSecret, path: keybagPath) }
     }
 
     /// Wrong passcodes in a row so far (persisted; reset by a right one).
@@ -277,22 +311,21 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
 
     /// Destroys the device secret and the keybag, which makes every file of this device unrecoverable at once,
     /// then removes the containers and settings, leaving an empty root.
+    /// A device attached to a daemon can't be erased from here: the daemon holds its keys.
     public func erase() throws {
-        // Every key in memory goes first, whatever fails afterwards.
-        let (files, lockToRelease): ([EncryptedFile], LockAttempt?) = mutex.withLock {
-            classKeys.discard(ProtectionClass.allCases)
-            currentState = .locked
-            defer { openFiles = [:] }
-            return (openFiles.values.compactMap(\.file), pendingLock.take())
+        guard case .embedded(let keys) = holder, !Self.isDaemonRunning(root: root) else {
+            throw ProtectedStoreError(.invalidArgument, path: root, problem: "a key daemon holds this device's keys, so it can't be erased from here",
+                                      remedy: "Stop the daemon (Ctrl-C or SIGTERM), then erase")
         }
-        files.forEach { $0.discardKey() }
-        lockToRelease?.complete()
-        try deviceSecret.destroy()
+        // Every key in memory goes first, whatever fails afterwards.
+        discardAllKeys()
+        try keys.deviceSecret.destroy()
         guard unlink(keybagPath) == 0 || Foundation.errno == ENOENT else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: keybagPath, doing: "remove the keybag")
         }
         try FileSystem.synchronizeDirectory(root)
-        for name in [containersPath, passcodePolicyPath, passcodeAttemptsPath, passcodeAttemptsPath + ".lock"] where try FileSystem.exists(name) {
+        let daemonFiles = [DaemonInfo.path(root: root), (root as NSString).appendingPathComponent("daemon.lock")]
+        for name in [containersPath, passcodePolicyPath, passcodeAttemptsPath, passcodeAttemptsPath + ".lock"] + daemonFiles where try FileSystem.exists(name) {
             do {
                 try FileManager.default.removeItem(atPath: name)
             } catch {
@@ -302,11 +335,39 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         }
     }
 
+    /// Zeroes every class key and the per-file key of every open file, and counts as locked (erase, daemon shutdown).
+    func discardAllKeys() {
+        let (files, lockToRelease): ([EncryptedFile], LockAttempt?) = mutex.withLock {
+            if case .embedded(let keys) = holder { keys.classKeys.discard(ProtectionClass.allCases) }
+            currentState = .locked
+            defer { openFiles = [:] }
+            return (openFiles.values.compactMap(\.file), pendingLock.take())
+        }
+        files.forEach { $0.discardKey() }
+        lockToRelease?.complete()
+    }
+
     // MARK: ClassKeyProviding
 
-    public func classKey(for protectionClass: ProtectionClass) throws -> SecureBytes {
+    public func wrapFileKey(_ fileKey: SecureBytes, for protectionClass: ProtectionClass, associatedData: [UInt8]) throws -> [UInt8] {
+        switch holder {
+        case .embedded: return try FileKeySeal.seal(fileKey, classKey: classKey(for: protectionClass), associatedData: associatedData)
+        case .daemon(let link): return try link.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData)
+        }
+    }
+
+    public func unwrapFileKey(_ wrapped: WrappedFileKey) throws -> SecureBytes? {
+        switch holder {
+        case .embedded: return try FileKeySeal.open(wrapped, classKey: classKey(for: wrapped.protectionClass), classBPublicKey: classBPublicKey)
+        case .daemon(let link): return try link.unwrapFileKey(wrapped)
+        }
+    }
+
+    /// A class key of the in-process holder, or the data-protection error for the current state.
+    func classKey(for protectionClass: ProtectionClass) throws -> SecureBytes {
+        guard case .embedded(let keys) = holder else { preconditionFailure("class keys stay in the daemon") }
         do {
-            return try classKeys.key(for: protectionClass)
+            return try keys.classKeys.key(for: protectionClass)
         } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
             throw Self.unavailableError(protectionClass, state: state)
         }
@@ -316,6 +377,27 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         let reason = state == .beforeFirstUnlock ? "before first unlock" : "while the device is locked"
         return ProtectedStoreError(.protectedDataUnavailable, path: path, problem: "\(protectionClass.name) (class \(protectionClass.letter)) data is unavailable \(reason)",
                                    remedy: "Unlock the device with its passcode")
+    }
+}
+
+/// Who holds the class keys of a device.
+enum KeyHolder: Sendable {
+    /// This process: the keybag and the class keys unwrapped from it.
+    case embedded(EmbeddedKeys)
+    /// A key daemon, over its socket.
+    case daemon(DaemonLink)
+}
+
+/// The in-process key holder's state; `keybag` is guarded by the device's mutex.
+final class EmbeddedKeys: @unchecked Sendable {
+    let deviceSecret: DeviceSecret
+    var keybag: Keybag
+    let classKeys: ClassKeys
+
+    init(deviceSecret: DeviceSecret, keybag: Keybag, classKeys: ClassKeys) {
+        self.deviceSecret = deviceSecret
+        self.keybag = keybag
+        self.classKeys = classKeys
     }
 }
 

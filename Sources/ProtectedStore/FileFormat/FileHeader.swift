@@ -42,18 +42,15 @@ struct FileHeader: Sendable {
                         keys: any ClassKeyProviding) throws -> FileHeader {
         var header = FileHeader(protectionClass: protectionClass, blockSize: blockSize, keybagID: keys.keybagID, fileID: fileID,
                                 ephemeralPublicKey: [UInt8](repeating: 0, count: X25519.keyBytes), wrappedFileKey: [])
-        let wrappingKey: SecureBytes
         if protectionClass == .completeUnlessOpen {
-            // One-pass key agreement: only the public class key is needed, and the ephemeral secret dies here.
-            let ephemeral = X25519.generateKeyPair()
-            header.ephemeralPublicKey = ephemeral.publicKey
-            wrappingKey = try classBWrappingKey(secret: ephemeral.secret, peerPublicKey: keys.classBPublicKey,
-                                                ephemeralPublicKey: ephemeral.publicKey, classBPublicKey: keys.classBPublicKey, path: nil)
-            ephemeral.secret.discard()
+            // One-pass key agreement: only the public class key is needed, so this works while locked.
+            let agreement = try FileKeySeal.sealForClassB(classBPublicKey: keys.classBPublicKey)
+            defer { agreement.wrappingKey.discard() }
+            header.ephemeralPublicKey = agreement.ephemeralPublicKey
+            header.wrappedFileKey = try FileKeySeal.seal(fileKey, classKey: agreement.wrappingKey, associatedData: header.authenticatedPrefix)
         } else {
-            wrappingKey = try keys.classKey(for: protectionClass)
+            header.wrappedFileKey = try keys.wrapFileKey(fileKey, for: protectionClass, associatedData: header.authenticatedPrefix)
         }
-        header.wrappedFileKey = try AEAD.wrap(fileKey, with: wrappingKey, associatedData: header.authenticatedPrefix)
         return header
     }
 
@@ -85,21 +82,18 @@ struct FileHeader: Sendable {
                           wrappedFileKey: reader.take(AEAD.nonceBytes + fileKeyBytes + AEAD.tagBytes))
     }
 
-    /// Unwraps the per-file key with the class key (class B: with the class secret key and the ephemeral public key).
+    /// The sealed per-file key, as a key holder opens it.
+    var wrappedKey: WrappedFileKey {
+        WrappedFileKey(protectionClass: protectionClass, associatedData: authenticatedPrefix, ephemeralPublicKey: ephemeralPublicKey, sealed: wrappedFileKey)
+    }
+
+    /// Unwraps the per-file key through the key holder.
     func unwrapFileKey(keys: any ClassKeyProviding, path: String) throws -> SecureBytes {
         guard keybagID == keys.keybagID else {
             throw ProtectedStoreError(.integrity, path: path, problem: "the file belongs to another device (keybag \(keybagID.hex), this device's is \(keys.keybagID.hex)), or its header was modified",
                                       remedy: "Open it with the device root it was written on")
         }
-        let classKey = try keys.classKey(for: protectionClass)
-        let wrappingKey: SecureBytes
-        if protectionClass == .completeUnlessOpen {
-            wrappingKey = try Self.classBWrappingKey(secret: classKey, peerPublicKey: ephemeralPublicKey,
-                                                     ephemeralPublicKey: ephemeralPublicKey, classBPublicKey: keys.classBPublicKey, path: path)
-        } else {
-            wrappingKey = classKey
-        }
-        guard let fileKey = try AEAD.unwrap(wrappedFileKey[...], with: wrappingKey, associatedData: authenticatedPrefix) else {
+        guard let fileKey = try keys.unwrapFileKey(wrappedKey) else {
             throw Self.headerAuthenticationError(path: path)
         }
         return fileKey
@@ -108,17 +102,5 @@ struct FileHeader: Sendable {
     private static func headerAuthenticationError(path: String) -> ProtectedStoreError {
         ProtectedStoreError(.integrity, path: path, problem: "the file header failed authentication: it was modified or corrupted",
                             remedy: "Restore the file from a backup")
-    }
-
-    /// BLAKE2b-256("ProtectedStore v1 class B wrap" ‖ ephemeral public ‖ class B public ‖ X25519 shared secret).
-    private static func classBWrappingKey(secret: SecureBytes, peerPublicKey: [UInt8], ephemeralPublicKey: [UInt8],
-                                          classBPublicKey: [UInt8], path: String?) throws -> SecureBytes {
-        guard let shared = try X25519.sharedSecret(secret: secret, publicKey: peerPublicKey) else {
-            throw ProtectedStoreError(.integrity, path: path, problem: "class B key agreement produced an invalid shared secret (low-order public key)",
-                                      remedy: "The file header or keybag was tampered with; restore it from a backup")
-        }
-        defer { shared.discard() }
-        return try Blake2b.derive(key: nil, parts: [Array("ProtectedStore v1 class B wrap".utf8), ephemeralPublicKey, classBPublicKey],
-                                  secretParts: [shared])
     }
 }

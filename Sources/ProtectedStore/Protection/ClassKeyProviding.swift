@@ -1,12 +1,34 @@
-/// What the file format needs from a key holder: class keys while they are available, and class B's public key always.
+/// What the file format needs from a key holder: per-file keys wrapped and unwrapped under class keys while those
+/// are available, and class B's public key always. Class keys themselves never leave the holder.
 ///
-/// The keybag implements it in-process; later a daemon client can implement it across a socket.
+/// A device implements it in-process, or across a socket when attached to a key daemon (which then does the unwrapping).
 public protocol ClassKeyProviding: Sendable {
     /// The 16-byte identity of the keybag whose class keys wrap this device's files.
     var keybagID: [UInt8] { get }
     /// Class B's public key, available in every state so files can be created while locked.
     var classBPublicKey: [UInt8] { get }
-    /// The symmetric key of class A, C or D, or class B's secret X25519 key;
-    /// throws `ProtectedStoreError` of kind `.protectedDataUnavailable` when the state does not allow it.
-    func classKey(for protectionClass: ProtectionClass) throws -> SecureBytes
+    /// Seals a new per-file key under the key of class A, C or D (class B keys are sealed with `classBPublicKey`,
+    /// without the holder); throws `.protectedDataUnavailable` when the state does not allow it.
+    func wrapFileKey(_ fileKey: SecureBytes, for protectionClass: ProtectionClass, associatedData: [UInt8]) throws -> [UInt8]
+    /// Opens a sealed per-file key; nil when it fails authentication, `.protectedDataUnavailable` when the class is not available.
+    func unwrapFileKey(_ wrapped: WrappedFileKey) throws -> SecureBytes?
+}
+
+/// A per-file key as sealed in a file header, with everything needed to open it.
+public struct WrappedFileKey: Sendable, Equatable {
+    /// The class whose key sealed it.
+    public var protectionClass: ProtectionClass
+    /// The header bytes the seal authenticates (docs/FORMAT.md §3).
+    public var associatedData: [UInt8]
+    /// Class B only: the file's ephemeral X25519 public key.
+    public var ephemeralPublicKey: [UInt8]
+    /// nonce ‖ encrypted key ‖ tag.
+    public var sealed: [UInt8]
+
+    public init(protectionClass: ProtectionClass, associatedData: [UInt8], ephemeralPublicKey: [UInt8], sealed: [UInt8]) {
+        self.protectionClass = protectionClass
+        self.associatedData = associatedData
+        self.ephemeralPublicKey = ephemeralPublicKey
+        self.sealed = sealed
+    }
 }

@@ -22,6 +22,7 @@ final class EventDispatcher: @unchecked Sendable {
     private var nextToken: UInt64 = 0
     private var delegates: [UInt64: DelegateEntry] = [:]
     private var subscriptions: [UInt64: SubscriptionEntry] = [:]
+    private var handlers: [UInt64: Handler] = [:]
     private let notificationQueue = DispatchQueue(label: "ProtectedStore.notifications")
 
     init(notificationCenter: NotificationCenter) { self.notificationCenter = notificationCenter }
@@ -39,6 +40,17 @@ final class EventDispatcher: @unchecked Sendable {
     func remove(_ delegate: any ProtectedDataDelegate) {
         let identity = ObjectIdentifier(delegate)
         mutex.withLock { delegates = delegates.filter { $0.value.identity != identity } }
+    }
+
+    /// An in-library observer (the key daemon) that is handed each event synchronously, must not block, and calls
+    /// `done` when it has finished with it (for a lock: when every remote subscriber has acknowledged).
+    typealias Handler = @Sendable (ProtectedDataEvent, _ done: @escaping @Sendable () -> Void) -> Void
+
+    func addHandler(_ handler: @escaping Handler) {
+        mutex.withLock {
+            nextToken += 1
+            handlers[nextToken] = handler
+        }
     }
 
     func subscribe() -> EventSubscription {
@@ -62,7 +74,7 @@ final class EventDispatcher: @unchecked Sendable {
         let done = DispatchGroup()
         // Weak references are loaded outside the mutex: loading one can make this the last strong reference,
         // and the observer's deinit (ending a subscription, removing a delegate) takes the mutex itself.
-        let (delegateEntries, subscriptionEntries) = mutex.withLock { (delegates, subscriptions) }
+        let (delegateEntries, subscriptionEntries, handlerEntries) = mutex.withLock { (delegates, subscriptions, handlers) }
         var gone: [UInt64] = []
         for (id, entry) in delegateEntries {
             guard let delegate = entry.delegate else {
@@ -88,6 +100,11 @@ final class EventDispatcher: @unchecked Sendable {
             done.enter()
             subscription.enqueue(event) { done.leave() }
         }
+        for handler in handlerEntries.values {
+            done.enter()
+            let once = OnceFlag()
+            handler(event) { if once.claim() { done.leave() } }
+        }
         handedOver.enter()
         done.enter()
         let center = notificationCenter
@@ -106,5 +123,18 @@ final class EventDispatcher: @unchecked Sendable {
             }
         }
         return (handedOver, done)
+    }
+}
+
+/// True for the first caller of `claim()` only.
+final class OnceFlag: @unchecked Sendable {
+    private let mutex = NSLock()
+    private var claimed = false
+
+    func claim() -> Bool {
+        mutex.withLock {
+            defer { claimed = true }
+            return !claimed
+        }
     }
 }

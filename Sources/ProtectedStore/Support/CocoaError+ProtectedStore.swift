@@ -14,6 +14,7 @@ extension ProtectedStoreError {
         case .invalidArgument: return .EINVAL
         case .integrity, .unsupportedFormat: return .EBADMSG
         case .io: return .EIO
+        case .daemonUnavailable: return .ECONNREFUSED
         }
     }
 
@@ -22,7 +23,7 @@ extension ProtectedStoreError {
     func cocoaError(writing: Bool) -> CocoaError {
         let code: CocoaError.Code
         switch kind {
-        case .protectedDataUnavailable, .wrongPasscode, .throttled:
+        case .protectedDataUnavailable, .wrongPasscode, .throttled, .daemonUnavailable:
             code = writing ? .fileWriteNoPermission : .fileReadNoPermission
         case .notFound:
             code = writing ? .fileNoSuchFile : .fileReadNoSuchFile

@@ -23,6 +23,8 @@ public struct ProtectedStoreError: Error, Sendable, CustomStringConvertible, Loc
         case invalidArgument
         /// The operating system refused or failed an I/O call.
         case io
+        /// No key daemon serves the device, or it stopped or refused this process.
+        case daemonUnavailable
     }
 
     public let kind: Kind

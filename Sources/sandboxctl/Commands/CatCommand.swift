@@ -18,7 +18,7 @@ struct CatCommand: ParsableCommand {
     func run() throws {
         let path = try source.requireItemPath()
         try reportingErrors {
-            let session = try EmbeddedSession(device, passcode)
+            let session = try KeySession(device, passcode)
             let container = try session.container(source)
             let contents = try session.withKeys { try container.contents(atPath: path) }
             FileHandle.standardOutput.write(contents)

@@ -5,7 +5,7 @@ struct EraseCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "erase",
         abstract: "Erase the device: destroy its keys (instant, every file becomes unreadable), then remove its files.",
-        discussion: "Asks for the passcode to prove ownership. Without the passcode, delete the root and the device secret by hand."
+        discussion: "Asks for the passcode to prove ownership. Refused while a daemon serves the device: stop it first. Without the passcode, delete the root and the device secret by hand."
     )
 
     @OptionGroup var device: DeviceOptions
@@ -15,7 +15,10 @@ struct EraseCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let opened = try device.open()
+            let opened = try device.openInProcess()
+            guard !Device.isDaemonRunning(root: opened.root) else {
+                throw ProtectedStoreError(.invalidArgument, path: opened.root, problem: "a key daemon serves this device", remedy: "Stop the daemon (Ctrl-C or SIGTERM), then erase")
+            }
             try opened.unlock(passcode: try PasscodeInput.read(prompt: "Passcode: ", fromStandardInput: passcodeStdin))
             try opened.erase()
             print("Erased the device in \(opened.root): its keys are destroyed and its containers removed")

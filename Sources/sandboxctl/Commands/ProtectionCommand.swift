@@ -28,7 +28,7 @@ struct ProtectionCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let session = try EmbeddedSession(device, passcode)
+            let session = try KeySession(device, passcode)
             let container = try session.container(target)
             if let set {
                 let path = try target.requireItemPath()

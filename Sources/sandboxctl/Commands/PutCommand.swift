@@ -23,7 +23,7 @@ struct PutCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let session = try EmbeddedSession(device, passcode)
+            let session = try KeySession(device, passcode)
             let container = try session.container(destination)
             var target = destination
             if (try? container.itemInfo(atPath: destination.path))?.type == .typeDirectory {

@@ -6,7 +6,7 @@ struct StatusCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "status",
         abstract: "Show the device: lock state, passcode attempts, containers and how many files each class protects.",
-        discussion: "Needs no passcode. Without a daemon each command is its own key holder, which starts before first unlock, so the state shown is that of this command."
+        discussion: "Needs no passcode. With a daemon running, shows its state and subscribers; without one each command is its own key holder, which starts before first unlock, so the state shown is that of this command."
     )
 
     @OptionGroup var device: DeviceOptions
@@ -30,6 +30,8 @@ struct StatusCommand: ParsableCommand {
         var state: String
         var protectedDataAvailable: Bool
         var failedPasscodeAttempts: Int
+        /// nil when no daemon serves the device.
+        var daemon: DaemonStatus?
         var containers: [ContainerReport]
     }
 
@@ -43,10 +45,12 @@ struct StatusCommand: ParsableCommand {
                 try count(in: container, path: "", into: &report)
                 return report
             }
+            let daemon = try opened.daemonStatus()
+            let state = daemon?.state ?? opened.state
             let report = Report(root: opened.root, keybagID: opened.keybagID.map { String(format: "%02x", $0) }.joined(),
-                                deviceSecret: opened.deviceSecretPath, state: opened.state.rawValue,
-                                protectedDataAvailable: opened.isProtectedDataAvailable,
-                                failedPasscodeAttempts: opened.failedPasscodeAttempts, containers: containers)
+                                deviceSecret: opened.deviceSecretPath, state: state.rawValue,
+                                protectedDataAvailable: state == .unlocked || state == .locking,
+                                failedPasscodeAttempts: daemon?.failedPasscodeAttempts ?? opened.failedPasscodeAttempts, daemon: daemon, containers: containers)
             if json {
                 try printJSON(report)
                 return
@@ -54,7 +58,12 @@ struct StatusCommand: ParsableCommand {
             print("Device \(report.root)")
             print("  keybag id:      \(report.keybagID)")
             print("  device secret:  \(report.deviceSecret)")
-            print("  state:          \(report.state) (embedded: this command's own key holder)")
+            if let daemon {
+                print("  state:          \(report.state) (held by the daemon, pid \(daemon.pid))")
+                print("  daemon:         socket \(daemon.socketPath), \(daemon.subscribers) subscriber(s) including this command, grace \(daemon.gracePeriod) s")
+            } else {
+                print("  state:          \(report.state) (no daemon: this command's own key holder)")
+            }
             print("  failed passcode attempts: \(report.failedPasscodeAttempts)")
             print("  containers:     \(report.containers.count)")
             for container in report.containers {

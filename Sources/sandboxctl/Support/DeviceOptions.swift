@@ -20,8 +20,17 @@ struct DeviceOptions: ParsableArguments {
     /// nil means the library's default for the keybag's id.
     var resolvedDeviceSecret: String? { deviceSecret ?? environment("SANDBOXCTL_DEVICE_SECRET") }
 
-    /// Opens the device these options name, before first unlock.
-    func open() throws -> Device { try Device.open(root: resolvedRoot, deviceSecretPath: resolvedDeviceSecret) }
+    /// The device these options name: attached to the daemon serving it when one runs, else opened in this process
+    /// before first unlock.
+    func open() throws -> Device {
+        Device.isDaemonRunning(root: resolvedRoot) ? try attach() : try openInProcess()
+    }
+
+    /// The device held by this process alone, before first unlock.
+    func openInProcess() throws -> Device { try Device.open(root: resolvedRoot, deviceSecretPath: resolvedDeviceSecret) }
+
+    /// The device attached to its daemon; exits 69 with the command that starts one when none runs.
+    func attach() throws -> Device { try Device.attach(root: resolvedRoot) }
 
     private func environment(_ name: String) -> String? {
         ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }

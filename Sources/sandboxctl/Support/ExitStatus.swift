@@ -7,6 +7,7 @@ enum ExitStatus {
     static let failure: Int32 = 1
     static let usage: Int32 = 64
     static let integrity: Int32 = 65
+    static let unavailable: Int32 = 69
     static let denied: Int32 = 77
 
     static func code(for kind: ProtectedStoreError.Kind) -> Int32 {
@@ -15,6 +16,7 @@ enum ExitStatus {
         case .wrongPasscode, .throttled, .protectedDataUnavailable: denied
         case .invalidArgument: usage
         case .notFound, .alreadyExists, .io: failure
+        case .daemonUnavailable: unavailable
         }
     }
 }
@@ -53,6 +55,10 @@ private func exitCode(reporting error: any Error) -> any Error {
 /// The library's error behind `error`, thrown directly or inside the `CocoaError` of a file operation.
 func libraryError(in error: any Error) -> ProtectedStoreError? {
     (error as? ProtectedStoreError) ?? (error as? CocoaError)?.protectedStoreError
+}
+
+func printWarning(_ message: String) {
+    FileHandle.standardError.write(Data("sandboxctl: warning: \(message)\n".utf8))
 }
 
 func printError(_ message: String) {

@@ -2,10 +2,10 @@ import ArgumentParser
 import Foundation
 import ProtectedStore
 
-/// Prints `value` as JSON for scripts: sorted keys, ISO 8601 dates.
-func printJSON(_ value: some Encodable) throws {
+/// Prints `value` as JSON for scripts: sorted keys, ISO 8601 dates; `pretty: false` for one line (JSON lines).
+func printJSON(_ value: some Encodable, pretty: Bool = true) throws {
     let encoder = JSONEncoder()
-    encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+    encoder.outputFormatting = pretty ? [.prettyPrinted, .sortedKeys] : [.sortedKeys]
     encoder.dateEncodingStrategy = .iso8601
     print(String(decoding: try encoder.encode(value), as: UTF8.self))
 }

@@ -1,0 +1,316 @@
+import CSupport
+import Foundation
+import SystemPackage
+
+/// A connection to the key daemon serving a device root: requests that wait for their reply, and the events of the
+/// subscription every attached device holds. When the daemon goes away it reports `.lost`, then reconnects in the
+/// background and reports `.restored` once a daemon serves the root again.
+final class DaemonLink: @unchecked Sendable {
+    /// What the link tells its device, in the order it happened.
+    enum Notice: Sendable {
+        case event(ProtectedDataEvent, seq: UInt64, grace: TimeInterval)
+        case lost
+        case restored(DaemonReply)
+    }
+
+    let root: String
+    let socketPath: String
+    private let mutex = NSLock()
+    private let writeLock = NSLock()
+    private var descriptor: Int32
+    private var received: ReceiveBuffer
+    private var nextID: UInt64 = 2
+    private var waiting: [UInt64: Waiter] = [:]
+    private var closed = false
+    private var onNotice: (@Sendable (Notice) -> Void)?
+
+    private final class Waiter: @unchecked Sendable {
+        let done = DispatchSemaphore(value: 0)
+        var reply: DaemonReply?
+        var attachment: SecureBytes?
+    }
+
+    /// The socket of the daemon serving `root`: the one its running daemon recorded, else the default.
+    static func socketPath(root: String) -> String {
+        DaemonInfo.load(root: Device.absolute(root))?.socketPath ?? KeyDaemon.defaultSocketPath(root: root)
+    }
+
+    /// Whether a daemon answers on the socket of `root` now.
+    static func isDaemonRunning(root: String) -> Bool {
+        let fd = ps_unix_connect(socketPath(root: root))
+        guard fd >= 0 else { return false }
+        Glibc.close(fd)
+        return true
+    }
+
+    /// Connects, says hello and subscribes; the reply describes the daemon and its state.
+    /// Call `start(_:)` to begin receiving events.
+    static func connect(root: String, socketPath: String?) throws -> (DaemonLink, DaemonReply) {
+        let root = Device.absolute(root)
+        let path = Device.absolute(socketPath ?? Self.socketPath(root: root))
+        let (descriptor, received, hello) = try handshake(root: root, socketPath: path)
+        return (DaemonLink(root: root, socketPath: path, descriptor: descriptor, received: received), hello)
+    }
+
+    private init(root: String, socketPath: String, descriptor: Int32, received: ReceiveBuffer) {
+        self.root = root
+        self.socketPath = socketPath
+        self.descriptor = descriptor
+        self.received = received
+    }
+
+    /// Starts the reader thread; `onNotice` is called on it, in order, and must not block.
+    func start(_ onNotice: @escaping @Sendable (Notice) -> Void) {
+        mutex.withLock { self.onNotice = onNotice }
+        let thread = Thread { [self] in readLoop() }
+        thread.name = "ProtectedStore.daemon-link"
+        thread.start()
+    }
+
+    /// Ends the connection for good (the device is going away).
+    func close() {
+        let fd: Int32 = mutex.withLock {
+            closed = true
+            return descriptor
+        }
+        if fd >= 0 { shutdown(fd, Int32(SHUT_RDWR)) }
+    }
+
+    // MARK: Requests
+
+    /// Sends `request` and waits for its reply; a reply carrying an error is thrown as the library error it names.
+    func call(_ request: DaemonRequest, attachment: SecureBytes? = nil) throws -> (reply: DaemonReply, attachment: SecureBytes?) {
+        var request = request
+        let waiter = Waiter()
+        let fd: Int32 = try mutex.withLock {
+            guard descriptor >= 0, !closed else { throw unavailable() }
+            request.id = nextID
+            nextID += 1
+            waiting[request.id] = waiter
+            return descriptor
+        }
+        do {
+            try write(Frame.encode(request, attachment: attachment), to: fd)
+        } catch {
+            _ = mutex.withLock { waiting.removeValue(forKey: request.id) }
+            throw unavailable()
+        }
+        waiter.done.wait()
+        guard let reply = waiter.reply else { throw unavailable() }
+        if let failure = reply.error { throw Self.error(from: failure) }
+        return (reply, waiter.attachment)
+    }
+
+    /// Acknowledges event `seq`; a lost connection makes that moot.
+    func acknowledge(seq: UInt64) {
+        var request = DaemonRequest(id: 0, op: .ack)
+        request.seq = seq
+        guard let fd = mutex.withLock({ descriptor >= 0 ? descriptor : nil }) else { return }
+        try? write(Frame.encode(request), to: fd)
+    }
+
+    func unavailable() -> ProtectedStoreError {
+        ProtectedStoreError(.daemonUnavailable, path: socketPath, problem: "the key daemon serving \(root) has stopped",
+                            remedy: "Start it again with `sandboxctl daemon --root \(root)`; it starts before first unlock, so unlock after")
+    }
+
+    static func error(from failure: DaemonReply.Failure) -> ProtectedStoreError {
+        let kind = DaemonErrorCode(rawValue: failure.code)?.kind ?? .io
+        return ProtectedStoreError(kind, path: failure.path, problem: failure.message, remedy: failure.remedy)
+    }
+
+    private func write(_ bytes: [UInt8], to fd: Int32) throws {
+        var bytes = bytes
+        defer { zeroize(&bytes) }
+        try writeLock.withLock {
+            var offset = 0
+            while offset < bytes.count {
+                let sent = bytes.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+                if sent < 0 {
+                    if errno == EINTR { continue }
+                    throw Errno(rawValue: errno)
+                }
+                offset += sent
+            }
+        }
+    }
+
+    // MARK: Reading
+
+    private func readLoop() {
+        while true {
+            let fd = mutex.withLock { descriptor }
+            readUntilClosed(fd)
+            let (pending, isClosed): ([Waiter], Bool) = mutex.withLock {
+                descriptor = -1
+                received.wipe()
+                defer { waiting = [:] }
+                return (Array(waiting.values), closed)
+            }
+            Glibc.close(fd)
+            pending.forEach { $0.done.signal() }
+            if isClosed { return }
+            notify(.lost)
+            guard let hello = reconnect() else { return }
+            notify(.restored(hello))
+        }
+    }
+
+    private func readUntilClosed(_ fd: Int32) {
+        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+        defer { zeroize(&chunk) }
+        while true {
+            do {
+                while let frame = try mutex.withLock({ try received.nextFrame() }) { dispatch(frame) }
+            } catch {
+                return
+            }
+            let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if count < 0 && errno == EINTR { continue }
+            if count <= 0 { return }
+            chunk.withUnsafeBytes { bytes in mutex.withLock { received.append(UnsafeRawBufferPointer(rebasing: bytes[0..<count])) } }
+        }
+    }
+
+    private func dispatch(_ frame: Frame) {
+        guard let reply = try? JSONDecoder().decode(DaemonReply.self, from: Data(frame.message)) else { return }
+        if let id = reply.id, let waiter = mutex.withLock({ waiting.removeValue(forKey: id) }) {
+            waiter.reply = reply
+            waiter.attachment = frame.attachment
+            waiter.done.signal()
+        } else if let name = reply.event, let event = ProtectedDataEvent(wireName: name), let seq = reply.seq {
+            notify(.event(event, seq: seq, grace: reply.grace ?? Device.defaultGracePeriod))
+        }
+    }
+
+    private func notify(_ notice: Notice) {
+        mutex.withLock { onNotice }?(notice)
+    }
+
+    /// Tries again every 200 ms until a daemon serves the root or the link is closed.
+    private func reconnect() -> DaemonReply? {
+        while !mutex.withLock({ closed }) {
+            if let (fd, buffer, hello) = try? Self.handshake(root: root, socketPath: Self.socketPath(root: root)) {
+                let stillWanted: Bool = mutex.withLock {
+                    guard !closed else { return false }
+                    descriptor = fd
+                    received = buffer
+                    return true
+                }
+                if stillWanted { return hello }
+                Glibc.close(fd)
+                return nil
+            }
+            usleep(200_000)
+        }
+        return nil
+    }
+
+    // MARK: Handshake
+
+    /// Connects (checking that the daemon runs as this user or root), says hello and subscribes, with blocking reads:
+    /// no reader thread exists yet. Returns the subscribe reply, completed with the hello fields.
+    private static func handshake(root: String, socketPath: String) throws -> (Int32, ReceiveBuffer, DaemonReply) {
+        let fd = ps_unix_connect(socketPath)
+        guard fd >= 0 else {
+            let error = Errno(rawValue: errno)
+            switch error {
+            case .noSuchFileOrDirectory, .connectionRefused:
+                throw ProtectedStoreError(.daemonUnavailable, path: socketPath, problem: "no key daemon is running for \(root)",
+                                          remedy: "Start one with `sandboxctl daemon --root \(root)` (in another terminal, or as a service)")
+            case .fileNameTooLong:
+                throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket path is longer than a Unix socket address allows",
+                                          remedy: "Run the daemon with a shorter --socket path")
+            default:
+                throw ProtectedStoreError(.daemonUnavailable, path: socketPath, problem: "cannot connect to the key daemon (\(error))",
+                                          remedy: "Check that the socket belongs to you and the daemon runs as you")
+            }
+        }
+        var pid: Int32 = 0
+        var uid: UInt32 = 0
+        guard ps_peer_credentials(fd, &pid, &uid) == 0, uid == getuid() || uid == 0 else {
+            Glibc.close(fd)
+            throw ProtectedStoreError(.daemonUnavailable, path: socketPath, problem: "the process listening on the socket runs as uid \(uid), not as you or root",
+                                      remedy: "Don't trust it: remove the socket and start your own daemon")
+        }
+        var buffer = ReceiveBuffer()
+        do {
+            var hello = DaemonRequest(id: 0, op: .hello)
+            hello.version = daemonProtocolVersion
+            var helloReply = try exchange(hello, on: fd, buffer: &buffer)
+            let subscribed = try exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: &buffer)
+            helloReply.state = subscribed.state
+            return (fd, buffer, helloReply)
+        } catch {
+            Glibc.close(fd)
+            buffer.wipe()
+            throw error
+        }
+    }
+
+    private static func exchange(_ request: DaemonRequest, on fd: Int32, buffer: inout ReceiveBuffer) throws -> DaemonReply {
+        let bytes = try Frame.encode(request)
+        guard bytes.withUnsafeBytes({ send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else {
+            throw ProtectedStoreError(.daemonUnavailable, problem: "the key daemon closed the connection", remedy: "Check the daemon's log")
+        }
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            if let frame = try buffer.nextFrame() {
+                let reply = try JSONDecoder().decode(DaemonReply.self, from: Data(frame.message))
+                if let failure = reply.error { throw error(from: failure) }
+                return reply
+            }
+            let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else {
+                throw ProtectedStoreError(.daemonUnavailable, problem: "the key daemon closed the connection during the handshake", remedy: "Check the daemon's log")
+            }
+            chunk.withUnsafeBytes { buffer.append(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+        }
+    }
+}
+
+// MARK: Key operations
+
+extension DaemonLink {
+    func wrapFileKey(_ fileKey: SecureBytes, for protectionClass: ProtectionClass, associatedData: [UInt8]) throws -> [UInt8] {
+        var request = DaemonRequest(id: 0, op: .wrap)
+        request.protectionClass = protectionClass.name
+        request.associatedData = associatedData.base64
+        guard let sealed = [UInt8](base64: try call(request, attachment: fileKey).reply.sealed) else {
+            throw ProtectedStoreError(.unsupportedFormat, path: socketPath, problem: "the key daemon's wrap reply has no sealed key", remedy: "Use a daemon of this version")
+        }
+        return sealed
+    }
+
+    func unwrapFileKey(_ wrapped: WrappedFileKey) throws -> SecureBytes? {
+        var request = DaemonRequest(id: 0, op: .unwrap)
+        request.protectionClass = wrapped.protectionClass.name
+        request.associatedData = wrapped.associatedData.base64
+        request.ephemeralPublicKey = wrapped.ephemeralPublicKey.base64
+        request.sealed = wrapped.sealed.base64
+        do {
+            guard let fileKey = try call(request).attachment, fileKey.count == FileHeader.fileKeyBytes else {
+                throw ProtectedStoreError(.unsupportedFormat, path: socketPath, problem: "the key daemon's unwrap reply has no key", remedy: "Use a daemon of this version")
+            }
+            return fileKey
+        } catch let error as ProtectedStoreError where error.kind == .integrity {
+            return nil
+        }
+    }
+
+    func changePasscode(from oldPasscode: Passcode, to newPasscode: Passcode) throws {
+        let both = try oldPasscode.bytes.withUnsafeBytes { old in
+            try newPasscode.bytes.withUnsafeBytes { new in
+                SecureBytes(count: 2 + old.count + new.count) { out in
+                    out[0] = UInt8(old.count >> 8)
+                    out[1] = UInt8(old.count & 0xff)
+                    UnsafeMutableRawBufferPointer(rebasing: out[2..<2 + old.count]).copyMemory(from: old)
+                    UnsafeMutableRawBufferPointer(rebasing: out[(2 + old.count)...]).copyMemory(from: new)
+                }
+            }
+        }
+        defer { both.discard() }
+        _ = try call(DaemonRequest(id: 0, op: .changePasscode), attachment: both)
+    }
+}

@@ -1,0 +1,155 @@
+import Dispatch
+import Foundation
+
+/// A running daemon as its status request reports it.
+public struct DaemonStatus: Sendable, Codable, Equatable {
+    /// The daemon's process id.
+    public var pid: Int32
+    /// The socket it listens on.
+    public var socketPath: String
+    /// The device's state in the daemon.
+    public var state: Device.State
+    /// Connections subscribed to events (every attached program has one).
+    public var subscribers: Int
+    /// The grace period a lock uses when it names none.
+    public var gracePeriod: TimeInterval
+    /// Wrong passcodes in a row so far.
+    public var failedPasscodeAttempts: Int
+}
+
+extension Device.State: Codable {}
+
+extension Device {
+    /// Attaches to the key daemon serving `root` (see `KeyDaemon`): the daemon holds the class keys and unwraps per-file
+    /// keys, this process encrypts and decrypts, and every event reaches this process's observers as in-process.
+    /// Throws `.daemonUnavailable` when no daemon serves the root.
+    public static func attach(root: String, socketPath: String? = nil, notificationCenter: NotificationCenter = .default) throws -> Device {
+        let root = absolute(root)
+        let (link, hello) = try DaemonLink.connect(root: root, socketPath: socketPath)
+        guard let keybagID = hello.keybagID.flatMap([UInt8].init(hex:)), keybagID.count == FileHeader.idBytes,
+              let classBPublicKey = hello.classBPublicKey.flatMap([UInt8].init(hex:)), classBPublicKey.count == X25519.keyBytes else {
+            link.close()
+            throw ProtectedStoreError(.unsupportedFormat, path: link.socketPath, problem: "the key daemon's hello lacks the device's identity",
+                                      remedy: "Use a daemon of this version")
+        }
+        let device = Device(root: root, deviceSecretPath: hello.deviceSecretPath ?? "", keybagID: keybagID, classBPublicKey: classBPublicKey,
+                            holder: .daemon(link), state: Self.attachedState(hello.state), passcodePolicy: (try? loadPasscodePolicy(root: root)) ?? .default,
+                            notificationCenter: notificationCenter)
+        if let grace = hello.gracePeriod { device.currentGracePeriod = grace }
+        link.start { [weak device] notice in device?.receive(notice) }
+        return device
+    }
+
+    /// Whether a key daemon answers for `root` now (the CLI then uses it instead of holding keys itself).
+    public static func isDaemonRunning(root: String) -> Bool { DaemonLink.isDaemonRunning(root: root) }
+
+    /// The daemon's own view (state, subscribers), for a device attached to one; nil for an in-process device.
+    public func daemonStatus() throws -> DaemonStatus? {
+        guard case .daemon(let link) = holder else { return nil }
+        let reply = try link.call(DaemonRequest(id: 0, op: .status)).reply
+        return DaemonStatus(pid: reply.pid ?? 0, socketPath: link.socketPath, state: reply.state.flatMap(State.init(rawValue:)) ?? .locked,
+                            subscribers: reply.subscribers ?? 0, gracePeriod: reply.gracePeriod ?? Self.defaultGracePeriod,
+                            failedPasscodeAttempts: reply.failedPasscodeAttempts ?? 0)
+    }
+
+    /// The daemon's state as this process starts from: a lock in progress already sent its event to others, so a
+    /// newcomer counts as locked (it must not open class A files the lock would not close).
+    static func attachedState(_ name: String?) -> State {
+        switch name.flatMap(State.init(rawValue:)) {
+        case .unlocked: .unlocked
+        case .beforeFirstUnlock: .beforeFirstUnlock
+        default: .locked
+        }
+    }
+
+    // MARK: Requests
+
+    func lockThroughDaemon(_ link: DaemonLink, gracePeriod: TimeInterval?) {
+        var request = DaemonRequest(id: 0, op: .lock)
+        request.grace = gracePeriod
+        do {
+            let reply = try link.call(request).reply
+            if let state = reply.state.flatMap(State.init(rawValue:)), state != .locking {
+                mutex.withLock { currentState = state }
+            }
+        } catch {
+            // No daemon: nothing can unwrap keys any more; what this process still holds goes now.
+            daemonLost()
+        }
+    }
+
+    func unlockThroughDaemon(_ link: DaemonLink, passcode: Passcode) throws {
+        let reply = try link.call(DaemonRequest(id: 0, op: .unlock), attachment: passcode.bytes).reply
+        if reply.state == State.unlocked.rawValue { mutex.withLock { currentState = .unlocked } }
+    }
+
+    // MARK: Events from the daemon
+
+    /// Called on the link's reader thread, in order: state changes here, observers are served on `daemonEvents`.
+    func receive(_ notice: DaemonLink.Notice) {
+        switch notice {
+        case .event(.willBecomeUnavailable, let seq, let grace):
+            mutex.withLock { if currentState == .unlocked { currentState = .locking } }
+            daemonEvents.async { self.handleWillBecomeUnavailable(grace: grace) { self.acknowledge(seq) } }
+        case .event(.didBecomeAvailable, let seq, _):
+            mutex.withLock { currentState = .unlocked }
+            daemonEvents.async {
+                let observers = self.deliveryLock.withLock { self.dispatcher.deliver(.didBecomeAvailable, from: self) }
+                observers.handedOver.wait()
+                self.acknowledge(seq)
+            }
+        case .lost:
+            daemonLost()
+        case .restored(let hello):
+            mutex.withLock { currentState = Self.attachedState(hello.state) }
+        }
+    }
+
+    private func acknowledge(_ seq: UInt64) {
+        if case .daemon(let link) = holder { link.acknowledge(seq: seq) }
+    }
+
+    /// The daemon went away: this process can unwrap nothing until one is back, so it locks itself.
+    private func daemonLost() {
+        let wasAvailable: Bool = mutex.withLock {
+            defer { currentState = .locked }
+            return currentState == .unlocked || currentState == .locking
+        }
+        daemonEvents.async {
+            if wasAvailable {
+                self.handleWillBecomeUnavailable(grace: self.gracePeriod) {}
+            } else {
+                self.mutex.withLock { self.takeClassAFiles() }.forEach { $0.discardKey() }
+            }
+        }
+    }
+
+    /// Tells this process's observers, waits until they are done (at most `grace`), then zeroes the per-file keys of
+    /// open class A files and reports back. A lock cancelled meanwhile still costs those handles their keys: the
+    /// process can't tell a cancelled lock from one that completed and was followed by an unlock.
+    private func handleWillBecomeUnavailable(grace: TimeInterval, acknowledge: () -> Void) {
+        let observers = deliveryLock.withLock { dispatcher.deliver(.willBecomeUnavailable, from: self) }
+        _ = observers.done.wait(timeout: .now() + grace)
+        let files: [EncryptedFile] = mutex.withLock {
+            if currentState == .locking { currentState = .locked }
+            return takeClassAFiles()
+        }
+        files.forEach { $0.discardKey() }
+        acknowledge()
+    }
+}
+
+extension Array where Element == UInt8 {
+    init?(hex: String) {
+        guard hex.count % 2 == 0 else { return nil }
+        var bytes: [UInt8] = []
+        var index = hex.startIndex
+        while index < hex.endIndex {
+            let next = hex.index(index, offsetBy: 2)
+            guard let byte = UInt8(hex[index..<next], radix: 16) else { return nil }
+            bytes.append(byte)
+            index = next
+        }
+        self = bytes
+    }
+}

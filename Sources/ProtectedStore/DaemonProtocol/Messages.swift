@@ -1,0 +1,148 @@
+import Foundation
+
+/// The protocol version this build speaks (docs/PROTOCOL.md); `hello` must name it.
+let daemonProtocolVersion = 1
+
+/// A client's request. One flat shape for every operation keeps the decoder small; which fields an operation uses
+/// is in docs/PROTOCOL.md §3.
+struct DaemonRequest: Codable, Sendable {
+    enum Operation: String, Codable, Sendable {
+        case hello, status, unlock, lock, subscribe, ack, wrap, unwrap
+        case changePasscode = "change-passcode"
+    }
+
+    var id: UInt64
+    var op: String
+    var version: Int?
+    var grace: Double?
+    var protectionClass: String?
+    var associatedData: String?
+    var ephemeralPublicKey: String?
+    var sealed: String?
+    var seq: UInt64?
+
+    init(id: UInt64, op: Operation) {
+        self.id = id
+        self.op = op.rawValue
+    }
+
+    var operation: Operation? { Operation(rawValue: op) }
+}
+
+/// A reply to a request (`id` set) or an event (`event` set).
+struct DaemonReply: Codable, Sendable {
+    struct Failure: Codable, Sendable {
+        var code: String
+        var message: String
+        var remedy: String
+        var path: String?
+    }
+
+    var id: UInt64?
+    var error: Failure?
+    var event: String?
+    var seq: UInt64?
+    var grace: Double?
+    var version: Int?
+    var pid: Int32?
+    var state: String?
+    var keybagID: String?
+    var classBPublicKey: String?
+    var deviceSecretPath: String?
+    var socketPath: String?
+    var gracePeriod: Double?
+    var subscribers: Int?
+    var failedPasscodeAttempts: Int?
+    var sealed: String?
+
+    init(id: UInt64?) { self.id = id }
+
+    static func failure(id: UInt64?, _ error: ProtectedStoreError) -> DaemonReply {
+        var reply = DaemonReply(id: id)
+        reply.error = Failure(code: DaemonErrorCode(error.kind).rawValue, message: error.problem, remedy: error.remedy, path: error.path)
+        return reply
+    }
+
+    static func failure(id: UInt64?, code: DaemonErrorCode, message: String, remedy: String) -> DaemonReply {
+        var reply = DaemonReply(id: id)
+        reply.error = Failure(code: code.rawValue, message: message, remedy: remedy)
+        return reply
+    }
+}
+
+/// Error codes on the wire: the library's error kinds, plus the protocol's own.
+enum DaemonErrorCode: String, Sendable {
+    case protectedDataUnavailable = "protected-data-unavailable"
+    case wrongPasscode = "wrong-passcode"
+    case throttled
+    case integrity
+    case unsupportedFormat = "unsupported-format"
+    case notFound = "not-found"
+    case alreadyExists = "already-exists"
+    case invalidArgument = "invalid-argument"
+    case io
+    case daemonUnavailable = "daemon-unavailable"
+    // The protocol's own; each closes the connection.
+    case badFrame = "bad-frame"
+    case unknownOperation = "unknown-operation"
+    case unsupportedVersion = "unsupported-version"
+    case permissionDenied = "permission-denied"
+
+    init(_ kind: ProtectedStoreError.Kind) {
+        switch kind {
+        case .protectedDataUnavailable: self = .protectedDataUnavailable
+        case .wrongPasscode: self = .wrongPasscode
+        case .throttled: self = .throttled
+        case .integrity: self = .integrity
+        case .unsupportedFormat: self = .unsupportedFormat
+        case .notFound: self = .notFound
+        case .alreadyExists: self = .alreadyExists
+        case .invalidArgument: self = .invalidArgument
+        case .io: self = .io
+        case .daemonUnavailable: self = .daemonUnavailable
+        }
+    }
+
+    /// The library error kind a client reports for this code.
+    var kind: ProtectedStoreError.Kind {
+        switch self {
+        case .protectedDataUnavailable: .protectedDataUnavailable
+        case .wrongPasscode: .wrongPasscode
+        case .throttled: .throttled
+        case .integrity: .integrity
+        case .unsupportedFormat, .badFrame, .unknownOperation, .unsupportedVersion: .unsupportedFormat
+        case .notFound: .notFound
+        case .alreadyExists: .alreadyExists
+        case .invalidArgument: .invalidArgument
+        case .io: .io
+        case .daemonUnavailable, .permissionDenied: .daemonUnavailable
+        }
+    }
+}
+
+extension ProtectedDataEvent {
+    /// The event's name on the wire.
+    var wireName: String {
+        switch self {
+        case .willBecomeUnavailable: "will-become-unavailable"
+        case .didBecomeAvailable: "did-become-available"
+        }
+    }
+
+    init?(wireName: String) {
+        switch wireName {
+        case "will-become-unavailable": self = .willBecomeUnavailable
+        case "did-become-available": self = .didBecomeAvailable
+        default: return nil
+        }
+    }
+}
+
+extension Array where Element == UInt8 {
+    var base64: String { Data(self).base64EncodedString() }
+
+    init?(base64: String?) {
+        guard let base64, let data = Data(base64Encoded: base64) else { return nil }
+        self = Array(data)
+    }
+}

@@ -1,0 +1,55 @@
+import ArgumentParser
+import Dispatch
+import Foundation
+import Logging
+import ProtectedStore
+
+struct DaemonCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "daemon",
+        abstract: "Hold the device's keys for every program: serve lock, unlock and events on a Unix socket (foreground).",
+        discussion: """
+            Starting the daemon is a reboot: the device is before first unlock until `sandboxctl unlock`. While it runs, \
+            `lock`, `unlock`, `watch` and `status` talk to it, file commands use its state, and programs using the library \
+            attach with Device.attach(root:). Only the root's owner (and root) may connect; the socket is mode 0600.
+            SIGINT or SIGTERM zeroes the keys, removes the socket and exits 0. Log lines go to standard error.
+            """
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Option(help: ArgumentHelp("Socket path.", discussion: "Default: <root>/daemon.sock. Clients find it through <root>/daemon.json.", valueName: "path"))
+    var socket: String?
+
+    @Option(help: ArgumentHelp("Seconds between 'will become unavailable' and discarding the keys when a subscriber has not acknowledged (0 to 3600).", valueName: "seconds"))
+    var grace: Double = Device.defaultGracePeriod
+
+    @Flag(help: "Log every connection, not only state changes and refusals.")
+    var verbose = false
+
+    func validate() throws {
+        guard grace >= 0, grace <= 3600 else { throw ValidationError("--grace must be 0 to 3600 seconds") }
+    }
+
+    func run() throws {
+        let level: Logger.Level = verbose ? .debug : .info
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        try reportingErrors {
+            let daemon = try KeyDaemon.start(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret, socketPath: socket, gracePeriod: grace)
+            var sources: [any DispatchSourceSignal] = []
+            for signalNumber in [SIGINT, SIGTERM] {
+                signal(signalNumber, SIG_IGN)
+                let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+                source.setEventHandler { daemon.stop() }
+                source.resume()
+                sources.append(source)
+            }
+            daemon.waitUntilStopped()
+            sources.forEach { $0.cancel() }
+        }
+    }
+}
