@@ -38,9 +38,14 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // A second program for the daemon tests: attaches, keeps a file open, reports events.
+        .executableTarget(
+            name: "ProtectedStoreProbe",
+            dependencies: ["ProtectedStore"]
+        ),
         .testTarget(
             name: "ProtectedStoreTests",
-            dependencies: ["ProtectedStore", "sandboxctl"]
+            dependencies: ["ProtectedStore", "sandboxctl", "ProtectedStoreProbe"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -39,7 +39,11 @@ final class DaemonServer: @unchecked Sendable {
         var output: [UInt8] = []
         var greeted = false
         var subscribed = false
+        /// A protocol error was replied: no more requests are read; once the reply is out, the write side is shut.
         var closing = false
+        /// Set when the write side is shut: input is read and dropped until the peer closes or this passes.
+        /// (Closing a socket with unread input resets it, and the peer would lose the error reply.)
+        var drainDeadline: ContinuousClock.Instant?
 
         init(id: UInt64, fd: Int32, pid: Int32) {
             self.id = id
@@ -83,14 +87,21 @@ final class DaemonServer: @unchecked Sendable {
     /// Serves until `stop()`.
     func run() {
         while !mutex.withLock({ stopping }) {
+            let now = ContinuousClock.now
+            for connection in connections.values where connection.drainDeadline.map({ $0 <= now }) == true { close(connection, reason: nil) }
             let ordered = Array(connections.values)
             var polled = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0), pollfd(fd: listener, events: Int16(POLLIN), revents: 0)]
             for connection in ordered {
                 let wantsOutput = !connection.output.isEmpty
-                let wantsInput = !connection.closing
+                let wantsInput = !connection.closing || connection.drainDeadline != nil
                 polled.append(pollfd(fd: connection.fd, events: Int16((wantsInput ? POLLIN : 0) | (wantsOutput ? POLLOUT : 0)), revents: 0))
             }
-            let ready = poll(&polled, nfds_t(polled.count), -1)
+            let nextDeadline = ordered.compactMap(\.drainDeadline).min()
+            let timeout = nextDeadline.map { deadline -> Int32 in
+                let remaining = (deadline - now).components
+                return Int32(max(1, remaining.seconds * 1000 + remaining.attoseconds / 1_000_000_000_000_000 + 1))
+            } ?? -1
+            let ready = poll(&polled, nfds_t(polled.count), timeout)
             if ready < 0 {
                 if errno == EINTR { continue }
                 logger.critical("poll failed: \(String(cString: strerror(errno)))")
@@ -197,7 +208,10 @@ final class DaemonServer: @unchecked Sendable {
             zeroize(&connection.output, count: sent)
             connection.output.removeFirst(sent)
         }
-        if connection.closing { close(connection, reason: nil) }
+        if connection.closing && connection.drainDeadline == nil {
+            shutdown(connection.fd, Int32(SHUT_WR))
+            connection.drainDeadline = .now + .seconds(2)
+        }
     }
 
     /// Replies with a protocol error and closes the connection once the reply is out.

@@ -1,0 +1,248 @@
+import Foundation
+import Testing
+@testable import ProtectedStore
+
+/// A raw client socket speaking the frame format directly, to send what a well-behaved client never would.
+final class RawConnection {
+    let fd: Int32
+
+    init(_ path: String) throws {
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8) + [0]) }
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard connected == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno)!) }
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    deinit { close(fd) }
+
+    func sendBytes(_ bytes: [UInt8]) {
+        _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+    }
+
+    func send(_ json: String) {
+        let message = Array(json.utf8)
+        let payload = UInt32(message.count + 2)
+        sendBytes(withUnsafeBytes(of: payload.bigEndian) { Array($0) } + withUnsafeBytes(of: UInt16(message.count).bigEndian) { Array($0) } + message)
+    }
+
+    /// The next frame's JSON object, or nil at end of stream.
+    func receive() -> [String: Any]? {
+        var buffer = ReceiveBuffer()
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            if let frame = try? buffer.nextFrame() {
+                return (try? JSONSerialization.jsonObject(with: Data(frame.message))) as? [String: Any]
+            }
+            let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { return nil }
+            chunk.withUnsafeBytes { buffer.append(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+        }
+    }
+
+    /// True once the daemon has closed the connection (after any frames still pending).
+    func isClosedByPeer() -> Bool {
+        while let _ = receive() {}
+        return true
+    }
+
+    func errorCode(of reply: [String: Any]?) -> String? { (reply?["error"] as? [String: Any])?["code"] as? String }
+}
+
+/// Records events of every kind an attached device delivers.
+final class EventRecorder: ProtectedDataDelegate, @unchecked Sendable {
+    private let mutex = NSLock()
+    private var recorded: [ProtectedDataEvent] = []
+    var events: [ProtectedDataEvent] { mutex.withLock { recorded } }
+
+    func protectedDataWillBecomeUnavailable(_ device: Device) { mutex.withLock { recorded.append(.willBecomeUnavailable) } }
+    func protectedDataDidBecomeAvailable(_ device: Device) { mutex.withLock { recorded.append(.didBecomeAvailable) } }
+}
+
+@Suite("key daemon protocol")
+struct DaemonProtocolTests {
+    /// A test device served by a daemon running in this process (its socket is real).
+    private func daemon(grace: TimeInterval = 10) throws -> (TestDevice, KeyDaemon) {
+        let test = try TestDevice()
+        _ = try test.makeContainer()
+        return (test, try KeyDaemon.start(root: test.root, deviceSecretPath: test.secretPath, gracePeriod: grace))
+    }
+
+    @Test("malformed, oversized, unknown and out-of-order frames close that connection only; the daemon keeps serving")
+    func badFrames() throws {
+        let (test, daemon) = try daemon()
+        defer { daemon.stop() }
+        let cases: [(name: String, send: (RawConnection) -> Void, code: String)] = [
+            ("oversized length", { $0.sendBytes([0xff, 0xff, 0xff, 0xff, 0, 0]) }, "bad-frame"),
+            ("message length past the payload", { $0.sendBytes([0, 0, 0, 4, 0xff, 0xff, 1, 2]) }, "bad-frame"),
+            ("not JSON", { $0.send("\u{1}garbage") }, "bad-frame"),
+            ("JSON without an op", { $0.send(#"{"id": 1}"#) }, "bad-frame"),
+            ("request before hello", { $0.send(#"{"id": 1, "op": "status"}"#) }, "bad-frame"),
+            ("unsupported version", { $0.send(#"{"id": 1, "op": "hello", "version": 99}"#) }, "unsupported-version"),
+            ("unknown operation", { $0.send(#"{"id": 1, "op": "hello", "version": 1}"#); _ = $0.receive(); $0.send(#"{"id": 2, "op": "format-disk"}"#) }, "unknown-operation"),
+        ]
+        for testCase in cases {
+            let connection = try RawConnection(daemon.socketPath)
+            testCase.send(connection)
+            let reply = connection.receive()
+            #expect(connection.errorCode(of: reply) == testCase.code, "\(testCase.name): \(String(describing: reply))")
+            #expect(connection.isClosedByPeer(), "\(testCase.name)")
+        }
+        // A client that disconnects in the middle of a frame, then one that sends half a frame and waits.
+        try RawConnection(daemon.socketPath).sendBytes([0, 0, 0, 50, 0, 10, 123])
+        let stalled = try RawConnection(daemon.socketPath)
+        stalled.sendBytes([0, 0])
+        let healthy = try Device.attach(root: test.root, notificationCenter: NotificationCenter())
+        #expect(try healthy.daemonStatus()?.state == .beforeFirstUnlock)
+    }
+
+    @Test("wrong passcodes through the daemon are refused, counted and persisted; the right one unlocks")
+    func wrongPasscode() throws {
+        let (test, daemon) = try daemon()
+        defer { daemon.stop() }
+        let client = try Device.attach(root: test.root, notificationCenter: NotificationCenter())
+        expectError(.wrongPasscode) { try client.unlock(passcode: try Passcode("nope")) }
+        #expect(try client.daemonStatus()?.failedPasscodeAttempts == 1)
+        #expect(try test.reopen().failedPasscodeAttempts == 1)
+        try client.unlock(passcode: try Passcode(TestDevice.passcode))
+        #expect(client.state == .unlocked)
+        #expect(try client.daemonStatus()?.failedPasscodeAttempts == 0)
+    }
+
+    @Test("an attached device delivers events in all three forms, and its files follow the daemon's lock")
+    func attachedDeviceEvents() async throws {
+        let (test, daemon) = try daemon()
+        defer { daemon.stop() }
+        let center = NotificationCenter()
+        let client = try Device.attach(root: test.root, notificationCenter: center)
+        let recorder = EventRecorder()
+        client.addDelegate(recorder)
+        let notified = EventRecorder()
+        let observers = [
+            center.addObserver(forName: Device.protectedDataWillBecomeUnavailableNotification, object: nil, queue: nil) { _ in notified.protectedDataWillBecomeUnavailable(client) },
+            center.addObserver(forName: Device.protectedDataDidBecomeAvailableNotification, object: nil, queue: nil) { _ in notified.protectedDataDidBecomeAvailable(client) },
+        ]
+        defer { observers.forEach(center.removeObserver) }
+        let sequence = client.protectedDataEvents()
+
+        try client.unlock(passcode: try Passcode(TestDevice.passcode))
+        let container = try client.container(bundleIdentifier: TestDevice.bundleIdentifier)
+        try container.write(Data("a".utf8), toPath: "Documents/a", options: .completeFileProtection)
+        try container.write(Data("c".utf8), toPath: "Documents/c", options: .completeFileProtectionUntilFirstUserAuthentication)
+        try container.write(Data("b".utf8), toPath: "Documents/b", options: .completeFileProtectionUnlessOpen)
+        let handle = try container.fileHandle(forReadingAtPath: "Documents/a")
+        // The other process (the daemon's own device) reads what this one wrote: the daemon wrapped the keys.
+        #expect(try daemon.device.container(bundleIdentifier: TestDevice.bundleIdentifier).contents(atPath: "Documents/a") == Data("a".utf8))
+
+        var iterator = sequence.makeAsyncIterator()
+        #expect(await iterator.next() == .didBecomeAvailable)
+        let locking = Task { await client.lock(gracePeriod: 30) }
+        #expect(await iterator.next() == .willBecomeUnavailable)
+        // Still within the grace period: this subscriber has not acknowledged yet.
+        #expect(daemon.device.state == .locking)
+        #expect(client.isProtectedDataAvailable)
+        let pending = Task { await iterator.next() }
+        await locking.value
+        #expect(client.state == .locked)
+        #expect(!client.isProtectedDataAvailable)
+        expectDenied(writing: false) { try handle.read(upToCount: 1, atOffset: 0) }
+        expectDenied(writing: false) { try container.contents(atPath: "Documents/a") }
+        #expect(try container.contents(atPath: "Documents/c") == Data("c".utf8))
+        try container.write(Data("b2".utf8), toPath: "Documents/b2", options: .completeFileProtectionUnlessOpen)
+        expectDenied(writing: false) { try container.contents(atPath: "Documents/b2") }
+
+        try client.unlock(passcode: try Passcode(TestDevice.passcode))
+        #expect(await pending.value == .didBecomeAvailable)
+        let expected: [ProtectedDataEvent] = [.didBecomeAvailable, .willBecomeUnavailable, .didBecomeAvailable]
+        #expect(eventually { recorder.events == expected && notified.events == expected })
+        #expect(try container.contents(atPath: "Documents/b2") == Data("b2".utf8))
+    }
+
+    @Test("100 concurrent subscribers are all told before the keys go")
+    func hundredSubscribers() async throws {
+        let (test, daemon) = try daemon(grace: 30)
+        defer { daemon.stop() }
+        let recorders = (0..<100).map { _ in EventRecorder() }
+        let clients = try recorders.map { recorder in
+            let client = try Device.attach(root: test.root, notificationCenter: NotificationCenter())
+            client.addDelegate(recorder)
+            return client
+        }
+        #expect(try clients[0].daemonStatus()?.subscribers == 100)
+        try clients[0].unlock(passcode: try Passcode(TestDevice.passcode))
+        #expect(eventually { recorders.allSatisfy { $0.events == [.didBecomeAvailable] } })
+        let start = Date()
+        await clients[1].lock()
+        // Every subscriber acknowledged, so the lock did not wait out its 30 s grace period.
+        #expect(Date().timeIntervalSince(start) < 25)
+        #expect(recorders.allSatisfy { $0.events == [.didBecomeAvailable, .willBecomeUnavailable] })
+        #expect(clients.allSatisfy { $0.state == .locked })
+    }
+
+    @Test("a second daemon on the same root is refused, and a live socket is never taken over")
+    func oneDaemonPerRoot() throws {
+        let (test, daemon) = try daemon()
+        defer { daemon.stop() }
+        let error = expectError(.alreadyExists) { try KeyDaemon.start(root: test.root, deviceSecretPath: test.secretPath) }
+        #expect(error?.problem.contains("a key daemon already serves this device (pid \(getpid())") == true)
+        let other = try TestDevice()
+        let stolen = expectError(.alreadyExists) { try KeyDaemon.start(root: other.root, deviceSecretPath: other.secretPath, socketPath: daemon.socketPath) }
+        #expect(stolen?.problem == "another daemon is listening on this socket")
+    }
+}
+
+@Suite("subscriber coalescing")
+struct SubscriberRegistryTests {
+    @Test("a subscriber that never acknowledges is sent one event, however many happen; then one per kind for the net change")
+    func coalescing() {
+        var registry = SubscriberRegistry()
+        registry.add(1, available: true)
+        registry.add(2, available: true)
+        var sentToStopped = 0
+        for round in 0..<10_000 {
+            let event: ProtectedDataEvent = round % 2 == 0 ? .willBecomeUnavailable : .didBecomeAvailable
+            for delivery in registry.broadcast(event) {
+                if delivery.subscriber == 1 { sentToStopped += 1 }
+                if delivery.subscriber == 2 { _ = registry.acknowledge(2, seq: delivery.seq) }
+            }
+        }
+        #expect(sentToStopped == 1)
+        // It resumes and acknowledges the will it had: the net change since is one did (the device ended unlocked).
+        let resumed = registry.acknowledge(1, seq: 1)
+        #expect(resumed.map(\.event) == [.didBecomeAvailable])
+        #expect(registry.acknowledge(1, seq: resumed[0].seq).isEmpty)
+    }
+
+    @Test("a lock waits for every subscriber present, also one whose will was held back behind an earlier event")
+    func lockAcknowledgement() {
+        var registry = SubscriberRegistry()
+        registry.add(1, available: false)
+        let did = registry.broadcast(.didBecomeAvailable)
+        #expect(did.count == 1)
+        #expect(registry.broadcast(.willBecomeUnavailable).isEmpty, "held back: the did is not acknowledged yet")
+        #expect(!registry.lockAcknowledged)
+        let will = registry.acknowledge(1, seq: did[0].seq)
+        #expect(will.map(\.event) == [.willBecomeUnavailable])
+        #expect(!registry.lockAcknowledged)
+        #expect(registry.acknowledge(1, seq: will[0].seq).isEmpty)
+        #expect(registry.lockAcknowledged)
+    }
+
+    @Test("a subscriber that leaves no longer holds up a lock; stale acknowledgements are ignored")
+    func leaving() {
+        var registry = SubscriberRegistry()
+        registry.add(1, available: true)
+        registry.add(2, available: true)
+        let deliveries = registry.broadcast(.willBecomeUnavailable)
+        #expect(registry.acknowledge(1, seq: 999).isEmpty)
+        _ = registry.acknowledge(1, seq: deliveries.first { $0.subscriber == 1 }!.seq)
+        #expect(!registry.lockAcknowledged)
+        registry.remove(2)
+        #expect(registry.lockAcknowledged)
+    }
+}

@@ -1,0 +1,140 @@
+import Foundation
+import Testing
+@testable import ProtectedStore
+
+/// A spawned program whose standard output is read line by line as it arrives, with timeouts.
+final class SpawnedProcess: @unchecked Sendable {
+    let process = Process()
+    private let input = Pipe()
+    private let output = Pipe()
+    private let errors = Pipe()
+    private let mutex = NSLock()
+    private var lines: [String] = []
+    private var partial = Data()
+    private var errorText = Data()
+    private let arrived = DispatchSemaphore(value: 0)
+
+    /// A binary built beside the test bundle (`sandboxctl`, `ProtectedStoreProbe`).
+    static func builtExecutable(_ name: String) -> URL {
+        URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent().appendingPathComponent(name)
+    }
+
+    init(_ executable: URL, _ arguments: [String], environment: [String: String] = [:]) throws {
+        process.executableURL = executable
+        process.arguments = arguments
+        var env = ProcessInfo.processInfo.environment
+        env["SANDBOXCTL_ROOT"] = nil
+        env["SANDBOXCTL_DEVICE_SECRET"] = nil
+        env.merge(environment) { $1 }
+        process.environment = env
+        process.standardInput = input
+        process.standardOutput = output
+        process.standardError = errors
+        output.fileHandleForReading.readabilityHandler = { [weak self] handle in self?.received(handle.availableData) }
+        errors.fileHandleForReading.readabilityHandler = { [weak self] handle in
+            let data = handle.availableData
+            self?.mutex.withLock { self?.errorText.append(data) }
+        }
+        try process.run()
+    }
+
+    deinit {
+        output.fileHandleForReading.readabilityHandler = nil
+        errors.fileHandleForReading.readabilityHandler = nil
+        if process.isRunning {
+            kill(process.processIdentifier, SIGCONT)
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+
+    var pid: Int32 { process.processIdentifier }
+    var standardError: String { mutex.withLock { String(decoding: errorText, as: UTF8.self) } }
+
+    private func received(_ data: Data) {
+        guard !data.isEmpty else { return }
+        let complete: Int = mutex.withLock {
+            partial.append(data)
+            var count = 0
+            while let newline = partial.firstIndex(of: UInt8(ascii: "\n")) {
+                lines.append(String(decoding: partial[partial.startIndex..<newline], as: UTF8.self))
+                partial = Data(partial[partial.index(after: newline)...])
+                count += 1
+            }
+            return count
+        }
+        for _ in 0..<complete { arrived.signal() }
+    }
+
+    /// The next line of standard output, or nil if none arrives within `timeout` seconds.
+    func nextLine(timeout: TimeInterval = 20) -> String? {
+        guard arrived.wait(timeout: .now() + timeout) == .success else { return nil }
+        return mutex.withLock { lines.removeFirst() }
+    }
+
+    /// The next line parsed as a JSON object.
+    func nextJSON(timeout: TimeInterval = 20) -> [String: String]? {
+        guard let line = nextLine(timeout: timeout) else { return nil }
+        return (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: String]
+    }
+
+    func send(_ line: String) {
+        input.fileHandleForWriting.write(Data((line + "\n").utf8))
+    }
+
+    func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+
+    /// Waits for exit; nil if it has not exited within `timeout` seconds.
+    func waitForExit(timeout: TimeInterval = 20) -> Int32? {
+        let deadline = Date().addingTimeInterval(timeout)
+        while process.isRunning {
+            if Date() > deadline { return nil }
+            usleep(10_000)
+        }
+        return process.terminationStatus
+    }
+}
+
+/// A `sandboxctl daemon` process for a test device.
+final class DaemonProcess: @unchecked Sendable {
+    let spawned: SpawnedProcess
+    let root: String
+
+    init(_ test: TestDevice, grace: Double = 10, extraArguments: [String] = []) throws {
+        root = test.root
+        spawned = try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
+                                     ["daemon", "--root", test.root, "--device-secret", test.secretPath, "--grace", String(grace)] + extraArguments)
+        let deadline = Date().addingTimeInterval(20)
+        while !Device.isDaemonRunning(root: root) {
+            guard spawned.process.isRunning, Date() < deadline else {
+                Issue.record("the daemon did not start: \(spawned.standardError)")
+                return
+            }
+            usleep(20_000)
+        }
+    }
+
+    var pid: Int32 { spawned.pid }
+
+    /// Resident memory of the daemon process, from /proc.
+    var residentKiB: Int {
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+        return Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0
+    }
+}
+
+/// Runs `sandboxctl` on a test device's root.
+func sandboxctl(_ test: TestDevice, _ arguments: [String], stdin: String? = nil) throws -> CLI.Result {
+    try CLI.run(arguments + ["--root", test.root, "--device-secret", test.secretPath], stdin: stdin)
+}
+
+/// Polls `condition` every 10 ms for up to `timeout` seconds.
+func eventually(timeout: TimeInterval = 10, _ condition: () throws -> Bool) rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(timeout)
+    while Date() < deadline {
+        if try condition() { return true }
+        usleep(10_000)
+    }
+    return try condition()
+}
