@@ -71,9 +71,9 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-    /// Runs `task` on the loop thread.
-    func execute(_ task: @escaping () -> Void) {
-        mutex.withLock { tasks.append(task) }
+    /// Runs `task` on the loop thread; `ahead` puts it before the tasks already waiting.
+    func execute(ahead: Bool = false, _ task: @escaping () -> Void) {
+        mutex.withLock { ahead ? tasks.insert(task, at: 0) : tasks.append(task) }
         var byte: UInt8 = 1
         _ = write(wakeWrite, &byte, 1)
     }
@@ -350,7 +350,9 @@ final class DaemonServer: @unchecked Sendable {
         let (connectionID, pid) = (connection.id, connection.pid)
         DispatchQueue.global().async {
             let outcome = Result { try body() }
-            self.execute {
+            // Ahead of the event it caused: the caller waits for this reply, while fanning the event out to
+            // every subscriber takes a while, and the caller's own copy of the event needs no particular order.
+            self.execute(ahead: true) {
                 switch outcome {
                 case .success:
                     self.logger.info("\(request.op) by pid \(pid): ok")
@@ -387,13 +389,22 @@ final class DaemonServer: @unchecked Sendable {
         // A newer event supersedes the lock that was waiting for acknowledgements.
         lockDone.take()?()
         logger.info("event \(event.wireName) to \(registry.count) subscriber(s)")
-        for delivery in registry.broadcast(event) { sendEvent(delivery) }
+        sendEvents(registry.broadcast(event)[...])
         if event == .willBecomeUnavailable {
             lockDone = done
             completeLockIfAcknowledged()
         } else {
             done()
         }
+    }
+
+    /// Sends a slice at a time, so replies waiting on the loop are not held up by a fan-out to thousands.
+    /// Order per subscriber is safe: the registry sends it nothing more until it acknowledges this.
+    private func sendEvents(_ deliveries: ArraySlice<SubscriberRegistry.Delivery>) {
+        let slice = deliveries.prefix(128)
+        slice.forEach(sendEvent)
+        let rest = deliveries.dropFirst(slice.count)
+        if !rest.isEmpty { execute { self.sendEvents(rest) } }
     }
 
     private func sendEvent(_ delivery: SubscriberRegistry.Delivery) {

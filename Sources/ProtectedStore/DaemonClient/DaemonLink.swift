@@ -248,8 +248,10 @@ final class DaemonLink: @unchecked Sendable {
         }
     }
 
-    private static func exchange(_ request: DaemonRequest, on fd: Int32, buffer: inout ReceiveBuffer) throws -> DaemonReply {
-        let bytes = try Frame.encode(request)
+    /// One request and its reply on a blocking socket without a reader thread (handshakes, the lock benchmark).
+    static func exchange(_ request: DaemonRequest, attachment: SecureBytes? = nil, on fd: Int32, buffer: inout ReceiveBuffer) throws -> DaemonReply {
+        var bytes = try Frame.encode(request, attachment: attachment)
+        defer { zeroize(&bytes) }
         guard bytes.withUnsafeBytes({ send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else {
             throw ProtectedStoreError(.daemonUnavailable, problem: "the key daemon closed the connection", remedy: "Check the daemon's log")
         }

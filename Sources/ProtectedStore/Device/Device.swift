@@ -273,14 +273,22 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             throw ProtectedStoreError(.throttled, path: root, problem: "\(before.failedAttempts) wrong passcodes in a row; the next attempt is allowed in \(Int(remaining.rounded(.up))) s",
                                       remedy: "Wait, then try again")
         }
-        // Counted before the check: a process killed during Argon2id to dodge the count has still used its guess.
+        // Counted before the verdict: a process killed during Argon2id to dodge the count has still used its guess.
+        // The durable write runs alongside Argon2id (it takes far less), and the verdict is used only once it is done.
         var attempts = before
         attempts.failedAttempts += 1
         attempts.lastFailure = Date().timeIntervalSince1970
-        try attempts.save(to: passcodeAttemptsPath)
+        let counted = DispatchGroup()
+        let counting = CountingOutcome()
+        DispatchQueue.global().async(group: counted) { [attempts, passcodeAttemptsPath] in
+            do { try attempts.save(to: passcodeAttemptsPath) } catch { counting.error = error }
+        }
+        let verdict = Result { try check() }
+        counted.wait()
+        if let error = counting.error { throw error }
         let result: R
         do {
-            result = try check()
+            result = try verdict.get()
         } catch let error as ProtectedStoreError where error.kind == .wrongPasscode {
             if let limit = passcodePolicy.eraseAfterFailedAttempts, attempts.failedAttempts >= limit {
                 try erase()
@@ -297,8 +305,9 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             try? before.save(to: passcodeAttemptsPath)
             throw error
         }
-        // The passcode was right: failing to reset the counter must not turn that into a failure.
-        try? PasscodeAttempts().save(to: passcodeAttemptsPath)
+        // The passcode was right: failing to reset the counter must not turn that into a failure. Not fsync'd: the
+        // page cache outlives this process, and a power cut that loses the reset only leaves one extra count.
+        try? PasscodeAttempts().save(to: passcodeAttemptsPath, durable: false)
         return result
     }
 
@@ -378,6 +387,11 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         return ProtectedStoreError(.protectedDataUnavailable, path: path, problem: "\(protectionClass.name) (class \(protectionClass.letter)) data is unavailable \(reason)",
                                    remedy: "Unlock the device with its passcode")
     }
+}
+
+/// Where the attempt counter's write reports a failure; read only after its dispatch group is done.
+private final class CountingOutcome: @unchecked Sendable {
+    var error: (any Error)?
 }
 
 /// Who holds the class keys of a device.

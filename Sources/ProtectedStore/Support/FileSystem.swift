@@ -5,14 +5,17 @@ import SystemPackage
 enum FileSystem {
     /// Writes `bytes` so that a crash at any instant leaves either the old file or the new one: temporary file in
     /// the same directory, fsync, rename (with `replacing` false, one that refuses an existing file), fsync of the directory.
-    static func writeAtomically(_ bytes: [UInt8], to location: FileLocation, replacing: Bool, permissions: FilePermissions = [.ownerReadWrite]) throws {
+    /// `durable: false` skips the fsyncs: still all-or-nothing for other processes and after a crash of this one,
+    /// but a power cut may lose the new version.
+    static func writeAtomically(_ bytes: [UInt8], to location: FileLocation, replacing: Bool, permissions: FilePermissions = [.ownerReadWrite],
+                                durable: Bool = true) throws {
         let temporary = location.temporarySibling()
         let fd = try temporary.open(.writeOnly, options: [.create, .exclusiveCreate], permissions: permissions, doing: "create a temporary file")
         do {
             try mappingErrno(path: location.displayPath, doing: "write") {
                 try fd.closeAfter {
                     _ = try bytes.withUnsafeBytes { try fd.writeAll(toAbsoluteOffset: 0, $0) }
-                    try synchronize(fd, path: location.displayPath)
+                    if durable { try synchronize(fd, path: location.displayPath) }
                 }
             }
             try temporary.rename(to: location, replacing: replacing)
@@ -20,7 +23,7 @@ enum FileSystem {
             temporary.unlink()
             throw error
         }
-        try location.synchronizeDirectory()
+        if durable { try location.synchronizeDirectory() }
     }
 
     /// Names starting with this are files being written, hidden from container listings.

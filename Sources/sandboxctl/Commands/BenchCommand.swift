@@ -6,7 +6,7 @@ struct BenchCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bench",
         abstract: "Measure performance against a baseline taken in the same run.",
-        subcommands: [CryptoBench.self]
+        subcommands: [CryptoBench.self, LockBench.self]
     )
 }
 
@@ -52,6 +52,56 @@ struct CryptoBench: ParsableCommand {
             row("encrypted read", result.readMBps, String(format: "   %.2f x AEAD (target >= 0.85)", result.readRatio))
             row("plain write", result.plainWriteMBps)
             row("plain read", result.plainReadMBps)
+        }
+    }
+}
+
+struct LockBench: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "lock",
+        abstract: "Key daemon: lock fan-out to N subscribers, key discard, and unlock overhead over Argon2id.",
+        discussion: "Runs a daemon on a temporary device in this process (real Unix socket) and N subscriber connections served by one thread that acknowledges each event on arrival. Each figure is the median of the rounds. Targets: fan-out to 1000 within 100 ms; keys discarded within 10 ms of the last acknowledgement (N=100); unlock overhead under 5 ms."
+    )
+
+    @Option(help: ArgumentHelp("Number of subscriber connections.", valueName: "n"))
+    var subscribers = 100
+
+    @Option(help: ArgumentHelp("Rounds per figure.", valueName: "n"))
+    var rounds = 7
+
+    @Option(help: ArgumentHelp("Argon2id cost of the temporary device: \(KDFPreset.allCases.map(\.rawValue).joined(separator: ", ")).", valueName: "preset"))
+    var kdf: KDFPreset = .interactive
+
+    @Option(help: ArgumentHelp("Directory for the temporary device.", valueName: "dir"))
+    var directory = FileManager.default.temporaryDirectory.path
+
+    @Flag(help: "Print one JSON object instead of a table.")
+    var json = false
+
+    func validate() throws {
+        guard subscribers >= 1, subscribers <= 5000 else { throw ValidationError("--subscribers must be 1 to 5000") }
+        guard rounds >= 1 else { throw ValidationError("--rounds must be at least 1") }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let result = try LockBenchmark(subscribers: subscribers, rounds: rounds, kdf: kdf, directory: directory).run()
+            if json {
+                try printJSON(result)
+                return
+            }
+            func row(_ name: String, _ value: Double, _ note: String) {
+                print(name.padding(toLength: 40, withPad: " ", startingAt: 0) + String(format: "%9.2f ms", value) + "   " + note)
+            }
+            print("\(subscribers) subscribers, KDF \(kdf.rawValue), median of \(rounds) rounds")
+            row("status round trip (baseline)", result.statusRoundTripMilliseconds, "")
+            row("lock fan-out, grace 0", result.fanOutMilliseconds,
+                String(format: "%.0f x round trip; target <= 100 ms for 1000", result.fanOutMilliseconds / result.statusRoundTripMilliseconds))
+            row("lock until keys discarded, grace 0", result.keysDiscardedMilliseconds, "")
+            row("keys discarded after last ack", result.discardAfterLastAcknowledgementMilliseconds, "target <= 10 ms for 100")
+            row("Argon2id alone (baseline)", result.argon2idMilliseconds, "")
+            row("unlock", result.unlockMilliseconds,
+                String(format: "overhead %.2f ms (%.3f x Argon2id); target < 5 ms", result.unlockOverheadMilliseconds, result.unlockMilliseconds / result.argon2idMilliseconds))
         }
     }
 }
