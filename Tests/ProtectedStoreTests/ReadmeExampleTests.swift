@@ -44,4 +44,24 @@ struct ReadmeExampleTests {
         #expect(try app.contents(atPath: "Documents/note.txt") == Data("hello world".utf8))
         #expect(await consumer.value == [.willBecomeUnavailable, .didBecomeAvailable])
     }
+
+    @Test("the attach example runs as written, and a lock through the daemon reaches its delegate")
+    func attachExample() async throws {
+        let test = try TestDevice()
+        _ = try test.makeContainer("com.example.notes")
+        let daemon = try KeyDaemon.start(root: test.root, deviceSecretPath: test.secretPath)
+        defer { daemon.stop() }
+        let myStore = EventRecorder()
+
+        let shared = try Device.attach(root: test.root)
+        shared.addDelegate(myStore)
+        let notes = try shared.container(bundleIdentifier: "com.example.notes")
+
+        try shared.unlock(passcode: try Passcode(TestDevice.passcode))
+        try notes.write(Data("n".utf8), toPath: "Documents/n.txt")
+        await shared.lock()
+        #expect(eventually { myStore.events == [.didBecomeAvailable, .willBecomeUnavailable] })
+        #expect(!Device.isDaemonRunning(root: test.path("elsewhere")))
+        expectError(.daemonUnavailable) { try Device.attach(root: test.path("elsewhere")) }
+    }
 }

@@ -412,7 +412,7 @@ final class DaemonServer: @unchecked Sendable {
         var reply = DaemonReply(id: nil)
         reply.event = delivery.event.wireName
         reply.seq = delivery.seq
-        reply.grace = mutex.withLock { lockGrace }
+        if delivery.event == .willBecomeUnavailable { reply.grace = mutex.withLock { lockGrace } }
         send(reply, to: connection)
     }
 
