@@ -16,3 +16,5 @@ test: deps
 bench: deps
 	@$(SWIFT) build -c release --product sandboxctl --quiet
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench crypto --size-mib 256
+	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench lock --subscribers 100
+	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench lock --subscribers 1000
