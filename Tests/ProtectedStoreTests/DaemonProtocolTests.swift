@@ -33,7 +33,7 @@ final class RawConnection {
 
     /// The next frame's JSON object, or nil at end of stream.
     func receive() -> [String: Any]? {
-        var buffer = ReceiveBuffer()
+        let buffer = FrameBuffer()
         var chunk = [UInt8](repeating: 0, count: 4096)
         while true {
             if let frame = try? buffer.nextFrame() {
@@ -85,6 +85,10 @@ struct DaemonProtocolTests {
             ("request before hello", { $0.send(#"{"id": 1, "op": "status"}"#) }, "bad-frame"),
             ("unsupported version", { $0.send(#"{"id": 1, "op": "hello", "version": 99}"#) }, "unsupported-version"),
             ("unknown operation", { $0.send(#"{"id": 1, "op": "hello", "version": 1}"#); _ = $0.receive(); $0.send(#"{"id": 2, "op": "format-disk"}"#) }, "unknown-operation"),
+            // Echoed whole, a 60 000-character name would not fit the error reply's frame.
+            ("huge unknown operation", { $0.send(#"{"id": 1, "op": "hello", "version": 1}"#); _ = $0.receive()
+                                         $0.send(#"{"id": 2, "op": ""# + String(repeating: "/", count: 60_000) + #""}"#) }, "unknown-operation"),
+            ("ack without a subscription", { $0.send(#"{"id": 1, "op": "hello", "version": 1}"#); _ = $0.receive(); $0.send(#"{"id": 2, "op": "ack", "seq": 1}"#) }, "bad-frame"),
         ]
         for testCase in cases {
             let connection = try RawConnection(daemon.socketPath)
@@ -182,6 +186,20 @@ struct DaemonProtocolTests {
         #expect(Date().timeIntervalSince(start) < 25)
         #expect(recorders.allSatisfy { $0.events == [.didBecomeAvailable, .willBecomeUnavailable] })
         #expect(clients.allSatisfy { $0.state == .locked })
+    }
+
+    @Test("an erase policy applies through the daemon: the device is erased and the daemon stops")
+    func erasePolicyThroughDaemon() throws {
+        let test = try TestDevice(policy: PasscodePolicy(freeAttempts: 10, delays: [0], eraseAfterFailedAttempts: 2))
+        let daemon = try KeyDaemon.start(root: test.root, deviceSecretPath: test.secretPath)
+        defer { daemon.stop() }
+        let client = try Device.attach(root: test.root, notificationCenter: NotificationCenter())
+        expectError(.wrongPasscode) { try client.unlock(passcode: try Passcode("wrong")) }
+        expectError(.wrongPasscode) { try client.unlock(passcode: try Passcode("wrong")) }
+        #expect(!FileManager.default.fileExists(atPath: test.secretPath))
+        #expect(!FileManager.default.fileExists(atPath: (test.root as NSString).appendingPathComponent("keybag")))
+        #expect(eventually { !Device.isDaemonRunning(root: test.root) })
+        daemon.waitUntilStopped()
     }
 
     @Test("a second daemon on the same root is refused, and a live socket is never taken over")

@@ -109,7 +109,7 @@ public struct LockBenchmark: Sendable {
 /// A blocking connection that sends requests and reads their replies (no subscription).
 private final class ControlConnection {
     private let fd: Int32
-    private var buffer = ReceiveBuffer()
+    private let buffer = FrameBuffer()
 
     init(socketPath: String) throws {
         fd = ps_unix_connect(socketPath)
@@ -120,7 +120,7 @@ private final class ControlConnection {
     }
 
     func call(_ request: DaemonRequest, attachment: SecureBytes? = nil) throws -> DaemonReply {
-        try DaemonLink.exchange(request, attachment: attachment, on: fd, buffer: &buffer)
+        try DaemonLink.exchange(request, attachment: attachment, on: fd, buffer: buffer)
     }
 
     func close() { Glibc.close(fd) }
@@ -144,11 +144,11 @@ private final class Swarm: @unchecked Sendable {
                 descriptors.forEach { Glibc.close($0) }
                 throw ProtectedStoreError.io(Errno(rawValue: errno), path: socketPath, doing: "connect subscriber \(descriptors.count + 1) (raise `ulimit -n`?)")
             }
-            var buffer = ReceiveBuffer()
+            let buffer = FrameBuffer()
             var hello = DaemonRequest(id: 0, op: .hello)
             hello.version = daemonProtocolVersion
-            _ = try DaemonLink.exchange(hello, on: fd, buffer: &buffer)
-            _ = try DaemonLink.exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: &buffer)
+            _ = try DaemonLink.exchange(hello, on: fd, buffer: buffer)
+            _ = try DaemonLink.exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: buffer)
             descriptors.append(fd)
         }
         self.descriptors = descriptors
@@ -179,7 +179,7 @@ private final class Swarm: @unchecked Sendable {
     }
 
     private func serve() {
-        var buffers = Array(repeating: ReceiveBuffer(), count: descriptors.count)
+        let buffers = descriptors.map { _ in FrameBuffer() }
         var polled = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
         var chunk = [UInt8](repeating: 0, count: 4096)
         while !changed.withLock({ stopping }) {

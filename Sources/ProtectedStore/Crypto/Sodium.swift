@@ -45,3 +45,8 @@ func zeroize(_ bytes: inout [UInt8], count: Int) {
         if let base = buffer.baseAddress, count > 0 { sodium_memzero(base, min(count, buffer.count)) }
     }
 }
+
+/// Zeroes `count` bytes at `pointer`.
+func zeroize(_ pointer: UnsafeMutableRawPointer, count: Int) {
+    if count > 0 { sodium_memzero(pointer, count) }
+}

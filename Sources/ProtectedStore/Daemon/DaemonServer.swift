@@ -29,16 +29,23 @@ final class DaemonServer: @unchecked Sendable {
     private let mutex = NSLock()
     private var tasks: [() -> Void] = []
     private var stopping = false
+    private var loopEnded = false
     private var lockGrace: TimeInterval
+    /// Called once if the device erases itself (too many wrong passcodes under an erase policy).
+    private let onErased: @Sendable () -> Void
+    // Loop thread only: accept paused after running out of descriptors, so poll doesn't spin on the listener.
+    private var acceptPausedUntil: ContinuousClock.Instant?
 
     private final class Connection {
         let id: UInt64
         let fd: Int32
         let pid: Int32
-        var received = ReceiveBuffer()
-        var output: [UInt8] = []
+        let received = FrameBuffer()
+        let output = FrameBuffer()
         var greeted = false
         var subscribed = false
+        /// An unlock or passcode change of this connection is running: one at a time, so a peer can't pile up work.
+        var passcodeOperationRunning = false
         /// A protocol error was replied: no more requests are read; once the reply is out, the write side is shut.
         var closing = false
         /// Set when the write side is shut: input is read and dropped until the peer closes or this passes.
@@ -52,7 +59,8 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-    init(device: Device, listener: Int32, socketPath: String, allowedUIDs: Set<uid_t>, gracePeriod: TimeInterval, logger: Logger) throws {
+    init(device: Device, listener: Int32, socketPath: String, allowedUIDs: Set<uid_t>, gracePeriod: TimeInterval, logger: Logger,
+         onErased: @escaping @Sendable () -> Void) throws {
         var pipeEnds: [Int32] = [0, 0]
         guard ps_pipe(&pipeEnds) == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: errno), path: socketPath, doing: "create the daemon's wake-up pipe")
@@ -65,17 +73,27 @@ final class DaemonServer: @unchecked Sendable {
         self.logger = logger
         self.wakeRead = pipeEnds[0]
         self.wakeWrite = pipeEnds[1]
-        device.dispatcher.addHandler { [weak self] event, done in
-            guard let self else { return done() }
-            self.execute { self.broadcast(event, done: done) }
+        self.onErased = onErased
+        device.dispatcher.addHandler { [weak self] event, handedOver, done in
+            guard let self, self.execute({ self.broadcast(event, handedOver: handedOver, done: done) }) else {
+                handedOver()
+                return done()
+            }
         }
     }
 
-    /// Runs `task` on the loop thread; `ahead` puts it before the tasks already waiting.
-    func execute(ahead: Bool = false, _ task: @escaping () -> Void) {
-        mutex.withLock { ahead ? tasks.insert(task, at: 0) : tasks.append(task) }
-        var byte: UInt8 = 1
-        _ = write(wakeWrite, &byte, 1)
+    /// Runs `task` on the loop thread; `ahead` puts it before the tasks already waiting. False once the loop has
+    /// ended: the task is dropped.
+    @discardableResult
+    func execute(ahead: Bool = false, _ task: @escaping () -> Void) -> Bool {
+        mutex.withLock {
+            guard !loopEnded else { return false }
+            ahead ? tasks.insert(task, at: 0) : tasks.append(task)
+            // Under the mutex, so the pipe can't be closed (and its number reused) in between.
+            var byte: UInt8 = 1
+            _ = write(wakeWrite, &byte, 1)
+            return true
+        }
     }
 
     /// Makes `run()` return after closing every connection.
@@ -89,14 +107,16 @@ final class DaemonServer: @unchecked Sendable {
         while !mutex.withLock({ stopping }) {
             let now = ContinuousClock.now
             for connection in connections.values where connection.drainDeadline.map({ $0 <= now }) == true { close(connection, reason: nil) }
+            if let paused = acceptPausedUntil, paused <= now { acceptPausedUntil = nil }
             let ordered = Array(connections.values)
-            var polled = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0), pollfd(fd: listener, events: Int16(POLLIN), revents: 0)]
+            let listenerEvents = acceptPausedUntil == nil ? Int16(POLLIN) : 0
+            var polled = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0), pollfd(fd: listener, events: listenerEvents, revents: 0)]
             for connection in ordered {
-                let wantsOutput = !connection.output.isEmpty
+                let wantsOutput = connection.output.count > 0
                 let wantsInput = !connection.closing || connection.drainDeadline != nil
                 polled.append(pollfd(fd: connection.fd, events: Int16((wantsInput ? POLLIN : 0) | (wantsOutput ? POLLOUT : 0)), revents: 0))
             }
-            let nextDeadline = ordered.compactMap(\.drainDeadline).min()
+            let nextDeadline = (ordered.compactMap(\.drainDeadline) + [acceptPausedUntil].compactMap { $0 }).min()
             let timeout = nextDeadline.map { deadline -> Int32 in
                 let remaining = (deadline - now).components
                 return Int32(max(1, remaining.seconds * 1000 + remaining.attoseconds / 1_000_000_000_000_000 + 1))
@@ -119,8 +139,12 @@ final class DaemonServer: @unchecked Sendable {
         for connection in Array(connections.values) { close(connection, reason: nil) }
         lockDone.take()?()
         Glibc.close(listener)
-        Glibc.close(wakeRead)
-        Glibc.close(wakeWrite)
+        mutex.withLock {
+            loopEnded = true
+            tasks = []
+            Glibc.close(wakeRead)
+            Glibc.close(wakeWrite)
+        }
     }
 
     private func runTasks() {
@@ -140,7 +164,12 @@ final class DaemonServer: @unchecked Sendable {
             let fd = ps_accept(listener)
             if fd < 0 {
                 if errno == EINTR { continue }
-                if errno != EAGAIN && errno != EWOULDBLOCK { logger.warning("accept failed: \(String(cString: strerror(errno)))") }
+                if errno == EMFILE || errno == ENFILE {
+                    logger.warning("out of file descriptors with \(connections.count) connections; not accepting for 100 ms")
+                    acceptPausedUntil = .now + .milliseconds(100)
+                } else if errno != EAGAIN && errno != EWOULDBLOCK {
+                    logger.warning("accept failed: \(String(cString: strerror(errno)))")
+                }
                 return
             }
             var pid: Int32 = 0
@@ -160,16 +189,15 @@ final class DaemonServer: @unchecked Sendable {
     }
 
     private func readAvailable(_ connection: Connection) {
-        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
-        defer { zeroize(&chunk) }
-        let count = chunk.withUnsafeMutableBytes { recv(connection.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        let count = Self.chunk.withUnsafeMutableBytes { recv(connection.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        defer { if count > 0 { Self.chunk.withUnsafeMutableBytes { zeroize($0.baseAddress!, count: count) } } }
         if count < 0 {
             if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { return }
             return close(connection, reason: "receive failed: \(String(cString: strerror(errno)))")
         }
         if count == 0 { return close(connection, reason: nil) }
         guard !connection.closing else { return }
-        chunk.withUnsafeBytes { connection.received.append(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+        Self.chunk.withUnsafeBytes { connection.received.append(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
         do {
             while !connection.closing, connections[connection.id] != nil, let frame = try connection.received.nextFrame() {
                 handle(frame, on: connection)
@@ -180,10 +208,20 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
+    /// Receive scratch space, reused (loop thread only) and zeroed after each read.
+    private nonisolated(unsafe) static var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+
     private func send(_ reply: DaemonReply, attachment: SecureBytes? = nil, to connection: Connection) {
         guard connections[connection.id] != nil else { return }
-        guard var bytes = try? Frame.encode(reply, attachment: attachment) else { return }
-        connection.output.append(contentsOf: bytes)
+        var bytes: [UInt8]
+        do {
+            bytes = try Frame.encode(reply, attachment: attachment)
+        } catch {
+            logger.error("connection \(connection.id): a reply did not fit a frame (\(error)); closing it")
+            connection.closing = true
+            bytes = (try? Frame.encode(DaemonReply.failure(id: reply.id, code: .io, message: "the reply did not fit a frame", remedy: "Report this as a bug"))) ?? []
+        }
+        bytes.withUnsafeBytes { connection.output.append($0) }
         zeroize(&bytes)
         flush(connection)
         if connection.output.count > Self.maximumPendingOutput {
@@ -197,16 +235,16 @@ final class DaemonServer: @unchecked Sendable {
     }
 
     private func flush(_ connection: Connection) {
-        while !connection.output.isEmpty {
-            let sent = connection.output.withUnsafeBytes { Glibc.send(connection.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+        while connection.output.count > 0 {
+            let pending = connection.output.bytes
+            let sent = Glibc.send(connection.fd, pending.baseAddress, pending.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL))
             if sent < 0 {
                 if errno == EINTR { continue }
                 if errno == EAGAIN || errno == EWOULDBLOCK { return }
                 return close(connection, reason: "send failed: \(String(cString: strerror(errno)))")
             }
-            // Replies can carry file keys: sent bytes are zeroed before they are dropped.
-            zeroize(&connection.output, count: sent)
-            connection.output.removeFirst(sent)
+            // Replies can carry file keys: sent bytes are zeroed as they are dropped.
+            connection.output.consume(sent)
         }
         if connection.closing && connection.drainDeadline == nil {
             shutdown(connection.fd, Int32(SHUT_WR))
@@ -225,7 +263,7 @@ final class DaemonServer: @unchecked Sendable {
         if let reason { logger.info("connection \(connection.id) closed: \(reason)") }
         Glibc.close(connection.fd)
         connection.received.wipe()
-        zeroize(&connection.output)
+        connection.output.wipe()
         if connection.subscribed {
             registry.remove(connection.id)
             completeLockIfAcknowledged()
@@ -238,11 +276,12 @@ final class DaemonServer: @unchecked Sendable {
         guard let request = try? JSONDecoder().decode(DaemonRequest.self, from: Data(frame.message)) else {
             return fail(connection, code: .badFrame, message: "the message is not a JSON request object with an id and an op", remedy: "Send requests as docs/PROTOCOL.md describes")
         }
-        guard let operation = request.operation else {
-            return fail(connection, code: .unknownOperation, message: "unknown operation \"\(request.op)\"", remedy: "Use an operation of protocol version \(daemonProtocolVersion)", id: request.id)
-        }
-        guard connection.greeted || operation == .hello else {
+        guard connection.greeted || request.op == DaemonRequest.Operation.hello.rawValue else {
             return fail(connection, code: .badFrame, message: "the first request must be hello", remedy: "Send hello with the protocol version first", id: request.id)
+        }
+        guard let operation = request.operation else {
+            // The peer's text is echoed only in part: a reply must always fit a frame.
+            return fail(connection, code: .unknownOperation, message: "unknown operation \"\(request.op.prefix(64))\"", remedy: "Use an operation of protocol version \(daemonProtocolVersion)", id: request.id)
         }
         switch operation {
         case .hello:
@@ -277,7 +316,8 @@ final class DaemonServer: @unchecked Sendable {
             guard grace >= 0, grace <= 3600, grace.isFinite else {
                 return send(.failure(id: request.id, ProtectedStoreError(.invalidArgument, problem: "grace period \(grace) s is out of range", remedy: "Give 0 to 3600 seconds")), to: connection)
             }
-            mutex.withLock { lockGrace = grace }
+            // Recorded for the event only when this request starts a lock, not for a no-op one.
+            if device.state == .unlocked { mutex.withLock { lockGrace = grace } }
             logger.info("lock requested (grace \(grace) s) by pid \(connection.pid)")
             let connectionID = connection.id
             Task {
@@ -347,12 +387,23 @@ final class DaemonServer: @unchecked Sendable {
 
     /// Runs a passcode operation off the loop (Argon2id takes a while) and replies when it is done.
     private func runSlowly(_ request: DaemonRequest, on connection: Connection, _ body: @escaping @Sendable () throws -> Void) {
+        guard !connection.passcodeOperationRunning else {
+            return send(.failure(id: request.id, ProtectedStoreError(.invalidArgument, problem: "a passcode operation of this connection is still running",
+                                                                     remedy: "Wait for its reply before sending another")), to: connection)
+        }
+        connection.passcodeOperationRunning = true
         let (connectionID, pid) = (connection.id, connection.pid)
         DispatchQueue.global().async {
             let outcome = Result { try body() }
+            let erased = !((try? FileSystem.exists(self.device.keybagPath)) ?? true)
             // Ahead of the event it caused: the caller waits for this reply, while fanning the event out to
             // every subscriber takes a while, and the caller's own copy of the event needs no particular order.
             self.execute(ahead: true) {
+                self.connections[connectionID]?.passcodeOperationRunning = false
+                if erased {
+                    self.logger.critical("the device was erased (too many wrong passcodes under its erase policy); stopping")
+                    self.onErased()
+                }
                 switch outcome {
                 case .success:
                     self.logger.info("\(request.op) by pid \(pid): ok")
@@ -385,11 +436,11 @@ final class DaemonServer: @unchecked Sendable {
 
     // MARK: Events
 
-    private func broadcast(_ event: ProtectedDataEvent, done: @escaping @Sendable () -> Void) {
+    private func broadcast(_ event: ProtectedDataEvent, handedOver: @escaping @Sendable () -> Void, done: @escaping @Sendable () -> Void) {
         // A newer event supersedes the lock that was waiting for acknowledgements.
         lockDone.take()?()
         logger.info("event \(event.wireName) to \(registry.count) subscriber(s)")
-        sendEvents(registry.broadcast(event)[...])
+        sendEvents(registry.broadcast(event)[...], then: handedOver)
         if event == .willBecomeUnavailable {
             lockDone = done
             completeLockIfAcknowledged()
@@ -400,11 +451,12 @@ final class DaemonServer: @unchecked Sendable {
 
     /// Sends a slice at a time, so replies waiting on the loop are not held up by a fan-out to thousands.
     /// Order per subscriber is safe: the registry sends it nothing more until it acknowledges this.
-    private func sendEvents(_ deliveries: ArraySlice<SubscriberRegistry.Delivery>) {
+    /// `handedOver` runs once the last one is written: the grace period of a lock starts from there.
+    private func sendEvents(_ deliveries: ArraySlice<SubscriberRegistry.Delivery>, then handedOver: @escaping @Sendable () -> Void) {
         let slice = deliveries.prefix(128)
         slice.forEach(sendEvent)
         let rest = deliveries.dropFirst(slice.count)
-        if !rest.isEmpty { execute { self.sendEvents(rest) } }
+        if rest.isEmpty || !execute({ self.sendEvents(rest, then: handedOver) }) { handedOver() }
     }
 
     private func sendEvent(_ delivery: SubscriberRegistry.Delivery) {

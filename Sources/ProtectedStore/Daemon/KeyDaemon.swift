@@ -59,11 +59,14 @@ public final class KeyDaemon: Sendable {
             guard stat(root, &rootStatus) == 0 else {
                 throw ProtectedStoreError.io(Errno(rawValue: errno), path: root, doing: "read the owner of the device root")
             }
+            let relay = StopRelay()
             let server = try DaemonServer(device: device, listener: listener, socketPath: socketPath,
-                                          allowedUIDs: [rootStatus.st_uid, 0], gracePeriod: gracePeriod, logger: logger)
+                                          allowedUIDs: [rootStatus.st_uid, 0], gracePeriod: gracePeriod, logger: logger,
+                                          onErased: { relay.stop() })
             let info = DaemonInfo(pid: getpid(), socketPath: socketPath, protocolVersion: daemonProtocolVersion)
             try FileSystem.writeAtomically(Array(try JSONEncoder().encode(info)), to: FileLocation(path: DaemonInfo.path(root: root)), replacing: true)
             let daemon = KeyDaemon(root: root, socketPath: socketPath, device: device, server: server, lockFile: lockFile, logger: logger)
+            relay.daemon = daemon
             let thread = Thread { [daemon] in
                 daemon.server.run()
                 daemon.serverFinished.signal()
@@ -92,9 +95,10 @@ public final class KeyDaemon: Sendable {
     /// Zeroes every key, closes every connection and removes the socket. Safe from any thread, more than once.
     public func stop() {
         guard stopOnce.claim() else { return }
-        device.discardAllKeys()
         server.stop()
         serverFinished.wait()
+        // After the loop: a passcode check still running finishes first, and no unlock can bring keys back.
+        device.shutDown()
         unlink(socketPath)
         unlink(DaemonInfo.path(root: root))
         Glibc.close(lockFile)
@@ -143,6 +147,16 @@ public final class KeyDaemon: Sendable {
         guard unlink(path) == 0 || errno == ENOENT else {
             throw ProtectedStoreError.io(Errno(rawValue: errno), path: path, doing: "remove the stale daemon socket")
         }
+    }
+}
+
+/// Lets the server stop its daemon (after an erase) without owning it: set once the daemon exists.
+private final class StopRelay: @unchecked Sendable {
+    weak var daemon: KeyDaemon?
+
+    func stop() {
+        // Not on the loop thread: stopping waits for the loop to end.
+        DispatchQueue.global().async { [daemon] in daemon?.stop() }
     }
 }
 

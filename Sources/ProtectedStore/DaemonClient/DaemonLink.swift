@@ -6,9 +6,10 @@ import SystemPackage
 /// subscription every attached device holds. When the daemon goes away it reports `.lost`, then reconnects in the
 /// background and reports `.restored` once a daemon serves the root again.
 final class DaemonLink: @unchecked Sendable {
-    /// What the link tells its device, in the order it happened.
+    /// What the link tells its device, in the order it happened. `connection` numbers the connections, so an
+    /// acknowledgement never reaches a newer daemon whose event numbers started again.
     enum Notice: Sendable {
-        case event(ProtectedDataEvent, seq: UInt64, grace: TimeInterval)
+        case event(ProtectedDataEvent, seq: UInt64, grace: TimeInterval, connection: UInt64)
         case lost
         case restored(DaemonReply)
     }
@@ -16,9 +17,12 @@ final class DaemonLink: @unchecked Sendable {
     let root: String
     let socketPath: String
     private let mutex = NSLock()
+    // Held around every send and around closing the descriptor, so a send never goes to a number that was
+    // closed and reused meanwhile (it would carry a passcode or a key to a stranger).
     private let writeLock = NSLock()
     private var descriptor: Int32
-    private var received: ReceiveBuffer
+    private var connection: UInt64 = 1
+    private let received: FrameBuffer
     private var nextID: UInt64 = 2
     private var waiting: [UInt64: Waiter] = [:]
     private var closed = false
@@ -48,11 +52,12 @@ final class DaemonLink: @unchecked Sendable {
     static func connect(root: String, socketPath: String?) throws -> (DaemonLink, DaemonReply) {
         let root = Device.absolute(root)
         let path = Device.absolute(socketPath ?? Self.socketPath(root: root))
-        let (descriptor, received, hello) = try handshake(root: root, socketPath: path)
+        let received = FrameBuffer()
+        let (descriptor, hello) = try handshake(root: root, socketPath: path, buffer: received)
         return (DaemonLink(root: root, socketPath: path, descriptor: descriptor, received: received), hello)
     }
 
-    private init(root: String, socketPath: String, descriptor: Int32, received: ReceiveBuffer) {
+    private init(root: String, socketPath: String, descriptor: Int32, received: FrameBuffer) {
         self.root = root
         self.socketPath = socketPath
         self.descriptor = descriptor
@@ -69,11 +74,13 @@ final class DaemonLink: @unchecked Sendable {
 
     /// Ends the connection for good (the device is going away).
     func close() {
-        let fd: Int32 = mutex.withLock {
-            closed = true
-            return descriptor
+        writeLock.withLock {
+            let fd: Int32 = mutex.withLock {
+                closed = true
+                return descriptor
+            }
+            if fd >= 0 { shutdown(fd, Int32(SHUT_RDWR)) }
         }
-        if fd >= 0 { shutdown(fd, Int32(SHUT_RDWR)) }
     }
 
     // MARK: Requests
@@ -82,16 +89,15 @@ final class DaemonLink: @unchecked Sendable {
     func call(_ request: DaemonRequest, attachment: SecureBytes? = nil) throws -> (reply: DaemonReply, attachment: SecureBytes?) {
         var request = request
         let waiter = Waiter()
-        let fd: Int32 = try mutex.withLock {
+        try mutex.withLock {
             guard descriptor >= 0, !closed else { throw unavailable() }
             request.id = nextID
             nextID += 1
             waiting[request.id] = waiter
-            return descriptor
         }
-        do {
-            try write(Frame.encode(request, attachment: attachment), to: fd)
-        } catch {
+        var bytes = try Frame.encode(request, attachment: attachment)
+        defer { zeroize(&bytes) }
+        guard send(&bytes, onConnection: nil) else {
             _ = mutex.withLock { waiting.removeValue(forKey: request.id) }
             throw unavailable()
         }
@@ -101,12 +107,12 @@ final class DaemonLink: @unchecked Sendable {
         return (reply, waiter.attachment)
     }
 
-    /// Acknowledges event `seq`; a lost connection makes that moot.
-    func acknowledge(seq: UInt64) {
+    /// Acknowledges event `seq` of connection `connection`; moot if that connection is gone.
+    func acknowledge(seq: UInt64, connection: UInt64) {
         var request = DaemonRequest(id: 0, op: .ack)
         request.seq = seq
-        guard let fd = mutex.withLock({ descriptor >= 0 ? descriptor : nil }) else { return }
-        try? write(Frame.encode(request), to: fd)
+        guard var bytes = try? Frame.encode(request) else { return }
+        _ = send(&bytes, onConnection: connection)
     }
 
     func unavailable() -> ProtectedStoreError {
@@ -119,19 +125,21 @@ final class DaemonLink: @unchecked Sendable {
         return ProtectedStoreError(kind, path: failure.path, problem: failure.message, remedy: failure.remedy)
     }
 
-    private func write(_ bytes: [UInt8], to fd: Int32) throws {
-        var bytes = bytes
-        defer { zeroize(&bytes) }
-        try writeLock.withLock {
+    /// Sends on the current connection (or only on `onConnection`, if given); false if there is none or it failed.
+    private func send(_ bytes: inout [UInt8], onConnection expected: UInt64?) -> Bool {
+        writeLock.withLock {
+            let (fd, current): (Int32, UInt64) = mutex.withLock { (closed ? -1 : descriptor, connection) }
+            guard fd >= 0, expected == nil || expected == current else { return false }
             var offset = 0
             while offset < bytes.count {
-                let sent = bytes.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+                let sent = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
                 if sent < 0 {
                     if errno == EINTR { continue }
-                    throw Errno(rawValue: errno)
+                    return false
                 }
                 offset += sent
             }
+            return true
         }
     }
 
@@ -139,15 +147,17 @@ final class DaemonLink: @unchecked Sendable {
 
     private func readLoop() {
         while true {
-            let fd = mutex.withLock { descriptor }
-            readUntilClosed(fd)
-            let (pending, isClosed): ([Waiter], Bool) = mutex.withLock {
-                descriptor = -1
-                received.wipe()
-                defer { waiting = [:] }
-                return (Array(waiting.values), closed)
+            let (fd, current) = mutex.withLock { (descriptor, connection) }
+            readUntilClosed(fd, connection: current)
+            let (pending, isClosed): ([Waiter], Bool) = writeLock.withLock {
+                Glibc.close(fd)
+                return mutex.withLock {
+                    descriptor = -1
+                    received.wipe()
+                    defer { waiting = [:] }
+                    return (Array(waiting.values), closed)
+                }
             }
-            Glibc.close(fd)
             pending.forEach { $0.done.signal() }
             if isClosed { return }
             notify(.lost)
@@ -156,12 +166,12 @@ final class DaemonLink: @unchecked Sendable {
         }
     }
 
-    private func readUntilClosed(_ fd: Int32) {
+    private func readUntilClosed(_ fd: Int32, connection: UInt64) {
         var chunk = [UInt8](repeating: 0, count: 64 * 1024)
         defer { zeroize(&chunk) }
         while true {
             do {
-                while let frame = try mutex.withLock({ try received.nextFrame() }) { dispatch(frame) }
+                while let frame = try mutex.withLock({ try received.nextFrame() }) { dispatch(frame, connection: connection) }
             } catch {
                 return
             }
@@ -169,17 +179,18 @@ final class DaemonLink: @unchecked Sendable {
             if count < 0 && errno == EINTR { continue }
             if count <= 0 { return }
             chunk.withUnsafeBytes { bytes in mutex.withLock { received.append(UnsafeRawBufferPointer(rebasing: bytes[0..<count])) } }
+            chunk.withUnsafeMutableBytes { zeroize($0.baseAddress!, count: count) }
         }
     }
 
-    private func dispatch(_ frame: Frame) {
+    private func dispatch(_ frame: Frame, connection: UInt64) {
         guard let reply = try? JSONDecoder().decode(DaemonReply.self, from: Data(frame.message)) else { return }
         if let id = reply.id, let waiter = mutex.withLock({ waiting.removeValue(forKey: id) }) {
             waiter.reply = reply
             waiter.attachment = frame.attachment
             waiter.done.signal()
         } else if let name = reply.event, let event = ProtectedDataEvent(wireName: name), let seq = reply.seq {
-            notify(.event(event, seq: seq, grace: reply.grace ?? Device.defaultGracePeriod))
+            notify(.event(event, seq: seq, grace: reply.grace ?? Device.defaultGracePeriod, connection: connection))
         }
     }
 
@@ -190,11 +201,11 @@ final class DaemonLink: @unchecked Sendable {
     /// Tries again every 200 ms until a daemon serves the root or the link is closed.
     private func reconnect() -> DaemonReply? {
         while !mutex.withLock({ closed }) {
-            if let (fd, buffer, hello) = try? Self.handshake(root: root, socketPath: Self.socketPath(root: root)) {
+            if let (fd, hello) = try? Self.handshake(root: root, socketPath: Self.socketPath(root: root), buffer: received) {
                 let stillWanted: Bool = mutex.withLock {
                     guard !closed else { return false }
                     descriptor = fd
-                    received = buffer
+                    connection += 1
                     return true
                 }
                 if stillWanted { return hello }
@@ -210,7 +221,7 @@ final class DaemonLink: @unchecked Sendable {
 
     /// Connects (checking that the daemon runs as this user or root), says hello and subscribes, with blocking reads:
     /// no reader thread exists yet. Returns the subscribe reply, completed with the hello fields.
-    private static func handshake(root: String, socketPath: String) throws -> (Int32, ReceiveBuffer, DaemonReply) {
+    private static func handshake(root: String, socketPath: String, buffer: FrameBuffer) throws -> (Int32, DaemonReply) {
         let fd = ps_unix_connect(socketPath)
         guard fd >= 0 else {
             let error = Errno(rawValue: errno)
@@ -233,14 +244,16 @@ final class DaemonLink: @unchecked Sendable {
             throw ProtectedStoreError(.daemonUnavailable, path: socketPath, problem: "the process listening on the socket runs as uid \(uid), not as you or root",
                                       remedy: "Don't trust it: remove the socket and start your own daemon")
         }
-        var buffer = ReceiveBuffer()
+        // A daemon stopped with SIGSTOP still accepts (the backlog): don't hang on it.
+        setTimeouts(fd, seconds: 5)
         do {
             var hello = DaemonRequest(id: 0, op: .hello)
             hello.version = daemonProtocolVersion
-            var helloReply = try exchange(hello, on: fd, buffer: &buffer)
-            let subscribed = try exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: &buffer)
+            var helloReply = try exchange(hello, on: fd, buffer: buffer)
+            let subscribed = try exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: buffer)
             helloReply.state = subscribed.state
-            return (fd, buffer, helloReply)
+            setTimeouts(fd, seconds: 0)
+            return (fd, helloReply)
         } catch {
             Glibc.close(fd)
             buffer.wipe()
@@ -249,10 +262,16 @@ final class DaemonLink: @unchecked Sendable {
     }
 
     /// One request and its reply on a blocking socket without a reader thread (handshakes, the lock benchmark).
-    static func exchange(_ request: DaemonRequest, attachment: SecureBytes? = nil, on fd: Int32, buffer: inout ReceiveBuffer) throws -> DaemonReply {
+    private static func setTimeouts(_ fd: Int32, seconds: Int) {
+        var timeout = timeval(tv_sec: seconds, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    static func exchange(_ request: DaemonRequest, attachment: SecureBytes? = nil, on fd: Int32, buffer: FrameBuffer) throws -> DaemonReply {
         var bytes = try Frame.encode(request, attachment: attachment)
         defer { zeroize(&bytes) }
-        guard bytes.withUnsafeBytes({ send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else {
+        guard bytes.withUnsafeBytes({ Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else {
             throw ProtectedStoreError(.daemonUnavailable, problem: "the key daemon closed the connection", remedy: "Check the daemon's log")
         }
         var chunk = [UInt8](repeating: 0, count: 4096)
@@ -265,7 +284,7 @@ final class DaemonLink: @unchecked Sendable {
             let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
             if count < 0 && errno == EINTR { continue }
             guard count > 0 else {
-                throw ProtectedStoreError(.daemonUnavailable, problem: "the key daemon closed the connection during the handshake", remedy: "Check the daemon's log")
+                throw ProtectedStoreError(.daemonUnavailable, problem: "the key daemon closed the connection or did not answer within 5 s", remedy: "Check that it runs (not stopped), and its log")
             }
             chunk.withUnsafeBytes { buffer.append(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
         }

@@ -66,21 +66,24 @@ extension Device {
 
     func lockThroughDaemon(_ link: DaemonLink, gracePeriod: TimeInterval?) {
         var request = DaemonRequest(id: 0, op: .lock)
-        request.grace = gracePeriod
+        request.grace = gracePeriod.map { min($0, 3600) }
         do {
-            let reply = try link.call(request).reply
-            if let state = reply.state.flatMap(State.init(rawValue:)), state != .locking {
-                mutex.withLock { currentState = state }
-            }
-        } catch {
+            // This process's own state follows the events the daemon sends, in order, not this reply.
+            _ = try link.call(request)
+        } catch let error as ProtectedStoreError where error.kind == .daemonUnavailable {
             // No daemon: nothing can unwrap keys any more; what this process still holds goes now.
             daemonLost()
+        } catch {
+            // Refused (a grace out of range): nothing changed.
         }
     }
 
+    /// Returns once this process has been told (*did become available*), so a class A file opened next works;
+    /// waits at most the grace period for an earlier event this process is still handling.
     func unlockThroughDaemon(_ link: DaemonLink, passcode: Passcode) throws {
-        let reply = try link.call(DaemonRequest(id: 0, op: .unlock), attachment: passcode.bytes).reply
-        if reply.state == State.unlocked.rawValue { mutex.withLock { currentState = .unlocked } }
+        _ = try link.call(DaemonRequest(id: 0, op: .unlock), attachment: passcode.bytes)
+        let deadline = Date().addingTimeInterval(max(gracePeriod, 1))
+        while state != .unlocked && Date() < deadline { usleep(500) }
     }
 
     // MARK: Events from the daemon
@@ -88,15 +91,17 @@ extension Device {
     /// Called on the link's reader thread, in order: state changes here, observers are served on `daemonEvents`.
     func receive(_ notice: DaemonLink.Notice) {
         switch notice {
-        case .event(.willBecomeUnavailable, let seq, let grace):
+        case .event(.willBecomeUnavailable, let seq, let grace, let connection):
             mutex.withLock { if currentState == .unlocked { currentState = .locking } }
-            daemonEvents.async { self.handleWillBecomeUnavailable(grace: grace) { self.acknowledge(seq) } }
-        case .event(.didBecomeAvailable, let seq, _):
+            daemonEvents.async { self.handleWillBecomeUnavailable(grace: grace) { self.acknowledge(seq, connection: connection) } }
+        case .event(.didBecomeAvailable, let seq, _, let connection):
             mutex.withLock { currentState = .unlocked }
             daemonEvents.async {
                 let observers = self.deliveryLock.withLock { self.dispatcher.deliver(.didBecomeAvailable, from: self) }
-                observers.handedOver.wait()
-                self.acknowledge(seq)
+                // Bounded as in-process: an observer stuck in an earlier callback must not stop this process
+                // from acknowledging, which would keep the next lock's event from reaching it.
+                _ = observers.handedOver.wait(timeout: .now() + max(self.gracePeriod, 1))
+                self.acknowledge(seq, connection: connection)
             }
         case .lost:
             daemonLost()
@@ -105,8 +110,8 @@ extension Device {
         }
     }
 
-    private func acknowledge(_ seq: UInt64) {
-        if case .daemon(let link) = holder { link.acknowledge(seq: seq) }
+    private func acknowledge(_ seq: UInt64, connection: UInt64) {
+        if case .daemon(let link) = holder { link.acknowledge(seq: seq, connection: connection) }
     }
 
     /// The daemon went away: this process can unwrap nothing until one is back, so it locks itself.

@@ -16,12 +16,16 @@ struct Frame {
         let description: String
     }
 
+    /// Thrown by `encode` for a message that can't fit a frame.
+    struct TooLarge: Error {}
+
     /// Encodes `message` (with `attachment`) into the bytes to send; the caller zeroes them once sent when there is an attachment.
     static func encode(_ message: some Encodable, attachment: SecureBytes? = nil) throws -> [UInt8] {
         let json = Array(try JSONEncoder().encode(message))
         let attachmentCount = attachment?.count ?? 0
         let payload = messageLengthBytes + json.count + attachmentCount
-        precondition(json.count <= Int(UInt16.max) && payload <= maximumPayload, "frame too large to send")
+        guard json.count <= Int(UInt16.max), payload <= maximumPayload else { throw TooLarge() }
+        // Reserved exactly, so appending never reallocates and leaves no stray copy of the attachment behind.
         var bytes = [UInt8]()
         bytes.reserveCapacity(lengthBytes + payload)
         bytes.append(contentsOf: bigEndianBytes(UInt32(payload)))
@@ -63,26 +67,68 @@ struct Frame {
     }
 }
 
-/// Bytes received on a connection and not yet decoded; consumed bytes are zeroed, since attachments carry secrets.
-struct ReceiveBuffer {
-    private var bytes: [UInt8] = []
+/// A byte queue for frames in flight (received and not yet decoded, or encoded and not yet sent). Frames carry
+/// passcodes and per-file keys, so unlike an array it never leaves a copy behind: consumed bytes, storage given up
+/// when growing, and the whole capacity at the end are zeroed.
+final class FrameBuffer: @unchecked Sendable {
+    private var storage: UnsafeMutableRawPointer
+    private var capacity: Int
+    private var start = 0
+    private var end = 0
 
-    var count: Int { bytes.count }
+    init(capacity: Int = 4096) {
+        self.capacity = capacity
+        storage = .allocate(byteCount: capacity, alignment: 16)
+        storage.initializeMemory(as: UInt8.self, repeating: 0, count: capacity)
+    }
 
-    mutating func append(_ chunk: UnsafeRawBufferPointer) { bytes.append(contentsOf: chunk) }
+    deinit {
+        zeroize(storage, count: capacity)
+        storage.deallocate()
+    }
 
-    /// The next complete frame, if one has arrived.
-    mutating func nextFrame() throws -> Frame? {
-        let decoded = try bytes.withUnsafeBytes { try Frame.decode($0) }
-        guard let (frame, consumed) = decoded else { return nil }
-        zeroize(&bytes, count: consumed)
-        bytes.removeFirst(consumed)
+    /// Bytes queued.
+    var count: Int { end - start }
+
+    var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: storage + start, count: end - start) }
+
+    func append(_ chunk: UnsafeRawBufferPointer) {
+        guard chunk.count > 0 else { return }
+        if capacity - end < chunk.count {
+            if capacity - count >= chunk.count && count <= capacity / 2 {
+                // Enough room once compacted: move the queued bytes down and zero what they left behind.
+                storage.copyMemory(from: storage + start, byteCount: count)
+                zeroize(storage + count, count: end - count)
+            } else {
+                let grown = UnsafeMutableRawPointer.allocate(byteCount: max(capacity * 2, count + chunk.count), alignment: 16)
+                grown.copyMemory(from: storage + start, byteCount: count)
+                zeroize(storage, count: capacity)
+                storage.deallocate()
+                storage = grown
+                capacity = max(capacity * 2, count + chunk.count)
+            }
+            end = count
+            start = 0
+        }
+        (storage + end).copyMemory(from: chunk.baseAddress!, byteCount: chunk.count)
+        end += chunk.count
+    }
+
+    /// Drops the first `n` queued bytes, zeroing them.
+    func consume(_ n: Int) {
+        precondition(n <= count)
+        zeroize(storage + start, count: n)
+        start += n
+        if start == end { (start, end) = (0, 0) }
+    }
+
+    /// The next complete frame, if one has arrived; throws `Frame.Malformed`.
+    func nextFrame() throws -> Frame? {
+        guard let (frame, consumed) = try Frame.decode(bytes) else { return nil }
+        consume(consumed)
         return frame
     }
 
-    /// Zeroes everything still buffered (the connection is closing).
-    mutating func wipe() {
-        zeroize(&bytes, count: bytes.count)
-        bytes = []
-    }
+    /// Zeroes and drops everything queued.
+    func wipe() { consume(count) }
 }

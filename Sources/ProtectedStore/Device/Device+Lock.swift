@@ -116,6 +116,9 @@ extension Device {
         case .embedded(let keys): embedded = keys
         }
         try passcodeLock.withLock {
+            guard !isShutDown else {
+                throw ProtectedStoreError(.invalidArgument, path: root, problem: "the key holder has shut down", remedy: "Start it again")
+            }
             let keys = try unwrapPasscodeClassKeys(embedded, passcode: passcode)
             let cancelled: LockAttempt? = deliveryLock.withLock {
                 let (wasUnlocked, cancelled): (Bool, LockAttempt?) = mutex.withLock {

@@ -46,6 +46,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     var currentState: State
     var currentGracePeriod = Device.defaultGracePeriod
     var pendingLock: LockAttempt?
+    /// Set by `shutDown()`, under `passcodeLock`.
+    var isShutDown = false
     // Taken around a state change and the hand-off of its event, so observers see events in state order.
     let deliveryLock = NSLock()
     var openFiles: [ObjectIdentifier: TrackedFile] = [:]
@@ -290,8 +292,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         do {
             result = try verdict.get()
         } catch let error as ProtectedStoreError where error.kind == .wrongPasscode {
-            if let limit = passcodePolicy.eraseAfterFailedAttempts, attempts.failedAttempts >= limit {
-                try erase()
+            if let limit = passcodePolicy.eraseAfterFailedAttempts, attempts.failedAttempts >= limit, case .embedded(let keys) = holder {
+                try erase(keys)
                 throw ProtectedStoreError(.wrongPasscode, path: root, problem: "wrong passcode, \(attempts.failedAttempts) times in a row: the device has been erased, as its passcode policy requires",
                                           remedy: "Its data is gone; create a new device with `sandboxctl init`")
             }
@@ -320,12 +322,17 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
 
     /// Destroys the device secret and the keybag, which makes every file of this device unrecoverable at once,
     /// then removes the containers and settings, leaving an empty root.
-    /// A device attached to a daemon can't be erased from here: the daemon holds its keys.
+    /// A device attached to a daemon, or one a daemon serves, can't be erased from here: the daemon holds its keys.
     public func erase() throws {
         guard case .embedded(let keys) = holder, !Self.isDaemonRunning(root: root) else {
             throw ProtectedStoreError(.invalidArgument, path: root, problem: "a key daemon holds this device's keys, so it can't be erased from here",
                                       remedy: "Stop the daemon (Ctrl-C or SIGTERM), then erase")
         }
+        try erase(keys)
+    }
+
+    /// The erase itself; also what the passcode policy runs, in whichever process holds the keys (the daemon too).
+    private func erase(_ keys: EmbeddedKeys) throws {
         // Every key in memory goes first, whatever fails afterwards.
         discardAllKeys()
         try keys.deviceSecret.destroy()
@@ -344,7 +351,13 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         }
     }
 
-    /// Zeroes every class key and the per-file key of every open file, and counts as locked (erase, daemon shutdown).
+    /// For good: waits for a passcode check in flight, refuses every later unlock, and zeroes every key (daemon shutdown).
+    func shutDown() {
+        passcodeLock.withLock { isShutDown = true }
+        discardAllKeys()
+    }
+
+    /// Zeroes every class key and the per-file key of every open file, and counts as locked (erase, shutdown).
     func discardAllKeys() {
         let (files, lockToRelease): ([EncryptedFile], LockAttempt?) = mutex.withLock {
             if case .embedded(let keys) = holder { keys.classKeys.discard(ProtectionClass.allCases) }

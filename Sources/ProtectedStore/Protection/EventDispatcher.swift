@@ -42,9 +42,10 @@ final class EventDispatcher: @unchecked Sendable {
         mutex.withLock { delegates = delegates.filter { $0.value.identity != identity } }
     }
 
-    /// An in-library observer (the key daemon) that is handed each event synchronously, must not block, and calls
-    /// `done` when it has finished with it (for a lock: when every remote subscriber has acknowledged).
-    typealias Handler = @Sendable (ProtectedDataEvent, _ done: @escaping @Sendable () -> Void) -> Void
+    /// An in-library observer (the key daemon) that is handed each event synchronously and must not block. It calls
+    /// `handedOver` once it has passed the event on (to every remote subscriber's socket) and `done` when it has
+    /// finished with it (for a lock: when every remote subscriber has acknowledged).
+    typealias Handler = @Sendable (ProtectedDataEvent, _ handedOver: @escaping @Sendable () -> Void, _ done: @escaping @Sendable () -> Void) -> Void
 
     func addHandler(_ handler: @escaping Handler) {
         mutex.withLock {
@@ -101,9 +102,10 @@ final class EventDispatcher: @unchecked Sendable {
             subscription.enqueue(event) { done.leave() }
         }
         for handler in handlerEntries.values {
+            handedOver.enter()
             done.enter()
-            let once = OnceFlag()
-            handler(event) { if once.claim() { done.leave() } }
+            let passedOn = OnceFlag(), finished = OnceFlag()
+            handler(event, { if passedOn.claim() { handedOver.leave() } }, { if finished.claim() { done.leave() } })
         }
         handedOver.enter()
         done.enter()
