@@ -24,6 +24,8 @@ final class DaemonServer: @unchecked Sendable {
     private var nextConnectionID: UInt64 = 0
     private var registry = SubscriberRegistry()
     private var lockDone: (@Sendable () -> Void)?
+    /// Receive scratch space, reused and zeroed after each read.
+    private var chunk = [UInt8](repeating: 0, count: 64 * 1024)
 
     // Shared with other threads.
     private let mutex = NSLock()
@@ -189,15 +191,15 @@ final class DaemonServer: @unchecked Sendable {
     }
 
     private func readAvailable(_ connection: Connection) {
-        let count = Self.chunk.withUnsafeMutableBytes { recv(connection.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-        defer { if count > 0 { Self.chunk.withUnsafeMutableBytes { zeroize($0.baseAddress!, count: count) } } }
+        let count = chunk.withUnsafeMutableBytes { recv(connection.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        defer { if count > 0 { chunk.withUnsafeMutableBytes { zeroize($0.baseAddress!, count: count) } } }
         if count < 0 {
             if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { return }
             return close(connection, reason: "receive failed: \(String(cString: strerror(errno)))")
         }
         if count == 0 { return close(connection, reason: nil) }
         guard !connection.closing else { return }
-        Self.chunk.withUnsafeBytes { connection.received.append(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+        chunk.withUnsafeBytes { connection.received.append(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
         do {
             while !connection.closing, connections[connection.id] != nil, let frame = try connection.received.nextFrame() {
                 handle(frame, on: connection)
@@ -208,8 +210,6 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-    /// Receive scratch space, reused (loop thread only) and zeroed after each read.
-    private nonisolated(unsafe) static var chunk = [UInt8](repeating: 0, count: 64 * 1024)
 
     private func send(_ reply: DaemonReply, attachment: SecureBytes? = nil, to connection: Connection) {
         guard connections[connection.id] != nil else { return }
