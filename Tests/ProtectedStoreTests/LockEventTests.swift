@@ -227,14 +227,14 @@ struct LockEventTests {
 
     @Test("wrong passcodes are throttled, and the throttle survives reopening the device")
     func throttling() throws {
-        let policy = PasscodePolicy(freeAttempts: 2, delays: [0.5, 3600])
+        let policy = PasscodePolicy(freeAttempts: 2, delays: [60, 3600])
         let test = try TestDevice(policy: policy)
         let device = try test.reopen()
         let wrong = try Passcode("nope")
         expectError(.wrongPasscode) { try device.unlock(passcode: wrong) }
         expectError(.wrongPasscode) { try device.unlock(passcode: wrong) }
         let third = expectError(.wrongPasscode) { try device.unlock(passcode: wrong) }
-        #expect(third?.problem.contains("next attempt is allowed in 1 s") == true, "\(String(describing: third))")
+        #expect(third?.problem.contains("next attempt is allowed in 60 s") == true, "\(String(describing: third))")
         let right = try Passcode(TestDevice.passcode)
         let throttled = expectError(.throttled) { try device.unlock(passcode: right) }
         #expect(throttled?.problem.contains("3 wrong passcodes") == true)
@@ -242,7 +242,10 @@ struct LockEventTests {
         #expect(rebooted.passcodePolicy == policy)
         #expect(rebooted.failedPasscodeAttempts == 3)
         expectError(.throttled) { try rebooted.unlock(passcode: right) }
-        Thread.sleep(forTimeInterval: 0.6)
+        // The delay passes: the last failure moved back 61 s in the persisted counter, rather than a test sleeping.
+        let counter = (test.root as NSString).appendingPathComponent("passcode-attempts.json")
+        let passed = PasscodeAttempts(failedAttempts: 3, lastFailure: Date().timeIntervalSince1970 - 61)
+        try Data(JSONEncoder().encode(passed)).write(to: URL(fileURLWithPath: counter))
         try rebooted.unlock(passcode: right)
         #expect(rebooted.state == .unlocked)
         #expect(rebooted.failedPasscodeAttempts == 0, "a right passcode resets the count")
