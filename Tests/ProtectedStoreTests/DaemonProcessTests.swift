@@ -151,7 +151,8 @@ struct DaemonProcessTests {
         let refused = try SpawnedProcess(URL(fileURLWithPath: "/usr/bin/setpriv"),
                                          ["--reuid=nobody", "--regid=nogroup", "--clear-groups", "/usr/bin/python3", "-c", script, socket])
         #expect(refused.nextLine() == "permission-denied closed", "\(refused.standardError)")
-        #expect(daemon.spawned.standardError.contains("refused a connection from uid 65534"))
+        // Its log line travels through a pipe of its own: wait for it.
+        #expect(eventually { daemon.spawned.standardError.contains("refused a connection from uid 65534") })
         #expect(try Device.attach(root: test.root, notificationCenter: NotificationCenter()).daemonStatus()?.state == .beforeFirstUnlock)
     }
 }
