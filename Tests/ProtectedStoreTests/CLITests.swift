@@ -18,11 +18,7 @@ struct CLI {
         let process = Process()
         process.executableURL = executable
         process.arguments = arguments
-        var env = ProcessInfo.processInfo.environment
-        env["SANDBOXCTL_ROOT"] = nil
-        env["SANDBOXCTL_DEVICE_SECRET"] = nil
-        env.merge(environment) { $1 }
-        process.environment = env
+        process.environment = childEnvironment(environment)
         let input = Pipe(), output = Pipe(), errors = Pipe()
         process.standardInput = input
         process.standardOutput = output

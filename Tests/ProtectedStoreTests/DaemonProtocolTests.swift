@@ -211,6 +211,9 @@ struct DaemonProtocolTests {
         let other = try TestDevice()
         let stolen = expectError(.alreadyExists) { try KeyDaemon.start(root: other.root, deviceSecretPath: other.secretPath, socketPath: daemon.socketPath) }
         #expect(stolen?.problem == "another daemon is listening on this socket")
+        // The daemon holds the keys: erasing from another process is refused, and nothing is removed.
+        expectError(.invalidArgument) { try test.device.erase() }
+        #expect(FileManager.default.fileExists(atPath: test.secretPath))
     }
 }
 

@@ -22,11 +22,7 @@ final class SpawnedProcess: @unchecked Sendable {
     init(_ executable: URL, _ arguments: [String], environment: [String: String] = [:]) throws {
         process.executableURL = executable
         process.arguments = arguments
-        var env = ProcessInfo.processInfo.environment
-        env["SANDBOXCTL_ROOT"] = nil
-        env["SANDBOXCTL_DEVICE_SECRET"] = nil
-        env.merge(environment) { $1 }
-        process.environment = env
+        process.environment = childEnvironment(environment)
         process.standardInput = input
         process.standardOutput = output
         process.standardError = errors
@@ -93,6 +89,14 @@ final class SpawnedProcess: @unchecked Sendable {
         }
         return process.terminationStatus
     }
+}
+
+/// This process's environment for a child, without the user's own device settings, plus `overrides`.
+func childEnvironment(_ overrides: [String: String]) -> [String: String] {
+    var environment = ProcessInfo.processInfo.environment
+    environment["SANDBOXCTL_ROOT"] = nil
+    environment["SANDBOXCTL_DEVICE_SECRET"] = nil
+    return environment.merging(overrides) { $1 }
 }
 
 /// A `sandboxctl daemon` process for a test device.

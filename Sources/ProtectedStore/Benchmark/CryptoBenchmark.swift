@@ -59,7 +59,7 @@ public struct CryptoBenchmark: Sendable {
                 let start = ContinuousClock.now
                 try body()
                 let elapsed = ContinuousClock.now - start
-                let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+                let seconds = elapsed / .seconds(1)
                 samples.append(bytes / seconds / 1e6)
             }
             return samples.sorted()[samples.count / 2]

@@ -76,10 +76,10 @@ public struct LockBenchmark: Sendable {
                 let replied = ContinuousClock.now
                 try swarm.waitForAll(.willBecomeUnavailable)
                 if grace == 0 {
-                    fanOut.append(Self.milliseconds(swarm.lastReceipt - start))
-                    discarded.append(Self.milliseconds(replied - start))
+                    fanOut.append((swarm.lastReceipt - start) / .milliseconds(1))
+                    discarded.append((replied - start) / .milliseconds(1))
                 } else {
-                    afterAck.append(Self.milliseconds(replied - swarm.lastAcknowledgement))
+                    afterAck.append((replied - swarm.lastAcknowledgement) / .milliseconds(1))
                 }
                 if grace == 0 {
                     _ = try control.call(DaemonRequest(id: 0, op: .unlock), attachment: passcode.bytes)
@@ -96,11 +96,7 @@ public struct LockBenchmark: Sendable {
     private func milliseconds(_ body: () throws -> Void) rethrows -> Double {
         let start = ContinuousClock.now
         try body()
-        return Self.milliseconds(ContinuousClock.now - start)
-    }
-
-    static func milliseconds(_ duration: Duration) -> Double {
-        Double(duration.components.seconds) * 1000 + Double(duration.components.attoseconds) / 1e15
+        return (ContinuousClock.now - start) / .milliseconds(1)
     }
 
     private func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
@@ -114,9 +110,7 @@ private final class ControlConnection {
     init(socketPath: String) throws {
         fd = ps_unix_connect(socketPath)
         guard fd >= 0 else { throw ProtectedStoreError.io(Errno(rawValue: errno), path: socketPath, doing: "connect to the daemon") }
-        var hello = DaemonRequest(id: 0, op: .hello)
-        hello.version = daemonProtocolVersion
-        _ = try call(hello)
+        _ = try DaemonLink.greet(on: fd, buffer: buffer)
     }
 
     func call(_ request: DaemonRequest, attachment: SecureBytes? = nil) throws -> DaemonReply {
@@ -145,9 +139,7 @@ private final class Swarm: @unchecked Sendable {
                 throw ProtectedStoreError.io(Errno(rawValue: errno), path: socketPath, doing: "connect subscriber \(descriptors.count + 1) (raise `ulimit -n`?)")
             }
             let buffer = FrameBuffer()
-            var hello = DaemonRequest(id: 0, op: .hello)
-            hello.version = daemonProtocolVersion
-            _ = try DaemonLink.exchange(hello, on: fd, buffer: buffer)
+            _ = try DaemonLink.greet(on: fd, buffer: buffer)
             _ = try DaemonLink.exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: buffer)
             descriptors.append(fd)
         }

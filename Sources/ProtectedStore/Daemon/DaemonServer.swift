@@ -119,10 +119,7 @@ final class DaemonServer: @unchecked Sendable {
                 polled.append(pollfd(fd: connection.fd, events: Int16((wantsInput ? POLLIN : 0) | (wantsOutput ? POLLOUT : 0)), revents: 0))
             }
             let nextDeadline = (ordered.compactMap(\.drainDeadline) + [acceptPausedUntil].compactMap { $0 }).min()
-            let timeout = nextDeadline.map { deadline -> Int32 in
-                let remaining = (deadline - now).components
-                return Int32(max(1, remaining.seconds * 1000 + remaining.attoseconds / 1_000_000_000_000_000 + 1))
-            } ?? -1
+            let timeout = nextDeadline.map { Int32(max(1, (($0 - now) / .milliseconds(1)).rounded(.up))) } ?? -1
             let ready = poll(&polled, nfds_t(polled.count), timeout)
             if ready < 0 {
                 if errno == EINTR { continue }

@@ -247,9 +247,7 @@ final class DaemonLink: @unchecked Sendable {
         // A daemon stopped with SIGSTOP still accepts (the backlog): don't hang on it.
         setTimeouts(fd, seconds: 5)
         do {
-            var hello = DaemonRequest(id: 0, op: .hello)
-            hello.version = daemonProtocolVersion
-            var helloReply = try exchange(hello, on: fd, buffer: buffer)
+            var helloReply = try greet(on: fd, buffer: buffer)
             let subscribed = try exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: buffer)
             helloReply.state = subscribed.state
             setTimeouts(fd, seconds: 0)
@@ -262,6 +260,13 @@ final class DaemonLink: @unchecked Sendable {
     }
 
     /// One request and its reply on a blocking socket without a reader thread (handshakes, the lock benchmark).
+    /// The hello every connection starts with.
+    static func greet(on fd: Int32, buffer: FrameBuffer) throws -> DaemonReply {
+        var hello = DaemonRequest(id: 0, op: .hello)
+        hello.version = daemonProtocolVersion
+        return try exchange(hello, on: fd, buffer: buffer)
+    }
+
     private static func setTimeouts(_ fd: Int32, seconds: Int) {
         var timeout = timeval(tv_sec: seconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))

@@ -175,8 +175,8 @@ extension Device {
 /// One lock in progress: callers of `lock()` wait on it; it completes when the keys are gone or an unlock cancels it.
 final class LockAttempt: @unchecked Sendable {
     private let mutex = NSLock()
+    private let graceStarted = OnceFlag()
     private var isComplete = false
-    private var graceStarted = false
     private var waiters: [CheckedContinuation<Void, Never>] = []
 
     func wait() async {
@@ -191,12 +191,7 @@ final class LockAttempt: @unchecked Sendable {
     }
 
     /// True the first time only: the grace timer is started once, by whichever trigger comes first.
-    func startGracePeriod() -> Bool {
-        mutex.withLock {
-            defer { graceStarted = true }
-            return !graceStarted
-        }
-    }
+    func startGracePeriod() -> Bool { graceStarted.claim() }
 
     func complete() {
         let waiting: [CheckedContinuation<Void, Never>] = mutex.withLock {

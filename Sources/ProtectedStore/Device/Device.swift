@@ -324,11 +324,17 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// then removes the containers and settings, leaving an empty root.
     /// A device attached to a daemon, or one a daemon serves, can't be erased from here: the daemon holds its keys.
     public func erase() throws {
-        guard case .embedded(let keys) = holder, !Self.isDaemonRunning(root: root) else {
+        try requireNoDaemon()
+        guard case .embedded(let keys) = holder else { preconditionFailure("an attached device has a daemon") }
+        try erase(keys)
+    }
+
+    /// Throws unless this process alone holds the device, as `erase()` requires (lets a CLI check before asking for a passcode).
+    public func requireNoDaemon() throws {
+        guard case .embedded = holder, !Self.isDaemonRunning(root: root) else {
             throw ProtectedStoreError(.invalidArgument, path: root, problem: "a key daemon holds this device's keys, so it can't be erased from here",
                                       remedy: "Stop the daemon (Ctrl-C or SIGTERM), then erase")
         }
-        try erase(keys)
     }
 
     /// The erase itself; also what the passcode policy runs, in whichever process holds the keys (the daemon too).

@@ -16,9 +16,7 @@ struct EraseCommand: ParsableCommand {
     func run() throws {
         try reportingErrors {
             let opened = try device.openInProcess()
-            guard !Device.isDaemonRunning(root: opened.root) else {
-                throw ProtectedStoreError(.invalidArgument, path: opened.root, problem: "a key daemon serves this device", remedy: "Stop the daemon (Ctrl-C or SIGTERM), then erase")
-            }
+            try opened.requireNoDaemon()
             try opened.unlock(passcode: try PasscodeInput.read(prompt: "Passcode: ", fromStandardInput: passcodeStdin))
             try opened.erase()
             print("Erased the device in \(opened.root): its keys are destroyed and its containers removed")

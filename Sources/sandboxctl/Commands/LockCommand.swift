@@ -26,8 +26,7 @@ struct LockCommand: AsyncParsableCommand {
             let elapsed = ContinuousClock.now - start
             // The daemon's own view: also how a daemon that died meanwhile is reported (exit 69).
             guard let status = try attached.daemonStatus() else { return }
-            let milliseconds = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
-            print("Locked \(attached.root): state \(status.state.rawValue), \(status.subscribers - 1) other subscriber(s), keys discarded after \(String(format: "%.0f", milliseconds)) ms")
+            print("Locked \(attached.root): state \(status.state.rawValue), \(status.subscribers - 1) other subscriber(s), keys discarded after \(String(format: "%.0f", elapsed / .milliseconds(1))) ms")
         }
     }
 }
