@@ -27,10 +27,11 @@ struct Sandboxctl: AsyncParsableCommand {
               64  usage error (bad option, bad argument)
               65  integrity error (authentication failed, corrupt or unsupported data)
               69  no key daemon serves the device (lock, unlock, watch), or it stopped
-              77  denied by data protection (locked, before first unlock, wrong passcode)
+              77  denied by data protection (locked, before first unlock, wrong passcode) or by the Inbox's
+                  read-and-delete rule
             """,
         subcommands: [InitCommand.self, DaemonCommand.self, UnlockCommand.self, LockCommand.self, WatchCommand.self,
-                      CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self,
+                      CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self, InboxCommand.self,
                       RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, PasswdCommand.self, EraseCommand.self,
                       DemoCommand.self, BenchCommand.self]
     )

@@ -11,6 +11,7 @@ extension Container {
     public func write(_ data: Data, toPath path: String, options: Data.WritingOptions = []) throws {
         try foundationErrors(writing: true) {
             let item = try directory.resolve(try filePath(path), followingFinalSymlink: true)
+            try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "written")
             let existing = try item.location.status()
             if let existing, existing.st_mode & S_IFMT == S_IFDIR {
                 throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "it is a directory", remedy: "Give the path of a file")
@@ -43,6 +44,7 @@ extension Container {
     public func createFile(atPath path: String, attributes: [FileAttributeKey: Any] = [:]) throws -> ProtectedFileHandle {
         try foundationErrors(writing: true) {
             let item = try directory.resolve(try filePath(path), followingFinalSymlink: false)
+            try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "created")
             let protectionClass = try Self.protectionClass(in: attributes, path: item.displayPath) ?? inheritedClass(in: item.parent)
             let file = try EncryptedFile.create(at: item.location, protectionClass: protectionClass, keys: device)
             do {
@@ -66,7 +68,9 @@ extension Container {
     /// Opens an existing file for reading and writing at any offset.
     public func fileHandle(forUpdatingAtPath path: String) throws -> ProtectedFileHandle {
         try foundationErrors(writing: true) {
-            try ProtectedFileHandle(opening: try directory.resolve(try self.path(path), followingFinalSymlink: true), writable: true, container: self)
+            let item = try directory.resolve(try self.path(path), followingFinalSymlink: true)
+            try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "opened for writing")
+            return try ProtectedFileHandle(opening: item, writable: true, container: self)
         }
     }
 
@@ -137,6 +141,7 @@ extension Container {
             guard let info = try item.location.status() else {
                 throw ProtectedStoreError(.notFound, path: item.displayPath, problem: "no such file or directory", remedy: "Check the path")
             }
+            try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "given another class")
             if info.st_mode & S_IFMT == S_IFDIR {
                 let opened = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
                 try writeDirectoryClass(newClass, in: opened, displayPath: item.displayPath)
@@ -177,6 +182,7 @@ extension Container {
                     throw ProtectedStoreError(.notFound, path: item.displayPath, problem: "the parent directory \(prefix) does not exist",
                                               remedy: "Create it first, or create intermediate directories (mkdir -p)")
                 }
+                try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "created")
                 let inherited = try directoryClass(of: item.parent)
                 guard mkdirat(item.parent.descriptor.rawValue, item.name, 0o700) == 0 else {
                     throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "create the directory")
@@ -215,6 +221,7 @@ extension Container {
             let from = try directory.resolve(try self.path(source), followingFinalSymlink: false)
             let to = try directory.resolve(try self.path(destination), followingFinalSymlink: false)
             try refuseLayoutChange(from, doing: "moved")
+            try refuseInboxChange(to.path, displayPath: to.displayPath, doing: "created by moving an item there")
             guard try from.location.status() != nil else {
                 throw ProtectedStoreError(.notFound, path: from.displayPath, problem: "no such file or directory", remedy: "Check the path")
             }

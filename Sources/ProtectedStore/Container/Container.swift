@@ -34,6 +34,11 @@ public final class Container: @unchecked Sendable {
     public var applicationSupportPath: String { Self.applicationSupport(bundleIdentifier) }
 
     let layoutPaths: Set<ContainerPath>
+    let inboxPath: ContainerPath
+    /// The record of Inbox deliveries and their events, beside the data directory.
+    let inboxQueue: InboxQueue
+    let receiverLock = NSLock()
+    var receiver: InboxReceiver?
 
     init(device: Device, bundleIdentifier: String, containerPath: String) throws {
         let metadataPath = (containerPath as NSString).appendingPathComponent(Self.metadataName)
@@ -50,6 +55,8 @@ public final class Container: @unchecked Sendable {
         self.dataPath = (containerPath as NSString).appendingPathComponent(Self.dataName)
         self.directory = try ConfinedDirectory(path: dataPath, containerName: bundleIdentifier)
         self.layoutPaths = Set(try Self.layout(bundleIdentifier: bundleIdentifier).map { try ContainerPath($0, container: bundleIdentifier) })
+        self.inboxPath = try ContainerPath(Self.documentsInbox, container: bundleIdentifier)
+        self.inboxQueue = InboxQueue(containerPath: containerPath, bundleIdentifier: bundleIdentifier)
     }
 
     static let metadataName = "container.json"

@@ -23,8 +23,14 @@ public final class ProtectedFileHandle: @unchecked Sendable {
         }
     }
 
+    /// Opens an existing file; one delivered to the Inbox while locked first takes its directory's class if the device is unlocked.
     convenience init(opening item: ResolvedItem, writable: Bool, container: Container) throws {
-        let file = try EncryptedFile.open(at: item.location, keys: container.device, writable: writable)
+        var file = try EncryptedFile.open(at: item.location, keys: container.device, writable: writable)
+        if file.awaitsDefaultClass, container.device.state == .unlocked {
+            try? file.close()
+            try container.adoptDefaultClass(item)
+            file = try EncryptedFile.open(at: item.location, keys: container.device, writable: writable)
+        }
         try self.init(file: file, path: item.displayPath, container: container)
     }
 

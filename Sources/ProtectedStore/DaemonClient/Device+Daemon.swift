@@ -98,6 +98,7 @@ extension Device {
             mutex.withLock { currentState = .unlocked }
             daemonEvents.async {
                 let observers = self.deliveryLock.withLock { self.dispatcher.deliver(.didBecomeAvailable, from: self) }
+                self.deliverPendingOpenURLs(after: observers.done)
                 // Bounded as in-process: an observer stuck in an earlier callback must not stop this process
                 // from acknowledging, which would keep the next lock's event from reaching it.
                 _ = observers.handedOver.wait(timeout: .now() + max(self.gracePeriod, 1))

@@ -100,6 +100,8 @@ enum DaemonErrorCode: String, Sendable {
         case .invalidArgument: self = .invalidArgument
         case .io: self = .io
         case .daemonUnavailable: self = .daemonUnavailable
+        // Not raised by any daemon operation (it is the Inbox rule, enforced in the client).
+        case .permissionDenied: self = .permissionDenied
         }
     }
 

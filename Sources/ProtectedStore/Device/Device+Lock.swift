@@ -59,7 +59,7 @@ extension Device {
         }
         // The state change and the hand-off of its event happen under one lock, so every observer sees
         // will/did in the order the state changed, even when a lock and an unlock race.
-        let (attempt, grace, observers): (LockAttempt?, TimeInterval, (handedOver: DispatchGroup, done: DispatchGroup)?) = deliveryLock.withLock {
+        let (attempt, grace, observers): (LockAttempt?, TimeInterval, (handedOver: DispatchGroup, done: DispatchGroup, observers: Int)?) = deliveryLock.withLock {
             let (attempt, grace, isNew): (LockAttempt?, TimeInterval, Bool) = mutex.withLock {
                 switch currentState {
                 case .unlocked:
@@ -127,11 +127,25 @@ extension Device {
                     currentState = .unlocked
                     return (wasUnlocked, pendingLock.take())
                 }
-                if !wasUnlocked { _ = dispatcher.deliver(.didBecomeAvailable, from: self) }
+                if !wasUnlocked { deliverPendingOpenURLs(after: dispatcher.deliver(.didBecomeAvailable, from: self).done) }
                 return cancelled
             }
             cancelled?.complete()
         }
+    }
+
+    /// Once this process's observers have handled *did become available* (or the grace period has passed, for one
+    /// that never finishes), its containers receiving open-URL events deliver what is pending: an app hears that data
+    /// is back before it is asked to open a file that needed it.
+    func deliverPendingOpenURLs(after didHandled: DispatchGroup) {
+        guard !inboxReceivers.members.isEmpty else { return }
+        let started = OnceFlag()
+        let start: @Sendable () -> Void = { [weak self] in
+            guard started.claim(), let self else { return }
+            inboxReceivers.members.forEach { $0.deliverPending() }
+        }
+        didHandled.notify(queue: .global(), execute: start)
+        DispatchQueue.global().asyncAfter(deadline: .now() + max(gracePeriod, 1), execute: start)
     }
 
     // MARK: Open files

@@ -51,7 +51,9 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     // Taken around a state change and the hand-off of its event, so observers see events in state order.
     let deliveryLock = NSLock()
     var openFiles: [ObjectIdentifier: TrackedFile] = [:]
-    let dispatcher: EventDispatcher
+    let dispatcher: EventDispatcher<ProtectedDataEvent, Device>
+    /// Containers of this process receiving open-URL events, told when protected data becomes available.
+    let inboxReceivers = WeakSet<InboxReceiver>()
     /// Attached to a daemon: serves its events to this process's observers, one at a time, in order.
     let daemonEvents = DispatchQueue(label: "ProtectedStore.daemon-events")
 
@@ -64,7 +66,16 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         self.holder = holder
         self.currentState = state
         self.passcodePolicy = passcodePolicy
-        self.dispatcher = EventDispatcher(notificationCenter: notificationCenter)
+        self.dispatcher = EventDispatcher(notificationCenter: notificationCenter, postingNotifications: true, callDelegate: { delegate, event, device in
+            guard let delegate = delegate as? any ProtectedDataDelegate else { return }
+            switch event {
+            case .willBecomeUnavailable: delegate.protectedDataWillBecomeUnavailable(device)
+            case .didBecomeAvailable: delegate.protectedDataDidBecomeAvailable(device)
+            }
+        }, post: { center, event, device in
+            center.post(name: event == .willBecomeUnavailable ? Device.protectedDataWillBecomeUnavailableNotification : Device.protectedDataDidBecomeAvailableNotification,
+                        object: device)
+        })
     }
 
     deinit {

@@ -56,14 +56,14 @@ public final class EncryptedFile: @unchecked Sendable {
         try create(at: FileLocation(path: path), protectionClass: protectionClass, keys: keys, blockSize: blockSize)
     }
 
-    static func create(at location: FileLocation, protectionClass: ProtectionClass, keys: any ClassKeyProviding,
+    static func create(at location: FileLocation, protectionClass: ProtectionClass, flags: FileHeader.Flags = [], keys: any ClassKeyProviding,
                        blockSize: Int = defaultBlockSize) throws -> EncryptedFile {
         precondition(blockSize >= FileHeader.minimumBlockSize && blockSize <= FileHeader.maximumBlockSize && blockSize & (blockSize - 1) == 0)
         let path = location.displayPath
         let fileKey = SecureBytes.random(count: FileHeader.fileKeyBytes)
         let header = try attributingKeyErrors(to: path) {
             try FileHeader.sealing(fileKey: fileKey, fileID: Random.bytes(FileHeader.idBytes),
-                                   protectionClass: protectionClass, blockSize: blockSize, keys: keys)
+                                   protectionClass: protectionClass, flags: flags, blockSize: blockSize, keys: keys)
         }
         let descriptor = try location.open(.readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite],
                                            doing: "create the encrypted file")
@@ -154,6 +154,9 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// The class whose key wraps this file's key.
     public var protectionClass: ProtectionClass { mutex.withLock { header.protectionClass } }
+
+    /// Sealed for class B while locked by an Inbox delivery: takes its directory's class at the first unlocked open.
+    var awaitsDefaultClass: Bool { mutex.withLock { header.flags.contains(.awaitsDefaultClass) } }
 
     /// Plaintext bytes per block of this file.
     public var blockSize: Int { Int(layout.blockSize) }
@@ -247,7 +250,7 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
-    /// Re-wraps the per-file key for `newClass` and rewrites the header only; the body is untouched.
+    /// Re-wraps the per-file key for `newClass` and rewrites the header only (clearing its flags); the body is untouched.
     public func changeProtectionClass(to newClass: ProtectionClass, keys: any ClassKeyProviding) throws {
         try mutex.withLock {
             try checkWritable()

@@ -10,7 +10,15 @@ struct FileHeader: Sendable {
     static let minimumBlockSize = 512
     static let maximumBlockSize = 1 << 20
 
+    /// Header byte 7. Bit 0: sealed for class B because the device was locked when the file was delivered to an
+    /// Inbox; it takes its directory's class the first time it is opened with the device unlocked.
+    struct Flags: OptionSet, Sendable {
+        let rawValue: UInt8
+        static let awaitsDefaultClass = Flags(rawValue: 1)
+    }
+
     var protectionClass: ProtectionClass
+    var flags: Flags
     var blockSize: Int
     var keybagID: [UInt8]
     var fileID: [UInt8]
@@ -27,7 +35,7 @@ struct FileHeader: Sendable {
         writer.append(Self.magic)
         writer.append(Self.version)
         writer.append(protectionClass.rawValue)
-        writer.append(UInt8(0))
+        writer.append(flags.rawValue)
         writer.append(UInt32(blockSize))
         writer.append(keybagID)
         writer.append(fileID)
@@ -38,9 +46,9 @@ struct FileHeader: Sendable {
     var serialized: [UInt8] { authenticatedPrefix + wrappedFileKey }
 
     /// A header for a new file (or a class change of an existing one) with `fileKey` wrapped for `protectionClass`.
-    static func sealing(fileKey: SecureBytes, fileID: [UInt8], protectionClass: ProtectionClass, blockSize: Int,
+    static func sealing(fileKey: SecureBytes, fileID: [UInt8], protectionClass: ProtectionClass, flags: Flags = [], blockSize: Int,
                         keys: any ClassKeyProviding) throws -> FileHeader {
-        var header = FileHeader(protectionClass: protectionClass, blockSize: blockSize, keybagID: keys.keybagID, fileID: fileID,
+        var header = FileHeader(protectionClass: protectionClass, flags: flags, blockSize: blockSize, keybagID: keys.keybagID, fileID: fileID,
                                 ephemeralPublicKey: [UInt8](repeating: 0, count: X25519.keyBytes), wrappedFileKey: [])
         if protectionClass == .completeUnlessOpen {
             // One-pass key agreement: only the public class key is needed, so this works while locked.
@@ -70,14 +78,17 @@ struct FileHeader: Sendable {
             throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "encrypted file format version \(version) is not supported (this build reads version \(Self.version))",
                                       remedy: "Use the ProtectedStore version that wrote it")
         }
-        guard let protectionClass = ProtectionClass(rawValue: reader.uint8()), reader.uint8() == 0 else {
+        guard let protectionClass = ProtectionClass(rawValue: reader.uint8()) else { throw headerAuthenticationError(path: path) }
+        let flags = Flags(rawValue: reader.uint8())
+        // Only class B files can await their class: other combinations are not written by any version.
+        guard Flags.awaitsDefaultClass.isSuperset(of: flags), flags.isEmpty || protectionClass == .completeUnlessOpen else {
             throw headerAuthenticationError(path: path)
         }
         let blockSize = Int(reader.uint32())
         guard blockSize >= minimumBlockSize, blockSize <= maximumBlockSize, blockSize & (blockSize - 1) == 0 else {
             throw headerAuthenticationError(path: path)
         }
-        return FileHeader(protectionClass: protectionClass, blockSize: blockSize, keybagID: reader.take(idBytes), fileID: reader.take(idBytes),
+        return FileHeader(protectionClass: protectionClass, flags: flags, blockSize: blockSize, keybagID: reader.take(idBytes), fileID: reader.take(idBytes),
                           ephemeralPublicKey: reader.take(X25519.keyBytes),
                           wrappedFileKey: reader.take(AEAD.nonceBytes + fileKeyBytes + AEAD.tagBytes))
     }

@@ -1,22 +1,31 @@
 import Dispatch
 import Foundation
 
-/// Delivers protected-data events to the three kinds of observer and tells the caller when all are done.
+/// Delivers events from `Source` (a device's protected-data events, a container's open-URL events) to the three kinds
+/// of observer (delegates, `AsyncSequence` subscriptions, notifications) and tells the caller when all are done.
 ///
 /// Every observer gets its events in order, each on its own queue, so one slow observer delays nobody else's delivery.
-final class EventDispatcher: @unchecked Sendable {
+final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unchecked Sendable {
+    /// Calls the delegate method for an event.
+    typealias DelegateCall = @Sendable (_ delegate: any AnyObject & Sendable, Event, Source) -> Void
+    /// Posts the notification for an event.
+    typealias Post = @Sendable (NotificationCenter, Event, Source) -> Void
+
     private struct DelegateEntry {
         /// Identity at registration, so `remove` never has to load the weak reference.
         let identity: ObjectIdentifier
-        weak var delegate: (any ProtectedDataDelegate)?
+        weak var delegate: (any AnyObject & Sendable)?
         let queue: DispatchQueue
     }
 
     private struct SubscriptionEntry {
-        weak var subscription: EventSubscription?
+        weak var subscription: EventSubscription<Event>?
     }
 
     let notificationCenter: NotificationCenter
+    private let callDelegate: DelegateCall
+    private let post: Post
+    private var isPostingNotifications: Bool
     private let mutex = NSLock()
     // Keyed by a counter, never by address: a dead observer's address can be reused by a new one.
     private var nextToken: UInt64 = 0
@@ -25,9 +34,23 @@ final class EventDispatcher: @unchecked Sendable {
     private var handlers: [UInt64: Handler] = [:]
     private let notificationQueue = DispatchQueue(label: "ProtectedStore.notifications")
 
-    init(notificationCenter: NotificationCenter) { self.notificationCenter = notificationCenter }
+    /// `postingNotifications` false: notifications start with `startPostingNotifications()`.
+    init(notificationCenter: NotificationCenter, postingNotifications: Bool, callDelegate: @escaping DelegateCall, post: @escaping Post) {
+        self.notificationCenter = notificationCenter
+        self.isPostingNotifications = postingNotifications
+        self.callDelegate = callDelegate
+        self.post = post
+    }
 
-    func add(_ delegate: any ProtectedDataDelegate) {
+    func startPostingNotifications() { mutex.withLock { isPostingNotifications = true } }
+
+    /// Whether anyone is listening: a live delegate or subscription, or notifications being posted.
+    var hasObservers: Bool {
+        let (delegateEntries, subscriptionEntries, posting) = mutex.withLock { (delegates, subscriptions, isPostingNotifications) }
+        return posting || delegateEntries.values.contains { $0.delegate != nil } || subscriptionEntries.values.contains { $0.subscription != nil }
+    }
+
+    func add(_ delegate: any AnyObject & Sendable) {
         let entry = DelegateEntry(identity: ObjectIdentifier(delegate), delegate: delegate, queue: DispatchQueue(label: "ProtectedStore.delegate"))
         mutex.withLock {
             // Adding a delegate twice registers it once, as NotificationCenter-style APIs users expect.
@@ -37,7 +60,7 @@ final class EventDispatcher: @unchecked Sendable {
         }
     }
 
-    func remove(_ delegate: any ProtectedDataDelegate) {
+    func remove(_ delegate: any AnyObject & Sendable) {
         let identity = ObjectIdentifier(delegate)
         mutex.withLock { delegates = delegates.filter { $0.value.identity != identity } }
     }
@@ -45,7 +68,7 @@ final class EventDispatcher: @unchecked Sendable {
     /// An in-library observer (the key daemon) that is handed each event synchronously and must not block. It calls
     /// `handedOver` once it has passed the event on (to every remote subscriber's socket) and `done` when it has
     /// finished with it (for a lock: when every remote subscriber has acknowledged).
-    typealias Handler = @Sendable (ProtectedDataEvent, _ handedOver: @escaping @Sendable () -> Void, _ done: @escaping @Sendable () -> Void) -> Void
+    typealias Handler = @Sendable (Event, _ handedOver: @escaping @Sendable () -> Void, _ done: @escaping @Sendable () -> Void) -> Void
 
     func addHandler(_ handler: @escaping Handler) {
         mutex.withLock {
@@ -54,12 +77,12 @@ final class EventDispatcher: @unchecked Sendable {
         }
     }
 
-    func subscribe() -> EventSubscription {
+    func subscribe() -> EventSubscription<Event> {
         let token: UInt64 = mutex.withLock {
             nextToken += 1
             return nextToken
         }
-        let subscription = EventSubscription { [weak self] in
+        let subscription = EventSubscription<Event> { [weak self] in
             guard let self else { return }
             _ = mutex.withLock { self.subscriptions.removeValue(forKey: token) }
         }
@@ -69,27 +92,28 @@ final class EventDispatcher: @unchecked Sendable {
 
     /// Hands `event` to every observer now. `handedOver` is left once every observer has been given the event
     /// (its delegate method entered, its notification being posted, or the event queued in its sequence);
-    /// `done` once every observer has finished handling it.
-    func deliver(_ event: ProtectedDataEvent, from device: Device) -> (handedOver: DispatchGroup, done: DispatchGroup) {
+    /// `done` once every observer has finished handling it. `observers` counts those reached.
+    @discardableResult
+    func deliver(_ event: Event, from source: Source) -> (handedOver: DispatchGroup, done: DispatchGroup, observers: Int) {
         let handedOver = DispatchGroup()
         let done = DispatchGroup()
         // Weak references are loaded outside the mutex: loading one can make this the last strong reference,
         // and the observer's deinit (ending a subscription, removing a delegate) takes the mutex itself.
-        let (delegateEntries, subscriptionEntries, handlerEntries) = mutex.withLock { (delegates, subscriptions, handlers) }
+        let (delegateEntries, subscriptionEntries, handlerEntries, posting) = mutex.withLock { (delegates, subscriptions, handlers, isPostingNotifications) }
         var gone: [UInt64] = []
+        var reached = 0
         for (id, entry) in delegateEntries {
             guard let delegate = entry.delegate else {
                 gone.append(id)
                 continue
             }
+            reached += 1
             handedOver.enter()
             done.enter()
+            let callDelegate = callDelegate
             entry.queue.async {
                 handedOver.leave()
-                switch event {
-                case .willBecomeUnavailable: delegate.protectedDataWillBecomeUnavailable(device)
-                case .didBecomeAvailable: delegate.protectedDataDidBecomeAvailable(device)
-                }
+                callDelegate(delegate, event, source)
                 done.leave()
             }
         }
@@ -98,23 +122,27 @@ final class EventDispatcher: @unchecked Sendable {
                 gone.append(id)
                 continue
             }
+            reached += 1
             done.enter()
             subscription.enqueue(event) { done.leave() }
         }
         for handler in handlerEntries.values {
+            reached += 1
             handedOver.enter()
             done.enter()
             let passedOn = OnceFlag(), finished = OnceFlag()
             handler(event, { if passedOn.claim() { handedOver.leave() } }, { if finished.claim() { done.leave() } })
         }
-        handedOver.enter()
-        done.enter()
-        let center = notificationCenter
-        notificationQueue.async {
-            handedOver.leave()
-            let name = event == .willBecomeUnavailable ? Device.protectedDataWillBecomeUnavailableNotification : Device.protectedDataDidBecomeAvailableNotification
-            center.post(name: name, object: device)
-            done.leave()
+        if posting {
+            reached += 1
+            handedOver.enter()
+            done.enter()
+            let center = notificationCenter, post = post
+            notificationQueue.async {
+                handedOver.leave()
+                post(center, event, source)
+                done.leave()
+            }
         }
         if !gone.isEmpty {
             mutex.withLock {
@@ -124,7 +152,7 @@ final class EventDispatcher: @unchecked Sendable {
                 }
             }
         }
-        return (handedOver, done)
+        return (handedOver, done, reached)
     }
 }
 

@@ -32,12 +32,12 @@ extension Device {
 /// One consumer per sequence; make another sequence for another consumer.
 public struct ProtectedDataEvents: AsyncSequence, Sendable {
     public typealias Element = ProtectedDataEvent
-    let subscription: EventSubscription
+    let subscription: EventSubscription<ProtectedDataEvent>
 
     public func makeAsyncIterator() -> Iterator { Iterator(subscription: subscription) }
 
     public struct Iterator: AsyncIteratorProtocol {
-        let subscription: EventSubscription
+        let subscription: EventSubscription<ProtectedDataEvent>
 
         /// The next event; nil once the task is cancelled.
         public mutating func next() async -> ProtectedDataEvent? { await subscription.next() }
@@ -45,11 +45,11 @@ public struct ProtectedDataEvents: AsyncSequence, Sendable {
 }
 
 /// One subscriber's buffer of undelivered events and the acknowledgement of the event it is handling.
-final class EventSubscription: @unchecked Sendable {
+final class EventSubscription<Event: Sendable>: @unchecked Sendable {
     private let mutex = NSLock()
-    private var buffered: [(event: ProtectedDataEvent, handled: @Sendable () -> Void)] = []
+    private var buffered: [(event: Event, handled: @Sendable () -> Void)] = []
     private var handling: (@Sendable () -> Void)?
-    private var waiter: CheckedContinuation<ProtectedDataEvent?, Never>?
+    private var waiter: CheckedContinuation<Event?, Never>?
     private var finished = false
     private let onEnd: @Sendable () -> Void
 
@@ -59,7 +59,7 @@ final class EventSubscription: @unchecked Sendable {
         finish()
     }
 
-    func enqueue(_ event: ProtectedDataEvent, handled: @escaping @Sendable () -> Void) {
+    func enqueue(_ event: Event, handled: @escaping @Sendable () -> Void) {
         let delivered: Bool = mutex.withLock {
             guard !finished else { return false }
             if let waiter {
@@ -74,7 +74,7 @@ final class EventSubscription: @unchecked Sendable {
         if !delivered { handled() }
     }
 
-    func next() async -> ProtectedDataEvent? {
+    func next() async -> Event? {
         mutex.withLock { handling.take() }?()
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
@@ -86,7 +86,7 @@ final class EventSubscription: @unchecked Sendable {
                     } else if finished || Task.isCancelled {
                         continuation.resume(returning: nil)
                     } else {
-                        precondition(waiter == nil, "ProtectedDataEvents has one consumer; call protectedDataEvents() again for another")
+                        precondition(waiter == nil, "an event sequence has one consumer; make another sequence for another consumer")
                         waiter = continuation
                     }
                 }
@@ -98,7 +98,7 @@ final class EventSubscription: @unchecked Sendable {
 
     /// Ends the subscription: releases a waiting consumer and counts every pending event as handled.
     func finish() {
-        let ended: (pending: [@Sendable () -> Void], waiter: CheckedContinuation<ProtectedDataEvent?, Never>?)? = mutex.withLock {
+        let ended: (pending: [@Sendable () -> Void], waiter: CheckedContinuation<Event?, Never>?)? = mutex.withLock {
             guard !finished else { return nil }
             finished = true
             let pending = buffered.map(\.handled) + (handling.take().map { [$0] } ?? [])

@@ -15,6 +15,7 @@ extension ProtectedStoreError {
         case .integrity, .unsupportedFormat: return .EBADMSG
         case .io: return .EIO
         case .daemonUnavailable: return .ECONNREFUSED
+        case .permissionDenied: return .EACCES
         }
     }
 
@@ -27,6 +28,8 @@ extension ProtectedStoreError {
             code = writing ? .fileWriteNoPermission : .fileReadNoPermission
         case .notFound:
             code = writing ? .fileNoSuchFile : .fileReadNoSuchFile
+        case .permissionDenied:
+            code = writing ? .fileWriteNoPermission : .fileReadNoPermission
         case .alreadyExists:
             code = .fileWriteFileExists
         case .invalidArgument:

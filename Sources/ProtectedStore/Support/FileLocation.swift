@@ -75,8 +75,8 @@ struct FileLocation: Sendable {
     }
 
     /// A small JSON file (settings, counters, descriptions) decoded as `T`; nil if its contents don't decode.
-    func readJSON<T: Decodable>(_ type: T.Type, what: String) throws -> T? {
-        try? JSONDecoder().decode(type, from: Data(readPrefix(count: 64 * 1024, what: what)))
+    func readJSON<T: Decodable>(_ type: T.Type, what: String, decoder: JSONDecoder = JSONDecoder()) throws -> T? {
+        try? decoder.decode(type, from: Data(readPrefix(count: 64 * 1024, what: what)))
     }
 
     private var directoryDescriptor: Int32 { directory?.rawValue ?? AT_FDCWD }

@@ -25,6 +25,8 @@ public struct ProtectedStoreError: Error, Sendable, CustomStringConvertible, Loc
         case io
         /// No key daemon serves the device, or it stopped or refused this process.
         case daemonUnavailable
+        /// The operation is not allowed on that item whatever the lock state (Documents/Inbox is read-and-delete only).
+        case permissionDenied
     }
 
     public let kind: Kind

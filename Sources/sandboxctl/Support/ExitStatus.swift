@@ -13,7 +13,7 @@ enum ExitStatus {
     static func code(for kind: ProtectedStoreError.Kind) -> Int32 {
         switch kind {
         case .integrity, .unsupportedFormat: integrity
-        case .wrongPasscode, .throttled, .protectedDataUnavailable: denied
+        case .wrongPasscode, .throttled, .protectedDataUnavailable, .permissionDenied: denied
         case .invalidArgument: usage
         case .notFound, .alreadyExists, .io: failure
         case .daemonUnavailable: unavailable

@@ -1,0 +1,357 @@
+import Foundation
+import SystemPackage
+
+/// One file in a container's Documents/Inbox, with what its delivery recorded.
+public struct InboxItem: Sendable {
+    /// Where its open-URL event stands.
+    public enum State: String, Sendable, Codable {
+        /// Delivered; its event waits for protected data and a program receiving the container's events.
+        case pendingEvent = "pending-event"
+        /// Its event was handled by the container's observers.
+        case delivered
+        /// No delivery record (it was recorded by nothing, or the record was lost).
+        case unrecorded
+    }
+
+    /// The item's name in the Inbox.
+    public let name: String
+    /// Its path relative to the container.
+    public let path: String
+    public let state: State
+    /// The sending app's bundle identifier, if given.
+    public let sourceApplication: String?
+    /// The sender's annotation as JSON text, if given.
+    public let annotationJSON: String?
+    /// Plaintext size in bytes.
+    public let size: UInt64
+    /// The item's class now.
+    public let protection: FileProtectionType?
+    /// Sealed for class B because it was delivered while locked; takes the container's default class at its first unlocked open.
+    public let awaitsDefaultClass: Bool
+    /// Its place in delivery order, if recorded.
+    public let sequenceNumber: UInt64?
+    public let deliveryDate: Date?
+    /// Why its class or size could not be read, if so.
+    public let problem: String?
+
+    /// `protection` as the library's class enum.
+    public var protectionClass: ProtectionClass? { protection.flatMap(ProtectionClass.init) }
+}
+
+extension Container {
+    // MARK: Delivering
+
+    /// Hands a local file to the app, as AirDrop or a document interaction does: it is streamed in constant memory into
+    /// `Documents/Inbox/` under a free name (`report-1.pdf` when `report.pdf` is taken; `name` defaults to the source's),
+    /// encrypted, and renamed into place whole, so no reader sees part of it. Then an open-URL event is recorded for the
+    /// container's receiver (see `addOpenURLDelegate`). Unlocked, the item takes the Inbox's class (the container default);
+    /// locked or before first unlock it is sealed for class B and takes that class at its first unlocked open.
+    /// `annotationJSON` is any JSON value that fits a property list. `progress` is called with the bytes written so far.
+    @discardableResult
+    public func deliverToInbox(fileAtPath sourcePath: String, name: String? = nil, sourceApplication: String? = nil, annotationJSON: String? = nil,
+                               progress: ((_ bytesWritten: UInt64, _ totalBytes: UInt64) -> Void)? = nil) throws -> InboxItem {
+        try foundationErrors(writing: true) {
+            let (itemName, annotation) = try Self.checkedDelivery(name: name, sourcePath: sourcePath, sourceApplication: sourceApplication, annotationJSON: annotationJSON)
+            let source = try InboxSource(path: sourcePath)
+            defer { source.close() }
+            let inbox = try directory.openDirectory(inboxPath)
+            let (staged, sealedClass) = try stage(source, in: inbox, progress: progress)
+            do {
+                let entry = try commit(staged, named: itemName, in: inbox, size: source.size, sourceApplication: sourceApplication, annotation: annotation)
+                return InboxItem(name: entry.name, path: "\(Self.documentsInbox)/\(entry.name)", state: .pendingEvent, sourceApplication: sourceApplication,
+                                 annotationJSON: annotation, size: entry.size, protection: sealedClass.protection.fileProtectionType,
+                                 awaitsDefaultClass: sealedClass.awaitsDefaultClass, sequenceNumber: entry.sequence, deliveryDate: entry.deliveredAt, problem: nil)
+            } catch {
+                staged.unlink()
+                throw error
+            }
+        }
+    }
+
+    /// Streams the source into a hidden file in the Inbox. Unlocked, under the Inbox's class; if the device is locked,
+    /// or locks part-way (a class A key discarded), sealed for class B from the start instead.
+    private func stage(_ source: InboxSource, in inbox: OpenDirectory, progress: ((UInt64, UInt64) -> Void)?) throws
+        -> (FileLocation, (protection: ProtectionClass, awaitsDefaultClass: Bool)) {
+        let target = try inheritedClass(in: inbox)
+        if device.state == .unlocked || target == .completeUnlessOpen {
+            do {
+                return (try stream(source, in: inbox, protectionClass: target, flags: [], progress: progress), (target, false))
+            } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable && target != .completeUnlessOpen {
+                // Locked meanwhile: deliver anyway, as a locked device does.
+            }
+        }
+        let staged = try stream(source, in: inbox, protectionClass: .completeUnlessOpen, flags: .awaitsDefaultClass, progress: progress)
+        return (staged, (.completeUnlessOpen, true))
+    }
+
+    private func stream(_ source: InboxSource, in inbox: OpenDirectory, protectionClass: ProtectionClass, flags: FileHeader.Flags,
+                        progress: ((UInt64, UInt64) -> Void)?) throws -> FileLocation {
+        let displayPath = directory.displayPath(inboxPath)
+        let staged = inbox.location(".", displayPath: displayPath).temporarySibling()
+        let file = try EncryptedFile.create(at: staged, protectionClass: protectionClass, flags: flags, keys: device)
+        do {
+            // Registered like any open file, so a lock discards a class A key mid-way.
+            let handle = try ProtectedFileHandle(file: file, path: displayPath, container: self)
+            defer { handle.forget() }
+            var buffer = [UInt8](repeating: 0, count: Self.deliveryChunkBytes)
+            defer { zeroize(&buffer) }
+            var offset: Int64 = 0
+            while true {
+                let count = try buffer.withUnsafeMutableBytes { try source.read(into: $0, at: offset) }
+                if count == 0 { break }
+                try buffer.withUnsafeBytes { try file.write(from: UnsafeRawBufferPointer(rebasing: $0[0..<count]), at: offset) }
+                offset += Int64(count)
+                progress?(UInt64(offset), max(source.size, UInt64(offset)))
+            }
+            try file.synchronize()
+            try file.close()
+        } catch {
+            try? file.close()
+            staged.unlink()
+            throw error
+        }
+        return staged
+    }
+
+    /// Records the delivery, then renames the staged file to a free name, both under the queue's lock. A crash between
+    /// the two leaves a record naming the staged file, which the receiver finishes (`inboxItemExists`).
+    private func commit(_ staged: FileLocation, named wanted: String, in inbox: OpenDirectory, size: UInt64,
+                        sourceApplication: String?, annotation: String?) throws -> InboxQueue.Entry {
+        try inboxQueue.withLock {
+            let recorded = try inboxQueue.entries()
+            let reserved = Set(recorded.map(\.name))
+            let name = try Self.freeName(for: wanted) { candidate in
+                // A recorded name whose item is not there yet belongs to an interrupted delivery.
+                try inbox.location(candidate, displayPath: "").status() == nil && !reserved.contains(candidate)
+            }
+            let entry = InboxQueue.Entry(sequence: (recorded.last?.sequence ?? 0) + 1, name: name, stagingName: staged.name,
+                                         sourceApplication: sourceApplication, annotation: annotation, size: size, deliveredAt: Date(), eventDelivered: false)
+            try inboxQueue.record(entry)
+            do {
+                try staged.rename(to: inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name))), replacing: false)
+                try staged.synchronizeDirectory()
+            } catch {
+                try? inboxQueue.remove(entry)
+                throw error
+            }
+            return entry
+        }
+    }
+
+    /// Bytes read from the source per step: big enough for the parallel encryption, small enough for constant memory.
+    static let deliveryChunkBytes = 1 << 20
+
+    // MARK: Listing
+
+    /// The files in Documents/Inbox with their delivery records, in delivery order (unrecorded ones last, by name).
+    public func inboxItems() throws -> [InboxItem] {
+        try foundationErrors(writing: false) {
+            let inbox = try directory.openDirectory(inboxPath)
+            let records = Dictionary(try inboxQueue.entries().map { ($0.name, $0) }, uniquingKeysWith: { $1 })
+            let items: [InboxItem] = try names(in: inbox).compactMap { name in
+                let location = inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
+                guard let info = try location.status(), info.st_mode & S_IFMT == S_IFREG else { return nil }
+                let record = records[name]
+                var header: FileHeader?
+                var problem: String?
+                do { header = try EncryptedFile.header(at: location) } catch let error as ProtectedStoreError { problem = error.problem }
+                let size = header.flatMap { $0.layout.plaintextSize(storedSize: Int64(info.st_size)) }.map(UInt64.init) ?? 0
+                return InboxItem(name: name, path: "\(Self.documentsInbox)/\(name)",
+                                 state: record.map { $0.eventDelivered ? .delivered : .pendingEvent } ?? .unrecorded,
+                                 sourceApplication: record?.sourceApplication, annotationJSON: record?.annotation, size: size,
+                                 protection: header?.protectionClass.fileProtectionType, awaitsDefaultClass: header?.flags.contains(.awaitsDefaultClass) ?? false,
+                                 sequenceNumber: record?.sequence, deliveryDate: record?.deliveredAt, problem: problem)
+            }
+            return items.sorted { ($0.sequenceNumber ?? .max, $0.name) < ($1.sequenceNumber ?? .max, $1.name) }
+        }
+    }
+
+    // MARK: Receiving (used by InboxReceiver)
+
+    /// This program's receiver of the container's open-URL events, made when the first observer registers.
+    var inboxReceiver: InboxReceiver {
+        receiverLock.withLock {
+            if let receiver { return receiver }
+            let made = InboxReceiver(container: self)
+            receiver = made
+            return made
+        }
+    }
+
+    /// Whether a recorded item is in the Inbox, finishing a delivery interrupted after its record was written. A record
+    /// whose item is gone (deleted or moved out before its event) is dropped: there is nothing left to open.
+    func inboxItemExists(_ entry: InboxQueue.Entry) throws -> Bool {
+        let inbox = try directory.openDirectory(inboxPath)
+        let item = inbox.location(entry.name, displayPath: directory.displayPath(inboxPath.appending(entry.name)))
+        if try item.status() != nil { return true }
+        return try inboxQueue.withLock {
+            if try item.status() != nil { return true }
+            let staged = inbox.location(entry.stagingName, displayPath: item.displayPath)
+            if entry.stagingName.hasPrefix(FileSystem.temporaryPrefix), try staged.status() != nil {
+                try staged.rename(to: item, replacing: false)
+                try item.synchronizeDirectory()
+                return true
+            }
+            try inboxQueue.remove(entry)
+            return false
+        }
+    }
+
+    func openURLRequest(for entry: InboxQueue.Entry) -> OpenURLRequest {
+        let path = "\(Self.documentsInbox)/\(entry.name)"
+        return OpenURLRequest(url: URL(fileURLWithPath: (dataPath as NSString).appendingPathComponent(path)), path: path,
+                              sourceApplication: entry.sourceApplication, annotationJSON: entry.annotation, sequenceNumber: entry.sequence)
+    }
+
+    // MARK: Rules
+
+    /// Documents/Inbox is read-and-delete only, as on iOS: creating, writing, truncating, renaming into it and changing a
+    /// class there are refused whatever the lock state. Moving an item out is the way to edit it.
+    func refuseInboxChange(_ path: ContainerPath, displayPath: String, doing action: String) throws {
+        guard path.isWithin(inboxPath) else { return }
+        throw ProtectedStoreError(.permissionDenied, path: displayPath, problem: "Documents/Inbox is read-and-delete only: nothing in it can be \(action)",
+                                  remedy: "Move the item out of Documents/Inbox (for example to Documents) and change it there", errno: .permissionDenied)
+    }
+
+    /// An item delivered while locked takes its directory's class at its first open with the device unlocked.
+    func adoptDefaultClass(_ item: ResolvedItem) throws {
+        let file = try EncryptedFile.open(at: item.location, keys: device, writable: true)
+        defer { try? file.close() }
+        // Another program may have done it since this one looked.
+        guard file.awaitsDefaultClass else { return }
+        let target = try inheritedClass(in: item.parent)
+        if target == .complete { device.fileBecomesComplete(fileID: file.fileID) }
+        try file.changeProtectionClass(to: target, keys: device)
+    }
+
+    // MARK: Checks
+
+    /// Checks a delivery's arguments without delivering: the source is a readable regular file, the name (by default the
+    /// source's) is a plain file name, the source application a bundle identifier, the annotation JSON a property list
+    /// can hold. Throws a `ProtectedStoreError` naming the problem, so a batch can be checked before any file is delivered.
+    public static func checkInboxDelivery(fileAtPath sourcePath: String, name: String? = nil, sourceApplication: String? = nil,
+                                          annotationJSON: String? = nil) throws {
+        _ = try checkedDelivery(name: name, sourcePath: sourcePath, sourceApplication: sourceApplication, annotationJSON: annotationJSON)
+        try InboxSource(path: sourcePath).close()
+    }
+
+    private static func checkedDelivery(name: String?, sourcePath: String, sourceApplication: String?, annotationJSON: String?) throws
+        -> (name: String, annotation: String?) {
+        let itemName = try checkedInboxName(name ?? (sourcePath as NSString).lastPathComponent, source: sourcePath)
+        if let sourceApplication { try checkSourceApplication(sourceApplication) }
+        return (itemName, try annotationJSON.map(checkedAnnotation))
+    }
+
+    /// Longest annotation accepted, in UTF-8 bytes; it is kept in the delivery record.
+    static let maximumAnnotationBytes = 16 * 1024
+
+    /// An item name as a sender may give it: one non-empty path component, not reserved.
+    static func checkedInboxName(_ name: String, source: String) throws -> String {
+        func reject(_ problem: String) -> ProtectedStoreError {
+            ProtectedStoreError(.invalidArgument, path: source, problem: problem, remedy: "Give the item a plain file name, such as report.pdf")
+        }
+        guard !name.isEmpty else { throw reject("the item name is empty") }
+        guard !name.utf8.contains(0) else { throw reject("the item name contains a NUL byte") }
+        guard name != ".", name != ".." else { throw reject("the item name \"\(name)\" is not a file name") }
+        guard !name.contains("/") else { throw reject("the item name \"\(name.prefix(60))\" contains \"/\"") }
+        guard name.utf8.count <= ContainerPath.maximumNameBytes else {
+            throw reject("the item name is \(name.utf8.count) bytes long; the limit is \(ContainerPath.maximumNameBytes)")
+        }
+        guard !name.hasPrefix(ContainerPath.reservedPrefix) else {
+            throw reject("names starting with \"\(ContainerPath.reservedPrefix)\" are reserved for ProtectedStore's own files")
+        }
+        return name
+    }
+
+    static func checkSourceApplication(_ identifier: String) throws {
+        do {
+            try validate(bundleIdentifier: identifier)
+        } catch let error as ProtectedStoreError {
+            throw ProtectedStoreError(.invalidArgument, path: identifier, problem: "the source application's \(error.problem)", remedy: error.remedy)
+        }
+    }
+
+    /// The annotation re-encoded compactly, once checked: valid JSON, within the size limit, and nothing a property
+    /// list can't hold (null).
+    static func checkedAnnotation(_ json: String) throws -> String {
+        func reject(_ problem: String) -> ProtectedStoreError {
+            ProtectedStoreError(.invalidArgument, problem: "the annotation \(problem)",
+                                remedy: "Pass a JSON value without null, such as '{\"subject\": \"Q3 report\", \"pages\": 12}'")
+        }
+        guard json.utf8.count <= maximumAnnotationBytes else { throw reject("is \(json.utf8.count) bytes long; the limit is \(maximumAnnotationBytes)") }
+        let value: Any
+        do {
+            value = try JSONSerialization.jsonObject(with: Data(json.utf8), options: .fragmentsAllowed)
+        } catch {
+            throw reject("is not valid JSON")
+        }
+        if let where_ = nullLocation(in: value, at: "") { throw reject("holds null\(where_.isEmpty ? "" : " at \(where_)"), which a property list can't") }
+        let data = try JSONSerialization.data(withJSONObject: value, options: [.fragmentsAllowed, .sortedKeys, .withoutEscapingSlashes])
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    private static func nullLocation(in value: Any, at path: String) -> String? {
+        switch value {
+        case is NSNull:
+            return path
+        case let array as [Any]:
+            return array.enumerated().lazy.compactMap { nullLocation(in: $0.element, at: "\(path)[\($0.offset)]") }.first
+        case let dictionary as [String: Any]:
+            return dictionary.sorted { $0.key < $1.key }.lazy.compactMap { nullLocation(in: $0.value, at: "\(path).\($0.key)") }.first
+        default:
+            return nil
+        }
+    }
+
+    /// `wanted`, else `stem-1.ext`, `stem-2.ext`… (shortening the stem to stay within the name limit), the first `isFree` accepts.
+    static func freeName(for wanted: String, isFree: (String) throws -> Bool) throws -> String {
+        if try isFree(wanted) { return wanted }
+        let ext = (wanted as NSString).pathExtension
+        // A dotfile such as ".profile" is all stem.
+        let hasExtension = !ext.isEmpty && wanted.count > ext.count + 1
+        let stem = hasExtension ? String(wanted.dropLast(ext.count + 1)) : wanted
+        let suffix = hasExtension ? ".\(ext)" : ""
+        for number in 1...10_000 {
+            var shortened = stem
+            var candidate: String { "\(shortened)-\(number)\(suffix)" }
+            while candidate.utf8.count > ContainerPath.maximumNameBytes, !shortened.isEmpty { shortened.removeLast() }
+            if try isFree(candidate) { return candidate }
+        }
+        throw ProtectedStoreError(.alreadyExists, path: wanted, problem: "the Inbox already holds \(wanted) and 10 000 numbered variants",
+                                  remedy: "Delete items from the Inbox, or deliver under another name")
+    }
+}
+
+/// The local file being delivered, open for reading.
+struct InboxSource {
+    let path: String
+    let descriptor: FileDescriptor
+    /// Its size when opened (it may still change; reading goes to the end).
+    let size: UInt64
+
+    init(path: String) throws {
+        // Non-blocking, so a FIFO given by mistake fails the type check instead of hanging the open.
+        descriptor = try FileLocation(path: path).open(.readOnly, options: [.nonBlocking], doing: "open the file to deliver")
+        var info = stat()
+        guard fstat(descriptor.rawValue, &info) == 0 else {
+            let errno = Errno(rawValue: Foundation.errno)
+            try? descriptor.close()
+            throw ProtectedStoreError.io(errno, path: path, doing: "stat the file to deliver")
+        }
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            try? descriptor.close()
+            let what = info.st_mode & S_IFMT == S_IFDIR ? "a directory" : "not a regular file"
+            throw ProtectedStoreError(.invalidArgument, path: path, problem: "it is \(what)", remedy: "Deliver regular files only")
+        }
+        self.path = path
+        size = UInt64(info.st_size)
+    }
+
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        try FileSystem.mappingErrno(path: path, doing: "read the file to deliver") {
+            try descriptor.read(fromAbsoluteOffset: offset, into: buffer, retryOnInterrupt: true)
+        }
+    }
+
+    func close() { try? descriptor.close() }
+}

@@ -1,0 +1,146 @@
+import Foundation
+import SystemPackage
+
+/// The durable record of a container's Inbox deliveries and their open-URL events (docs/FORMAT.md §6).
+///
+/// One small JSON file per delivered item, `<container>/inbox-queue/<sequence>.json`, outside the container's data:
+/// the sequence number fixes delivery order, the file survives crashes, daemon restarts and reboots, and a flock on
+/// it makes exactly one program deliver its event. Deliveries allocate numbers and names under `queue.lock`.
+struct InboxQueue: Sendable {
+    /// One delivered item.
+    struct Entry: Codable, Sendable, Equatable {
+        var sequence: UInt64
+        /// The item's name in Documents/Inbox.
+        var name: String
+        /// The hidden name it was written under, so a delivery interrupted between recording and renaming can be finished.
+        var stagingName: String
+        var sourceApplication: String?
+        /// A JSON value that fits a property list, as the sender gave it.
+        var annotation: String?
+        /// Plaintext bytes.
+        var size: UInt64
+        var deliveredAt: Date
+        /// Whether its open-URL event has been handled by the container's observers.
+        var eventDelivered: Bool
+    }
+
+    /// An entry whose event this program is delivering: the flock keeps every other program off it until `finish`.
+    final class Claim {
+        fileprivate let descriptor: FileDescriptor
+        let entry: Entry
+
+        fileprivate init(descriptor: FileDescriptor, entry: Entry) {
+            self.descriptor = descriptor
+            self.entry = entry
+        }
+
+        deinit { try? descriptor.close() }
+    }
+
+    static let directoryName = "inbox-queue"
+    static let lockName = "queue.lock"
+
+    /// The queue directory.
+    let path: String
+    /// Names the container in errors.
+    let bundleIdentifier: String
+
+    init(containerPath: String, bundleIdentifier: String) {
+        path = (containerPath as NSString).appendingPathComponent(Self.directoryName)
+        self.bundleIdentifier = bundleIdentifier
+    }
+
+    private func location(_ name: String) -> FileLocation {
+        FileLocation(path: (path as NSString).appendingPathComponent(name))
+    }
+
+    private static func fileName(_ sequence: UInt64) -> String { String(format: "%020llu.json", sequence) }
+
+    /// Creates the directory if this container has had no delivery yet.
+    func prepare() throws {
+        guard try !FileSystem.exists(path) else { return }
+        try FileSystem.createDirectories(path)
+    }
+
+    /// Runs `body` holding the queue's lock, which serialises deliveries and repairs against each other.
+    func withLock<R>(_ body: () throws -> R) throws -> R {
+        try prepare()
+        let lock = try location(Self.lockName).open(.readWrite, options: [.create], permissions: [.ownerReadWrite], doing: "open the Inbox queue lock")
+        return try lock.closeAfter {
+            while flock(lock.rawValue, LOCK_EX) != 0 {
+                guard Foundation.errno == EINTR else {
+                    throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "lock the Inbox queue")
+                }
+            }
+            return try body()
+        }
+    }
+
+    /// Every readable entry, in delivery order. An entry that does not decode is skipped: it names nothing deliverable.
+    func entries() throws -> [Entry] {
+        guard try FileSystem.exists(path) else { return [] }
+        let names: [String]
+        do {
+            names = try FileManager.default.contentsOfDirectory(atPath: path)
+        } catch {
+            throw ProtectedStoreError(.io, path: path, problem: "cannot list the Inbox queue (\(error.localizedDescription))", remedy: "Check the permissions of the device root")
+        }
+        return names.filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }
+            .compactMap { try? read(location($0)) }
+            .sorted { $0.sequence < $1.sequence }
+    }
+
+    /// The number for the next delivery, above every recorded one. Caller holds the lock.
+    func nextSequence() throws -> UInt64 { (try entries().last?.sequence ?? 0) + 1 }
+
+    /// Records `entry` durably (replacing its earlier version).
+    func record(_ entry: Entry) throws {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = .sortedKeys
+        try FileSystem.writeAtomically(Array(try encoder.encode(entry)), to: location(Self.fileName(entry.sequence)), replacing: true)
+    }
+
+    private func read(_ entryLocation: FileLocation) throws -> Entry? {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return try entryLocation.readJSON(Entry.self, what: "Inbox queue entry", decoder: decoder)
+    }
+
+    /// Forgets an entry durably.
+    func remove(_ entry: Entry) throws {
+        let entryLocation = location(Self.fileName(entry.sequence))
+        guard unlink(entryLocation.name) == 0 || Foundation.errno == ENOENT else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: entryLocation.displayPath, doing: "remove the Inbox queue entry")
+        }
+        try entryLocation.synchronizeDirectory()
+    }
+
+    /// Takes `entry` for delivery if its event is still pending and no other program has it; nil otherwise.
+    func claim(_ entry: Entry) throws -> Claim? {
+        let entryLocation = location(Self.fileName(entry.sequence))
+        let descriptor: FileDescriptor
+        do {
+            descriptor = try entryLocation.open(.readOnly, doing: "open the Inbox queue entry")
+        } catch let error as ProtectedStoreError where error.kind == .notFound {
+            return nil
+        }
+        var keep = false
+        defer { if !keep { try? descriptor.close() } }
+        guard flock(descriptor.rawValue, LOCK_EX | LOCK_NB) == 0 else { return nil }
+        // Marking an entry delivered replaces its file: a lock won on the replaced one guards nothing.
+        var opened = stat(), current = stat()
+        guard fstat(descriptor.rawValue, &opened) == 0, stat(entryLocation.name, &current) == 0,
+              opened.st_ino == current.st_ino, opened.st_dev == current.st_dev else { return nil }
+        guard let fresh = try read(entryLocation), !fresh.eventDelivered else { return nil }
+        keep = true
+        return Claim(descriptor: descriptor, entry: fresh)
+    }
+
+    /// Records that the claimed entry's event was handled, then lets the claim go.
+    func finish(_ claim: Claim) throws {
+        var delivered = claim.entry
+        delivered.eventDelivered = true
+        try record(delivered)
+    }
+}

@@ -1,0 +1,101 @@
+import Dispatch
+import Foundation
+import Logging
+
+/// A container's open-URL events in this program: it hands pending Inbox items to the container's observers, one at a
+/// time in delivery order, while protected data is available, and records each as delivered once handled.
+///
+/// Woken by the kernel (inotify on the queue directory) when any program delivers, by registration, and by the device
+/// when protected data becomes available, so deliveries from other processes arrive in embedded mode too.
+final class InboxReceiver: @unchecked Sendable {
+    let dispatcher: EventDispatcher<OpenURLRequest, Container>
+    private weak var container: Container?
+    private let queue: InboxQueue
+    private let drains = DispatchQueue(label: "ProtectedStore.inbox")
+    private let mutex = NSLock()
+    private var isWatching = false
+    private var watch: DispatchSourceRead?
+    private static let logger = Logger(label: "ProtectedStore.inbox")
+
+    init(container: Container) {
+        self.container = container
+        self.queue = container.inboxQueue
+        self.dispatcher = EventDispatcher(notificationCenter: container.device.notificationCenter, postingNotifications: false,
+                                          callDelegate: { delegate, request, container in
+            (delegate as? any OpenURLDelegate)?.container(container, open: request.url, sourceApplication: request.sourceApplication,
+                                                          annotation: request.annotation)
+        }, post: { center, request, container in
+            var userInfo: [AnyHashable: Any] = [Container.openURLRequestKey: request, Container.openURLKey: request.url]
+            if let source = request.sourceApplication { userInfo[Container.openURLSourceApplicationKey] = source }
+            if let annotation = request.annotation { userInfo[Container.openURLAnnotationKey] = annotation }
+            center.post(name: Container.openURLNotification, object: container, userInfo: userInfo)
+        })
+    }
+
+    deinit { watch?.cancel() }
+
+    /// An observer was added: start listening (once) and deliver what is pending.
+    func observersChanged() {
+        let start: Bool = mutex.withLock {
+            defer { isWatching = true }
+            return !isWatching
+        }
+        if start, let container {
+            container.device.inboxReceivers.insert(self)
+            startWatching()
+        }
+        deliverPending()
+    }
+
+    /// Delivers pending events, on the receiver's own queue.
+    func deliverPending() {
+        drains.async { [weak self] in self?.drain() }
+    }
+
+    private func startWatching() {
+        do {
+            try queue.prepare()
+        } catch {
+            Self.logger.warning("cannot create the Inbox queue of \(queue.bundleIdentifier): \(error)")
+            return
+        }
+        let fd = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
+        guard fd >= 0, inotify_add_watch(fd, queue.path, UInt32(IN_MOVED_TO | IN_CLOSE_WRITE)) >= 0 else {
+            let error = String(cString: strerror(errno))
+            if fd >= 0 { close(fd) }
+            // Registration, later registrations and unlocks still deliver; only the wake-up on a delivery is missing.
+            Self.logger.warning("cannot watch the Inbox queue of \(queue.bundleIdentifier) (\(error)); deliveries from other programs arrive at the next unlock")
+            return
+        }
+        let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: drains)
+        source.setEventHandler { [weak self] in
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while read(fd, &buffer, buffer.count) > 0 {}
+            self?.drain()
+        }
+        source.setCancelHandler { close(fd) }
+        mutex.withLock { watch = source }
+        source.resume()
+    }
+
+    /// Hands each pending event to the observers and waits until they have handled it before recording it delivered,
+    /// so a program that dies mid-way gets it again at its next launch rather than never.
+    private func drain() {
+        guard let container, dispatcher.hasObservers else { return }
+        do {
+            for entry in try queue.entries() where !entry.eventDelivered {
+                guard container.device.state == .unlocked else { return }
+                guard let claim = try queue.claim(entry) else { continue }
+                guard try container.inboxItemExists(claim.entry) else { continue }
+                let request = container.openURLRequest(for: claim.entry)
+                let delivery = dispatcher.deliver(request, from: container)
+                // Every observer went away since the check: the event stays pending for the next receiver.
+                guard delivery.observers > 0 else { return }
+                delivery.done.wait()
+                try queue.finish(claim)
+            }
+        } catch {
+            Self.logger.error("cannot deliver the Inbox events of \(queue.bundleIdentifier): \(error)")
+        }
+    }
+}

@@ -1,0 +1,192 @@
+import ArgumentParser
+import Foundation
+import ProtectedStore
+
+struct InboxCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "inbox",
+        abstract: "Hand files to an app through its Documents/Inbox, and list what is there.",
+        discussion: "The app may read and delete Inbox items but not write them; each delivery sends the app an open-URL event (see `sandboxctl watch BUNDLE`).",
+        subcommands: [InboxDeliverCommand.self, InboxListCommand.self]
+    )
+}
+
+struct InboxDeliverCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "deliver",
+        abstract: "Deliver local files into a container's Documents/Inbox, as AirDrop or another app would.",
+        discussion: """
+            Each file is streamed (constant memory; a progress bar on a terminal for large files), encrypted and renamed into \
+            place whole under a free name (report-1.pdf if report.pdf is taken). Then an open-URL event carrying the item's \
+            path, --from and --annotation is recorded for the app, which gets it once protected data is available.
+
+            Unlocked, items take the container's default class. Locked or before first unlock (also in embedded mode without \
+            --passcode-stdin), they are sealed for class B and take the default class at their first unlocked open.
+
+            All arguments are checked before anything is delivered. If a delivery fails part-way (a full disk), nothing of \
+            that file is left and the files before it stay delivered; the exit status is non-zero.
+            """
+    )
+
+    @OptionGroup var device: DeviceOptions
+    @OptionGroup var passcode: PasscodeOptions
+
+    @Option(name: .customLong("from"), help: ArgumentHelp("The sending app's bundle identifier.", valueName: "bundle-id"))
+    var sourceApplication: String?
+
+    @Option(help: ArgumentHelp("A JSON value for the app (any value a property list can hold: no null).", valueName: "json"))
+    var annotation: String?
+
+    @Flag(help: "Print JSON for scripts: one object per delivered item.")
+    var json = false
+
+    @Argument(help: ArgumentHelp("The app's container.", valueName: "bundle"))
+    var bundleIdentifier: String
+
+    @Argument(help: ArgumentHelp("Local files to deliver, in order.", valueName: "file"))
+    var files: [String]
+
+    /// Files at least this large get a progress bar on a terminal.
+    static let progressThreshold: UInt64 = 8 << 20
+
+    func validate() throws {
+        guard !files.isEmpty else { throw ValidationError("Give at least one file to deliver") }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let session = try KeySession(device, passcode)
+            let container = try session.device.container(bundleIdentifier: bundleIdentifier)
+            try checkArguments()
+            var delivered: [InboxListCommand.Entry] = []
+            defer { if json && !delivered.isEmpty { try? printJSON(delivered) } }
+            for file in files {
+                let progress = ProgressBar(label: (file as NSString).lastPathComponent, threshold: Self.progressThreshold)
+                let item: InboxItem
+                do {
+                    item = try container.deliverToInbox(fileAtPath: file, sourceApplication: sourceApplication, annotationJSON: annotation,
+                                                        progress: progress.update)
+                    progress.finish()
+                } catch {
+                    progress.finish()
+                    if !delivered.isEmpty {
+                        printWarning("delivered before the failure: \(delivered.map(\.path).joined(separator: ", "))")
+                    }
+                    throw error
+                }
+                delivered.append(InboxListCommand.Entry(item))
+                if !json {
+                    let sealing = item.awaitsDefaultClass ? "sealed for class B while locked" : item.protectionClass?.name ?? "?"
+                    print("\(file) -> \(bundleIdentifier):\(item.path)  (\(item.size) bytes, \(sealing), open-URL event #\(item.sequenceNumber ?? 0) queued)")
+                }
+            }
+        }
+    }
+
+    /// Every source must be a readable regular file with a usable name before the first is delivered.
+    private func checkArguments() throws {
+        for file in files {
+            try Container.checkInboxDelivery(fileAtPath: file, sourceApplication: sourceApplication, annotationJSON: annotation)
+        }
+    }
+}
+
+struct InboxListCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "list",
+        abstract: "List a container's Inbox items: state of their open-URL event, source, size and class.",
+        discussion: "States: pending-event (delivered, the app has not handled its event yet), delivered, unrecorded (no delivery record). Needs no passcode."
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Flag(help: "Print JSON for scripts.")
+    var json = false
+
+    @Argument(help: ArgumentHelp("The app's container.", valueName: "bundle"))
+    var bundleIdentifier: String
+
+    struct Entry: Codable {
+        var name: String
+        var path: String
+        var state: String
+        var sourceApplication: String?
+        var annotation: String?
+        var size: UInt64
+        var protection: String?
+        var awaitsDefaultClass: Bool
+        var sequence: UInt64?
+        var delivered: Date?
+        var problem: String?
+
+        init(_ item: InboxItem) {
+            name = item.name
+            path = item.path
+            state = item.state.rawValue
+            sourceApplication = item.sourceApplication
+            annotation = item.annotationJSON
+            size = item.size
+            protection = item.protectionClass?.name
+            awaitsDefaultClass = item.awaitsDefaultClass
+            sequence = item.sequenceNumber
+            delivered = item.deliveryDate
+            problem = item.problem
+        }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let items = try device.open().container(bundleIdentifier: bundleIdentifier).inboxItems()
+            if json {
+                try printJSON(items.map(Entry.init))
+                return
+            }
+            guard !items.isEmpty else {
+                print("(the Inbox of \(bundleIdentifier) is empty)")
+                return
+            }
+            for item in items {
+                let number = item.sequenceNumber.map { "#\($0)" } ?? "-"
+                let protection = (item.protectionClass?.name ?? "?") + (item.awaitsDefaultClass ? "*" : "")
+                let columns = [number.padding(toLength: 6, withPad: " ", startingAt: 0), item.state.rawValue.padding(toLength: 14, withPad: " ", startingAt: 0),
+                               String(item.size).padding(toLength: 12, withPad: " ", startingAt: 0),
+                               protection.padding(toLength: 42, withPad: " ", startingAt: 0), item.name]
+                print(columns.joined(separator: " ") + (item.sourceApplication.map { "  from \($0)" } ?? "") + (item.problem.map { "  (\($0))" } ?? ""))
+            }
+            if items.contains(where: \.awaitsDefaultClass) {
+                print("* sealed for class B while locked; takes the container's default class at its first unlocked open")
+            }
+        }
+    }
+}
+
+/// A progress bar on standard error for one large file, drawn only on a terminal.
+final class ProgressBar {
+    private let label: String
+    private let threshold: UInt64
+    private let enabled = isatty(STDERR_FILENO) == 1
+    private var lastPercent = -1
+    private var drawn = false
+
+    init(label: String, threshold: UInt64) {
+        self.label = label
+        self.threshold = threshold
+    }
+
+    func update(_ done: UInt64, _ total: UInt64) {
+        guard enabled, total >= threshold else { return }
+        let percent = Int(done * 100 / max(total, 1))
+        guard percent != lastPercent else { return }
+        lastPercent = percent
+        let width = 30
+        let filled = width * percent / 100
+        let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
+        FileHandle.standardError.write(Data("\r\(label.prefix(30))  [\(bar)] \(String(format: "%3d", percent))%  \(done >> 20)/\(total >> 20) MiB".utf8))
+        drawn = true
+    }
+
+    func finish() {
+        if drawn { FileHandle.standardError.write(Data("\n".utf8)) }
+        drawn = false
+    }
+}
