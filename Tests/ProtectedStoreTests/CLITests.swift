@@ -14,7 +14,7 @@ struct CLI {
         var stderr: String
     }
 
-    static func run(_ arguments: [String], stdin: String? = nil, environment: [String: String] = [:]) throws -> Result {
+    static func run(executable: URL = executable, _ arguments: [String], stdin: String? = nil, environment: [String: String] = [:]) throws -> Result {
         let process = Process()
         process.executableURL = executable
         process.arguments = arguments

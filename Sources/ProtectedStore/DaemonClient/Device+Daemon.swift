@@ -107,7 +107,18 @@ extension Device {
         case .lost:
             daemonLost()
         case .restored(let hello):
-            mutex.withLock { currentState = Self.attachedState(hello.state) }
+            // A daemon found unlocked (a restarted one unlocked before this process reconnected) sent its *did* to
+            // others only: this process's observers hear it now, as they would have.
+            let becameAvailable: Bool = mutex.withLock {
+                let wasUnlocked = currentState == .unlocked
+                currentState = Self.attachedState(hello.state)
+                return !wasUnlocked && currentState == .unlocked
+            }
+            guard becameAvailable else { return }
+            daemonEvents.async {
+                let observers = self.deliveryLock.withLock { self.dispatcher.deliver(.didBecomeAvailable, from: self) }
+                self.deliverPendingOpenURLs(after: observers.done)
+            }
         }
     }
 

@@ -267,7 +267,7 @@ extension Container {
         do {
             try validate(bundleIdentifier: identifier)
         } catch let error as ProtectedStoreError {
-            throw ProtectedStoreError(.invalidArgument, path: identifier, problem: "the source application's \(error.problem)", remedy: error.remedy)
+            throw ProtectedStoreError(.invalidArgument, path: identifier, problem: "the source application is not a bundle identifier (\(error.problem))", remedy: error.remedy)
         }
     }
 
