@@ -64,4 +64,29 @@ struct ReadmeExampleTests {
         #expect(!Device.isDaemonRunning(root: test.path("elsewhere")))
         expectError(.daemonUnavailable) { try Device.attach(root: test.path("elsewhere")) }
     }
+
+    @Test("the Inbox example runs as written: the delivery arrives as an open-URL event, is read, and moved out to edit")
+    func inboxExample() async throws {
+        let test = try TestDevice()
+        let notes = try test.makeContainer("com.example.notes")
+        let myStore = AppRecorder()
+        let report = sourceFile(test, "report.pdf", "figures")
+
+        notes.addOpenURLDelegate(myStore)
+        let events = notes.openURLEvents()
+        let reader = Task { () -> Data? in
+            for await request in events {
+                let data = try notes.contents(atPath: request.path)
+                try notes.moveItem(atPath: request.path, toPath: "Documents/\(request.url.lastPathComponent)")
+                return data
+            }
+            return nil
+        }
+        try notes.deliverToInbox(fileAtPath: report, sourceApplication: "com.example.mail",
+                                 annotationJSON: #"{"subject": "Q3"}"#)
+        #expect(try await reader.value == Data("figures".utf8))
+        #expect(eventually { myStore.opens == ["Documents/Inbox/report.pdf"] })
+        #expect(try notes.contents(atPath: "Documents/report.pdf") == Data("figures".utf8))
+        #expect(myStore.annotation(of: "Documents/Inbox/report.pdf") == #"{"subject":"Q3"}"#)
+    }
 }
