@@ -174,7 +174,7 @@ struct CLIContainerTests {
     @Test("help documents every command, the class names and the exit codes")
     func help() throws {
         let top = try CLI.run(["--help"])
-        for command in ["create", "status", "ls", "cat", "put", "rm", "mv", "mkdir", "protection", "passwd", "erase", "demo"] {
+        for command in ["create", "status", "ls", "cat", "put", "rm", "mv", "mkdir", "protection", "passwd", "erase", "demo", "inbox", "watch"] {
             #expect(top.stdout.contains("  \(command) "), "\(command) listed")
             let help = try CLI.run([command, "--help"])
             #expect(help.status == 0)

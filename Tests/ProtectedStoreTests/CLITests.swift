@@ -103,6 +103,8 @@ struct CLITests {
         #expect(result.stdout.contains("denied — CocoaError.fileReadNoPermission, EPERM"))
         #expect(!result.stdout.contains("expected"), "every class behaved as the reference table says")
         #expect(result.stdout.contains("1. async stream  willBecomeUnavailable") || result.stdout.contains("1. delegate") || result.stdout.contains("1. notification"))
+        #expect(result.stdout.contains("delegate      open URL postcard.txt from com.example.mail"), "the Inbox delivery's event after the unlock")
+        #expect(result.stdout.contains("denied — CocoaError.fileWriteNoPermission, EACCES"), "the Inbox is read-and-delete only")
         #expect(!result.stdout.contains("\u{1B}["), "no colour codes when not on a terminal")
     }
 }

@@ -6,7 +6,7 @@ struct DemoCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "demo",
         abstract: "Tell the whole lock/unlock story in a throwaway device (what `make demo` runs).",
-        discussion: "Creates a device and an app container in a temporary directory, writes one file per protection class, observes the events in all three forms, locks, shows per class what works and what is denied, creates a class B file while locked, unlocks, reboots, and removes everything it made."
+        discussion: "Creates a device and an app container in a temporary directory, writes one file per protection class, observes the events in all three forms, locks, shows per class what works and what is denied, creates a class B file and receives an Inbox delivery while locked, unlocks (the delivery's open-URL event follows), reboots, and removes everything it made."
     )
 
     func run() async throws {
@@ -29,6 +29,7 @@ struct DemoCommand: AsyncParsableCommand {
             let log = EventLog()
             let delegate = DemoDelegate(log: log)
             device.addDelegate(delegate)
+            container.addOpenURLDelegate(delegate)
             let center = device.notificationCenter
             let observers = [Device.protectedDataWillBecomeUnavailableNotification, Device.protectedDataDidBecomeAvailableNotification].map { name in
                 center.addObserver(forName: name, object: device, queue: nil) { note in log.record("notification  \(note.name.rawValue)") }
@@ -87,10 +88,14 @@ struct DemoCommand: AsyncParsableCommand {
                 }
             }
 
-            print(style.heading("6. A class B file arrives while locked"))
+            print(style.heading("6. While locked: a class B file, and a delivery to the Inbox"))
             try container.write(Data("Package delivered at the door.".utf8), toPath: "Documents/arrived-while-locked.txt", options: .completeFileProtectionUnlessOpen)
             print("   created Documents/arrived-while-locked.txt with class B's public key")
             problems += check("read it back while still locked:", expect: false, style: style) { _ = try container.contents(atPath: "Documents/arrived-while-locked.txt") }
+            let postcard = (workspace as NSString).appendingPathComponent("postcard.txt")
+            try Data("Greetings from the seaside.".utf8).write(to: URL(fileURLWithPath: postcard))
+            let delivered = try container.deliverToInbox(fileAtPath: postcard, sourceApplication: "com.example.mail")
+            print("   another app delivered \(delivered.path) (sealed for class B); its open-URL event waits for the unlock")
 
             print(style.heading("7. Unlock"))
             do {
@@ -106,6 +111,16 @@ struct DemoCommand: AsyncParsableCommand {
             }
             try? openA.close()
             try? openB.close()
+            for _ in 0..<200 where !log.lines.contains(where: { $0.contains("open URL") }) { try await Task.sleep(nanoseconds: 10_000_000) }
+            problems += check("its open-URL event arrived after did:", expect: true, style: style) {
+                guard log.lines.contains(where: { $0.contains("open URL") }) else { throw ProtectedStoreError(.notFound, problem: "no open-URL event arrived", remedy: "") }
+            }
+            problems += check("read \(delivered.path):", expect: true, style: style) { _ = try container.contents(atPath: delivered.path) }
+            problems += check("write \(delivered.path):", expect: false, style: style) { try container.write(Data("scribbled".utf8), toPath: delivered.path) }
+            problems += check("move it to Documents/ and edit it there:", expect: true, style: style) {
+                try container.moveItem(atPath: delivered.path, toPath: "Documents/postcard.txt")
+                try container.write(Data("Greetings from the seaside. (Kept.)".utf8), toPath: "Documents/postcard.txt")
+            }
 
             print(style.heading("8. Events, in the order observers received them"))
             try await Task.sleep(nanoseconds: 100_000_000)
@@ -139,8 +154,9 @@ struct DemoCommand: AsyncParsableCommand {
             try operation()
             print(padded + (allowed ? style.good("ok") : style.bad("ALLOWED (expected denied)")))
             return allowed ? [] : ["\(label) allowed"]
-        } catch let error as CocoaError where error.isProtectedDataUnavailable {
-            let reason = "\(error.code == .fileReadNoPermission ? "CocoaError.fileReadNoPermission" : "CocoaError.fileWriteNoPermission"), EPERM: \(error.protectedStoreError!.problem)"
+        } catch let error as CocoaError where error.isProtectedDataUnavailable || error.protectedStoreError?.kind == .permissionDenied {
+            let posix = error.isProtectedDataUnavailable ? "EPERM" : "EACCES"
+            let reason = "\(error.code == .fileReadNoPermission ? "CocoaError.fileReadNoPermission" : "CocoaError.fileWriteNoPermission"), \(posix): \(error.protectedStoreError!.problem)"
             print(padded + (allowed ? style.bad("DENIED (expected ok)") : style.good("denied")) + style.dim(" — \(reason)"))
             return allowed ? ["\(label) denied"] : []
         } catch {
@@ -158,9 +174,12 @@ private final class EventLog: @unchecked Sendable {
     var lines: [String] { mutex.withLock { recorded } }
 }
 
-private final class DemoDelegate: ProtectedDataDelegate {
+private final class DemoDelegate: ProtectedDataDelegate, OpenURLDelegate {
     let log: EventLog
     init(log: EventLog) { self.log = log }
     func protectedDataWillBecomeUnavailable(_ device: Device) { log.record("delegate      protectedDataWillBecomeUnavailable") }
     func protectedDataDidBecomeAvailable(_ device: Device) { log.record("delegate      protectedDataDidBecomeAvailable") }
+    func container(_ container: Container, open url: URL, sourceApplication: String?, annotation: Any?) {
+        log.record("delegate      open URL \(url.lastPathComponent) from \(sourceApplication ?? "-")")
+    }
 }
