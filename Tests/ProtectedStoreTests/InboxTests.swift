@@ -123,6 +123,7 @@ struct InboxTests {
         recorder.launch(container)
         await test.device.lock(gracePeriod: 0)
         var paths: [String] = []
+        try container.createDirectory(atPath: "Documents/plain", attributes: [.protectionKey: FileProtectionType.none])
         for (index, contents) in ["first", "second", "third"].enumerated() {
             let item = try container.deliverToInbox(fileAtPath: sourceFile(test, "scan.pdf", contents), sourceApplication: "com.example.scanner")
             #expect(item.protectionClass == .completeUnlessOpen && item.awaitsDefaultClass)
@@ -147,6 +148,15 @@ struct InboxTests {
             #expect(try container.itemInfo(atPath: path).protectionClass == .complete)
         }
         #expect(try container.inboxItems().allSatisfy { !$0.awaitsDefaultClass })
+        // Moved out before its first unlocked open, an item still takes the class it would have had in the Inbox.
+        let late = try container.deliverToInbox(fileAtPath: sourceFile(test, "late.txt", "late"))
+        #expect(!late.awaitsDefaultClass, "unlocked: sealed under the default class at once")
+        await test.device.lock(gracePeriod: 0)
+        let sealed = try container.deliverToInbox(fileAtPath: sourceFile(test, "sealed.txt", "sealed"))
+        try container.moveItem(atPath: sealed.path, toPath: "Documents/plain/sealed.txt")
+        try test.device.unlock(passcode: Passcode(TestDevice.passcode))
+        #expect(try container.contents(atPath: "Documents/plain/sealed.txt") == Data("sealed".utf8))
+        #expect(try container.itemInfo(atPath: "Documents/plain/sealed.txt").protectionClass == .complete)
         // Now class A: a lock takes it away again.
         await test.device.lock(gracePeriod: 0)
         expectDenied(writing: false) { try container.contents(atPath: paths[1]) }
@@ -181,6 +191,23 @@ struct InboxTests {
         second.launch(try relaunched.container(bundleIdentifier: TestDevice.bundleIdentifier))
         usleep(400_000)
         #expect(second.opens.isEmpty, "each event is delivered once: \(second.log)")
+    }
+
+    @Test("an event buffered in a sequence that ends before taking it stays pending for the next receiver")
+    func abandonedSequence() throws {
+        let test = try TestDevice()
+        let first = try test.makeContainer()
+        var events: OpenURLEvents? = first.openURLEvents()
+        try first.deliverToInbox(fileAtPath: sourceFile(test, "report.pdf", "r"))
+        usleep(300_000)
+        #expect(try first.inboxItems().first?.state == .pendingEvent, "buffered, not taken")
+        events = nil
+        #expect(events == nil)
+        let recorder = AppRecorder()
+        let second = try test.device.container(bundleIdentifier: TestDevice.bundleIdentifier)
+        second.addOpenURLDelegate(recorder)
+        #expect(eventually { recorder.opens == ["Documents/Inbox/report.pdf"] }, "\(recorder.log)")
+        withExtendedLifetime(second) {}
     }
 
     @Test("two receivers of one container share its events: each delivered exactly once overall")
@@ -246,7 +273,8 @@ struct InboxTests {
         let test = try TestDevice()
         let container = try test.makeContainer()
         let source = sourceFile(test, "report.pdf", "data")
-        for name in ["", ".", "..", "a/b", "../escape", "a\u{0}b", String(repeating: "n", count: 256), ".sandboxctl-class"] {
+        for name in ["", ".", "..", "a/b", "../escape", "a\u{0}b", String(repeating: "n", count: 256), ".sandboxctl-class",
+                     "red\u{1B}[31m.txt", "two\nlines.txt", "\u{202E}fdp.exe", "bell\u{7}"] {
             let error = expectCocoaError(.invalidArgument) { try container.deliverToInbox(fileAtPath: source, name: name) }
             #expect(error?.protectedStoreError?.path == source, "the error names the file delivered")
         }
@@ -278,6 +306,13 @@ struct InboxTests {
         let shortened = try container.deliverToInbox(fileAtPath: source, name: long).name
         #expect(shortened.utf8.count <= 255 && shortened.hasSuffix("-1.pdf") && shortened != long)
         #expect(try container.inboxItems().map(\.sequenceNumber) == (1...10).map { UInt64($0) })
+
+        // A name is free again once its item is gone; numbers are never reused, even after records are pruned.
+        try container.removeItem(atPath: "Documents/Inbox/notes")
+        try container.removeItem(atPath: "Documents/Inbox/\(shortened)")
+        let again = try container.deliverToInbox(fileAtPath: source, name: "notes")
+        #expect(again.name == "notes" && again.sequenceNumber == 11)
+        #expect(try container.inboxQueue.entries().count == 9, "the two records whose items were removed are pruned")
     }
 
     @Test("a delivery interrupted between its record and its rename is finished by the receiver; a record whose item is gone is dropped")
@@ -291,6 +326,7 @@ struct InboxTests {
         let inbox = container.dataPath + "/Documents/Inbox/"
         entry.stagingName = FileSystem.temporaryPrefix + "0123456789abcdef"
         #expect(rename(inbox + kept.name, inbox + entry.stagingName) == 0)
+        try container.inboxQueue.remove(entry)
         try container.inboxQueue.record(entry)
         try container.removeItem(atPath: removed.path)
         #expect(try container.inboxItems().map(\.name) == [], "the staged file is hidden until finished")

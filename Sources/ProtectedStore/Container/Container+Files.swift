@@ -149,8 +149,7 @@ extension Container {
             }
             let handle = try ProtectedFileHandle(opening: item, writable: true, container: self)
             defer { try? handle.close() }
-            if newClass == .complete { device.fileBecomesComplete(fileID: handle.file.fileID) }
-            try handle.file.changeProtectionClass(to: newClass, keys: device)
+            try changeClass(of: handle.file, to: newClass)
         }
     }
 
@@ -285,6 +284,12 @@ extension Container {
             throw ProtectedStoreError(.invalidArgument, problem: "unknown file protection option 0x\(String(chosen, radix: 16))", remedy: "Use one of the fileProtection options of Data.WritingOptions")
         }
         return match
+    }
+
+    /// Re-wraps a file's key for `newClass`; handles opened before a change to class A lose their key at the next lock too.
+    func changeClass(of file: EncryptedFile, to newClass: ProtectionClass) throws {
+        if newClass == .complete { device.fileBecomesComplete(fileID: file.fileID) }
+        try file.changeProtectionClass(to: newClass, keys: device)
     }
 
     /// The class set on a directory, if any.

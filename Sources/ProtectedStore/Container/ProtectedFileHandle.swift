@@ -28,7 +28,8 @@ public final class ProtectedFileHandle: @unchecked Sendable {
         var file = try EncryptedFile.open(at: item.location, keys: container.device, writable: writable)
         if file.awaitsDefaultClass, container.device.state == .unlocked {
             try? file.close()
-            try container.adoptDefaultClass(item)
+            // Adopting can fail (a lock meanwhile, a read-only file system); the file then opens as it is, class B.
+            try? container.adoptDefaultClass(item)
             file = try EncryptedFile.open(at: item.location, keys: container.device, writable: writable)
         }
         try self.init(file: file, path: item.displayPath, container: container)

@@ -92,13 +92,15 @@ extension Device {
     func receive(_ notice: DaemonLink.Notice) {
         switch notice {
         case .event(.willBecomeUnavailable, let seq, let grace, let connection):
-            mutex.withLock { if currentState == .unlocked { currentState = .locking } }
+            mutex.withLock {
+                if currentState == .unlocked { currentState = .locking }
+                openURLsAllowed = false
+            }
             daemonEvents.async { self.handleWillBecomeUnavailable(grace: grace) { self.acknowledge(seq, connection: connection) } }
         case .event(.didBecomeAvailable, let seq, _, let connection):
             mutex.withLock { currentState = .unlocked }
             daemonEvents.async {
-                let observers = self.deliveryLock.withLock { self.dispatcher.deliver(.didBecomeAvailable, from: self) }
-                self.deliverPendingOpenURLs(after: observers.done)
+                let observers = self.deliveryLock.withLock { self.deliverDidBecomeAvailable() }
                 // Bounded as in-process: an observer stuck in an earlier callback must not stop this process
                 // from acknowledging, which would keep the next lock's event from reaching it.
                 _ = observers.handedOver.wait(timeout: .now() + max(self.gracePeriod, 1))
@@ -115,10 +117,7 @@ extension Device {
                 return !wasUnlocked && currentState == .unlocked
             }
             guard becameAvailable else { return }
-            daemonEvents.async {
-                let observers = self.deliveryLock.withLock { self.dispatcher.deliver(.didBecomeAvailable, from: self) }
-                self.deliverPendingOpenURLs(after: observers.done)
-            }
+            daemonEvents.async { _ = self.deliveryLock.withLock { self.deliverDidBecomeAvailable() } }
         }
     }
 
@@ -129,6 +128,7 @@ extension Device {
     /// The daemon went away: this process can unwrap nothing until one is back, so it locks itself.
     private func daemonLost() {
         let wasAvailable: Bool = mutex.withLock {
+            openURLsAllowed = false
             defer { currentState = .locked }
             return currentState == .unlocked || currentState == .locking
         }

@@ -59,13 +59,14 @@ extension Device {
         }
         // The state change and the hand-off of its event happen under one lock, so every observer sees
         // will/did in the order the state changed, even when a lock and an unlock race.
-        let (attempt, grace, observers): (LockAttempt?, TimeInterval, (handedOver: DispatchGroup, done: DispatchGroup, observers: Int)?) = deliveryLock.withLock {
+        let (attempt, grace, observers): (LockAttempt?, TimeInterval, (handedOver: DispatchGroup, done: DispatchGroup, taken: Counter)?) = deliveryLock.withLock {
             let (attempt, grace, isNew): (LockAttempt?, TimeInterval, Bool) = mutex.withLock {
                 switch currentState {
                 case .unlocked:
                     let attempt = LockAttempt()
                     pendingLock = attempt
                     currentState = .locking
+                    openURLsAllowed = false
                     return (attempt, gracePeriod ?? currentGracePeriod, true)
                 case .locking:
                     return (pendingLock, 0, false)
@@ -127,26 +128,35 @@ extension Device {
                     currentState = .unlocked
                     return (wasUnlocked, pendingLock.take())
                 }
-                if !wasUnlocked { deliverPendingOpenURLs(after: dispatcher.deliver(.didBecomeAvailable, from: self).done) }
+                if !wasUnlocked { deliverDidBecomeAvailable() }
                 return cancelled
             }
             cancelled?.complete()
         }
     }
 
-    /// Once this process's observers have handled *did become available* (or the grace period has passed, for one
-    /// that never finishes), its containers receiving open-URL events deliver what is pending: an app hears that data
-    /// is back before it is asked to open a file that needed it.
-    func deliverPendingOpenURLs(after didHandled: DispatchGroup) {
-        guard !inboxReceivers.members.isEmpty else { return }
+    /// Hands *did become available* to this process's observers. Once they have handled it (or the grace period has
+    /// passed, for one that never finishes), open-URL events may flow and the receiving containers deliver what is
+    /// pending: an app hears that data is back before it is asked to open a file that needed it. Caller holds `deliveryLock`.
+    @discardableResult
+    func deliverDidBecomeAvailable() -> (handedOver: DispatchGroup, done: DispatchGroup, taken: Counter) {
+        let observers = dispatcher.deliver(.didBecomeAvailable, from: self)
         let started = OnceFlag()
         let start: @Sendable () -> Void = { [weak self] in
             guard started.claim(), let self else { return }
-            inboxReceivers.members.forEach { $0.deliverPending() }
+            let allowed: Bool = mutex.withLock {
+                if currentState == .unlocked { openURLsAllowed = true }
+                return openURLsAllowed
+            }
+            if allowed { inboxReceivers.members.forEach { $0.deliverPending() } }
         }
-        didHandled.notify(queue: .global(), execute: start)
+        observers.done.notify(queue: .global(), execute: start)
         DispatchQueue.global().asyncAfter(deadline: .now() + max(gracePeriod, 1), execute: start)
+        return observers
     }
+
+    /// Whether a receiving container may hand out open-URL events now.
+    var mayDeliverOpenURLs: Bool { mutex.withLock { openURLsAllowed && currentState == .unlocked } }
 
     // MARK: Open files
 

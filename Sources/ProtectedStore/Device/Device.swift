@@ -46,6 +46,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     var currentState: State
     var currentGracePeriod = Device.defaultGracePeriod
     var pendingLock: LockAttempt?
+    /// Whether open-URL events may be delivered: unlocked, and this process's observers have handled *did become available*.
+    var openURLsAllowed: Bool
     /// Set by `shutDown()`, under `passcodeLock`.
     var isShutDown = false
     // Taken around a state change and the hand-off of its event, so observers see events in state order.
@@ -65,6 +67,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         self.classBPublicKey = classBPublicKey
         self.holder = holder
         self.currentState = state
+        self.openURLsAllowed = state == .unlocked
         self.passcodePolicy = passcodePolicy
         self.dispatcher = EventDispatcher(notificationCenter: notificationCenter, postingNotifications: true, callDelegate: { delegate, event, device in
             guard let delegate = delegate as? any ProtectedDataDelegate else { return }

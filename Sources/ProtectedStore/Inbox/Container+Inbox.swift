@@ -55,9 +55,9 @@ extension Container {
             let source = try InboxSource(path: sourcePath)
             defer { source.close() }
             let inbox = try directory.openDirectory(inboxPath)
-            let (staged, sealedClass) = try stage(source, in: inbox, progress: progress)
+            let (staged, size, sealedClass) = try stage(source, named: itemName, in: inbox, progress: progress)
             do {
-                let entry = try commit(staged, named: itemName, in: inbox, size: source.size, sourceApplication: sourceApplication, annotation: annotation)
+                let entry = try commit(staged, named: itemName, in: inbox, size: size, sourceApplication: sourceApplication, annotation: annotation)
                 return InboxItem(name: entry.name, path: "\(Self.documentsInbox)/\(entry.name)", state: .pendingEvent, sourceApplication: sourceApplication,
                                  annotationJSON: annotation, size: entry.size, protection: sealedClass.protection.fileProtectionType,
                                  awaitsDefaultClass: sealedClass.awaitsDefaultClass, sequenceNumber: entry.sequence, deliveryDate: entry.deliveredAt, problem: nil)
@@ -70,23 +70,25 @@ extension Container {
 
     /// Streams the source into a hidden file in the Inbox. Unlocked, under the Inbox's class; if the device is locked,
     /// or locks part-way (a class A key discarded), sealed for class B from the start instead.
-    private func stage(_ source: InboxSource, in inbox: OpenDirectory, progress: ((UInt64, UInt64) -> Void)?) throws
-        -> (FileLocation, (protection: ProtectionClass, awaitsDefaultClass: Bool)) {
+    private func stage(_ source: InboxSource, named name: String, in inbox: OpenDirectory, progress: ((UInt64, UInt64) -> Void)?) throws
+        -> (FileLocation, UInt64, (protection: ProtectionClass, awaitsDefaultClass: Bool)) {
         let target = try inheritedClass(in: inbox)
+        let displayPath = directory.displayPath(inboxPath.appending(name))
         if device.state == .unlocked || target == .completeUnlessOpen {
             do {
-                return (try stream(source, in: inbox, protectionClass: target, flags: [], progress: progress), (target, false))
+                let (staged, size) = try stream(source, to: displayPath, in: inbox, protectionClass: target, flags: [], progress: progress)
+                return (staged, size, (target, false))
             } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable && target != .completeUnlessOpen {
                 // Locked meanwhile: deliver anyway, as a locked device does.
             }
         }
-        let staged = try stream(source, in: inbox, protectionClass: .completeUnlessOpen, flags: .awaitsDefaultClass, progress: progress)
-        return (staged, (.completeUnlessOpen, true))
+        let (staged, size) = try stream(source, to: displayPath, in: inbox, protectionClass: .completeUnlessOpen, flags: .awaitsDefaultClass, progress: progress)
+        return (staged, size, (.completeUnlessOpen, true))
     }
 
-    private func stream(_ source: InboxSource, in inbox: OpenDirectory, protectionClass: ProtectionClass, flags: FileHeader.Flags,
-                        progress: ((UInt64, UInt64) -> Void)?) throws -> FileLocation {
-        let displayPath = directory.displayPath(inboxPath)
+    /// Streams the source into a hidden file; returns it and the bytes written. Errors name the source and the target.
+    private func stream(_ source: InboxSource, to displayPath: String, in inbox: OpenDirectory, protectionClass: ProtectionClass, flags: FileHeader.Flags,
+                        progress: ((UInt64, UInt64) -> Void)?) throws -> (FileLocation, UInt64) {
         let staged = inbox.location(".", displayPath: displayPath).temporarySibling()
         let file = try EncryptedFile.create(at: staged, protectionClass: protectionClass, flags: flags, keys: device)
         do {
@@ -105,35 +107,48 @@ extension Container {
             }
             try file.synchronize()
             try file.close()
+            return (staged, UInt64(offset))
+        } catch let error as ProtectedStoreError {
+            try? file.close()
+            staged.unlink()
+            throw ProtectedStoreError(error.kind, path: error.path, problem: "\(error.problem) (delivering \(source.path))", remedy: error.remedy, errno: error.errno)
         } catch {
             try? file.close()
             staged.unlink()
             throw error
         }
-        return staged
     }
 
     /// Records the delivery, then renames the staged file to a free name, both under the queue's lock. A crash between
-    /// the two leaves a record naming the staged file, which the receiver finishes (`inboxItemExists`).
+    /// the two leaves a record naming the staged file, which the receiver finishes (`inboxItemExists`). Records whose
+    /// item is gone (deleted, or moved out of the Inbox) are pruned here, so their names are free again.
     private func commit(_ staged: FileLocation, named wanted: String, in inbox: OpenDirectory, size: UInt64,
                         sourceApplication: String?, annotation: String?) throws -> InboxQueue.Entry {
         try inboxQueue.withLock {
-            let recorded = try inboxQueue.entries()
-            let reserved = Set(recorded.map(\.name))
-            let name = try Self.freeName(for: wanted) { candidate in
-                // A recorded name whose item is not there yet belongs to an interrupted delivery.
-                try inbox.location(candidate, displayPath: "").status() == nil && !reserved.contains(candidate)
+            var recorded = try inboxQueue.entries()
+            let inboxDisplay = directory.displayPath(inboxPath)
+            func present(_ name: String) throws -> Bool { try inbox.location(name, displayPath: inboxDisplay).status() != nil }
+            for entry in recorded where try !present(entry.name) && !present(entry.stagingName) {
+                try inboxQueue.remove(entry)
             }
-            let entry = InboxQueue.Entry(sequence: (recorded.last?.sequence ?? 0) + 1, name: name, stagingName: staged.name,
+            recorded = try inboxQueue.entries()
+            // A recorded name whose item is not there yet belongs to an interrupted delivery, finished later.
+            let reserved = Set(recorded.map(\.name))
+            let name = try Self.freeName(for: wanted) { try !present($0) && !reserved.contains($0) }
+            let entry = InboxQueue.Entry(sequence: try inboxQueue.allocateSequence(above: recorded), name: name, stagingName: staged.name,
                                          sourceApplication: sourceApplication, annotation: annotation, size: size, deliveredAt: Date(), eventDelivered: false)
             try inboxQueue.record(entry)
+            let target = inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
             do {
-                try staged.rename(to: inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name))), replacing: false)
-                try staged.synchronizeDirectory()
+                try staged.rename(to: target, replacing: false)
             } catch {
+                // Undone under the lock, so no receiver can finish this delivery after it failed.
+                staged.unlink()
                 try? inboxQueue.remove(entry)
                 throw error
             }
+            // Delivered and recorded from here on: a failure to make it durable is reported, not undone.
+            try target.synchronizeDirectory()
             return entry
         }
     }
@@ -147,8 +162,10 @@ extension Container {
     public func inboxItems() throws -> [InboxItem] {
         try foundationErrors(writing: false) {
             let inbox = try directory.openDirectory(inboxPath)
+            // Names first: an item delivered meanwhile then has its record too.
+            let listed = try names(in: inbox)
             let records = Dictionary(try inboxQueue.entries().map { ($0.name, $0) }, uniquingKeysWith: { $1 })
-            let items: [InboxItem] = try names(in: inbox).compactMap { name in
+            let items: [InboxItem] = try listed.compactMap { name in
                 let location = inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
                 guard let info = try location.status(), info.st_mode & S_IFMT == S_IFREG else { return nil }
                 let record = records[name]
@@ -178,13 +195,16 @@ extension Container {
         }
     }
 
-    /// Whether a recorded item is in the Inbox, finishing a delivery interrupted after its record was written. A record
+    /// Whether a claimed item is in the Inbox, finishing a delivery interrupted after its record was written. A record
     /// whose item is gone (deleted or moved out before its event) is dropped: there is nothing left to open.
-    func inboxItemExists(_ entry: InboxQueue.Entry) throws -> Bool {
+    func inboxItemExists(_ claim: InboxQueue.Claim) throws -> Bool {
+        let entry = claim.entry
         let inbox = try directory.openDirectory(inboxPath)
         let item = inbox.location(entry.name, displayPath: directory.displayPath(inboxPath.appending(entry.name)))
         if try item.status() != nil { return true }
         return try inboxQueue.withLock {
+            // A delivery that failed removed its record under this lock: nothing to finish.
+            guard inboxQueue.isStillRecorded(claim) else { return false }
             if try item.status() != nil { return true }
             let staged = inbox.location(entry.stagingName, displayPath: item.displayPath)
             if entry.stagingName.hasPrefix(FileSystem.temporaryPrefix), try staged.status() != nil {
@@ -213,15 +233,14 @@ extension Container {
                                   remedy: "Move the item out of Documents/Inbox (for example to Documents) and change it there", errno: .permissionDenied)
     }
 
-    /// An item delivered while locked takes its directory's class at its first open with the device unlocked.
+    /// An item delivered while locked takes the class it would have had unlocked, the Inbox's (the container default),
+    /// at its first open with the device unlocked, wherever it has been moved since.
     func adoptDefaultClass(_ item: ResolvedItem) throws {
         let file = try EncryptedFile.open(at: item.location, keys: device, writable: true)
         defer { try? file.close() }
         // Another program may have done it since this one looked.
         guard file.awaitsDefaultClass else { return }
-        let target = try inheritedClass(in: item.parent)
-        if target == .complete { device.fileBecomesComplete(fileID: file.fileID) }
-        try file.changeProtectionClass(to: target, keys: device)
+        try changeClass(of: file, to: try inheritedClass(in: try directory.openDirectory(inboxPath)))
     }
 
     // MARK: Checks
@@ -248,12 +267,16 @@ extension Container {
     /// An item name as a sender may give it: one non-empty path component, not reserved.
     static func checkedInboxName(_ name: String, source: String) throws -> String {
         func reject(_ problem: String) -> ProtectedStoreError {
-            ProtectedStoreError(.invalidArgument, path: source, problem: problem, remedy: "Give the item a plain file name, such as report.pdf")
+            ProtectedStoreError(.invalidArgument, path: source, problem: problem, remedy: "Rename the file (or pass another name) to a plain file name, such as report.pdf")
         }
         guard !name.isEmpty else { throw reject("the item name is empty") }
         guard !name.utf8.contains(0) else { throw reject("the item name contains a NUL byte") }
         guard name != ".", name != ".." else { throw reject("the item name \"\(name)\" is not a file name") }
         guard !name.contains("/") else { throw reject("the item name \"\(name.prefix(60))\" contains \"/\"") }
+        // Names end up in terminals and line-based output: no control characters or reordering marks to forge them with.
+        if let bad = name.unicodeScalars.first(where: { $0.properties.generalCategory == .control || (0x202A...0x202E).contains($0.value) || (0x2066...0x2069).contains($0.value) }) {
+            throw reject("the item name contains the control character U+\(String(bad.value, radix: 16, uppercase: true))")
+        }
         guard name.utf8.count <= ContainerPath.maximumNameBytes else {
             throw reject("the item name is \(name.utf8.count) bytes long; the limit is \(ContainerPath.maximumNameBytes)")
         }
@@ -330,21 +353,14 @@ struct InboxSource {
     let size: UInt64
 
     init(path: String) throws {
-        // Non-blocking, so a FIFO given by mistake fails the type check instead of hanging the open.
-        descriptor = try FileLocation(path: path).open(.readOnly, options: [.nonBlocking], doing: "open the file to deliver")
-        var info = stat()
-        guard fstat(descriptor.rawValue, &info) == 0 else {
-            let errno = Errno(rawValue: Foundation.errno)
-            try? descriptor.close()
-            throw ProtectedStoreError.io(errno, path: path, doing: "stat the file to deliver")
-        }
-        guard info.st_mode & S_IFMT == S_IFREG else {
-            try? descriptor.close()
-            let what = info.st_mode & S_IFMT == S_IFDIR ? "a directory" : "not a regular file"
-            throw ProtectedStoreError(.invalidArgument, path: path, problem: "it is \(what)", remedy: "Deliver regular files only")
-        }
+        descriptor = try FileLocation(path: path).openRegularFile(.readOnly, doing: "open the file to deliver")
         self.path = path
-        size = UInt64(info.st_size)
+        do {
+            size = UInt64(try FileSystem.fileSize(descriptor, path: path))
+        } catch {
+            try? descriptor.close()
+            throw error
+        }
     }
 
     func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {

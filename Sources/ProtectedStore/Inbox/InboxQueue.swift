@@ -65,7 +65,12 @@ struct InboxQueue: Sendable {
     /// Runs `body` holding the queue's lock, which serialises deliveries and repairs against each other.
     func withLock<R>(_ body: () throws -> R) throws -> R {
         try prepare()
-        let lock = try location(Self.lockName).open(.readWrite, options: [.create], permissions: [.ownerReadWrite], doing: "open the Inbox queue lock")
+        // Read-only once it exists: closing it then raises no inotify write event to wake the receivers.
+        let lockLocation = location(Self.lockName)
+        if try lockLocation.status() == nil {
+            try? lockLocation.open(.writeOnly, options: [.create], permissions: [.ownerReadWrite], doing: "create the Inbox queue lock").close()
+        }
+        let lock = try lockLocation.open(.readOnly, doing: "open the Inbox queue lock")
         return try lock.closeAfter {
             while flock(lock.rawValue, LOCK_EX) != 0 {
                 guard Foundation.errno == EINTR else {
@@ -76,7 +81,8 @@ struct InboxQueue: Sendable {
         }
     }
 
-    /// Every readable entry, in delivery order. An entry that does not decode is skipped: it names nothing deliverable.
+    /// Every entry, in delivery order. One that does not decode, or names its item in a way no delivery writes, is
+    /// skipped: it names nothing deliverable. Failures to read are errors, so no entry is mistaken for absent.
     func entries() throws -> [Entry] {
         guard try FileSystem.exists(path) else { return [] }
         let names: [String]
@@ -85,26 +91,47 @@ struct InboxQueue: Sendable {
         } catch {
             throw ProtectedStoreError(.io, path: path, problem: "cannot list the Inbox queue (\(error.localizedDescription))", remedy: "Check the permissions of the device root")
         }
-        return names.filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }
-            .compactMap { try? read(location($0)) }
+        return try names.filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }
+            .compactMap { name in
+                do {
+                    return try read(location(name))
+                } catch let error as ProtectedStoreError where error.kind == .notFound {
+                    return nil  // removed since the listing
+                }
+            }
             .sorted { $0.sequence < $1.sequence }
     }
 
-    /// The number for the next delivery, above every recorded one. Caller holds the lock.
-    func nextSequence() throws -> UInt64 { (try entries().last?.sequence ?? 0) + 1 }
+    /// The number for the next delivery: above every number ever given, also those of records since pruned. Caller holds the lock.
+    func allocateSequence(above recorded: [Entry]) throws -> UInt64 {
+        let counter = location(Self.counterName)
+        let stored = try counter.status() == nil ? 0 : UInt64(String(decoding: try counter.readPrefix(count: 32, what: "Inbox sequence counter"), as: UTF8.self)
+            .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+        let next = max(stored, recorded.last?.sequence ?? 0) + 1
+        try FileSystem.writeAtomically(Array("\(next)\n".utf8), to: counter, replacing: true)
+        return next
+    }
 
-    /// Records `entry` durably (replacing its earlier version).
-    func record(_ entry: Entry) throws {
+    static let counterName = "sequence"
+
+    /// Records a new entry durably; an existing record of that number is never overwritten.
+    func record(_ entry: Entry) throws { try write(entry, replacing: false) }
+
+    private func write(_ entry: Entry, replacing: Bool) throws {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         encoder.outputFormatting = .sortedKeys
-        try FileSystem.writeAtomically(Array(try encoder.encode(entry)), to: location(Self.fileName(entry.sequence)), replacing: true)
+        try FileSystem.writeAtomically(Array(try encoder.encode(entry)), to: location(Self.fileName(entry.sequence)), replacing: replacing)
     }
 
     private func read(_ entryLocation: FileLocation) throws -> Entry? {
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
-        return try entryLocation.readJSON(Entry.self, what: "Inbox queue entry", decoder: decoder)
+        guard let entry = try entryLocation.readJSON(Entry.self, what: "Inbox queue entry", decoder: decoder) else { return nil }
+        // The queue is not authenticated: names are checked again before any file operation uses them.
+        let plain = { (name: String) in !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.utf8.contains(0) }
+        guard plain(entry.name), plain(entry.stagingName) else { return nil }
+        return entry
     }
 
     /// Forgets an entry durably.
@@ -137,10 +164,19 @@ struct InboxQueue: Sendable {
         return Claim(descriptor: descriptor, entry: fresh)
     }
 
-    /// Records that the claimed entry's event was handled, then lets the claim go.
+    /// Whether the claimed entry is still recorded (a failed delivery or a repair may have removed it meanwhile).
+    func isStillRecorded(_ claim: Claim) -> Bool {
+        var info = stat()
+        return fstat(claim.descriptor.rawValue, &info) == 0 && info.st_nlink > 0
+    }
+
+    /// Records that the claimed entry's event was handled; a record removed meanwhile stays removed.
     func finish(_ claim: Claim) throws {
         var delivered = claim.entry
         delivered.eventDelivered = true
-        try record(delivered)
+        try withLock {
+            guard isStillRecorded(claim) else { return }
+            try write(delivered, replacing: true)
+        }
     }
 }

@@ -15,6 +15,8 @@ final class InboxReceiver: @unchecked Sendable {
     private let mutex = NSLock()
     private var isWatching = false
     private var watch: DispatchSourceRead?
+    /// Handled by the observers, but recording that failed (a full disk): never handed out again, recorded on the next pass.
+    private var handledUnrecorded: Set<UInt64> = []
     private static let logger = Logger(label: "ProtectedStore.inbox")
 
     init(container: Container) {
@@ -60,7 +62,8 @@ final class InboxReceiver: @unchecked Sendable {
             return
         }
         let fd = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
-        guard fd >= 0, inotify_add_watch(fd, queue.path, UInt32(IN_MOVED_TO | IN_CLOSE_WRITE)) >= 0 else {
+        // Records are only ever renamed into place, so renames are the one thing worth waking for.
+        guard fd >= 0, inotify_add_watch(fd, queue.path, UInt32(IN_MOVED_TO)) >= 0 else {
             let error = String(cString: strerror(errno))
             if fd >= 0 { close(fd) }
             // Registration, later registrations and unlocks still deliver; only the wake-up on a delivery is missing.
@@ -79,23 +82,49 @@ final class InboxReceiver: @unchecked Sendable {
     }
 
     /// Hands each pending event to the observers and waits until they have handled it before recording it delivered,
-    /// so a program that dies mid-way gets it again at its next launch rather than never.
+    /// so a program that dies mid-way gets it again at its next launch rather than never. Stops at an event another
+    /// receiver holds, so this one's order stays delivery order, and looks again shortly.
     private func drain() {
         guard let container, dispatcher.hasObservers else { return }
         do {
             for entry in try queue.entries() where !entry.eventDelivered {
-                guard container.device.state == .unlocked else { return }
-                guard let claim = try queue.claim(entry) else { continue }
-                guard try container.inboxItemExists(claim.entry) else { continue }
-                let request = container.openURLRequest(for: claim.entry)
-                let delivery = dispatcher.deliver(request, from: container)
-                // Every observer went away since the check: the event stays pending for the next receiver.
-                guard delivery.observers > 0 else { return }
-                delivery.done.wait()
-                try queue.finish(claim)
+                guard container.device.mayDeliverOpenURLs else { return }
+                guard let claim = try queue.claim(entry) else {
+                    drains.asyncAfter(deadline: .now() + 1) { [weak self] in self?.drain() }
+                    return
+                }
+                if mutex.withLock({ handledUnrecorded.contains(entry.sequence) }) {
+                    try queue.finish(claim)
+                    _ = mutex.withLock { handledUnrecorded.remove(entry.sequence) }
+                    continue
+                }
+                guard try container.inboxItemExists(claim) else { continue }
+                let delivery = dispatcher.deliver(container.openURLRequest(for: claim.entry), from: container)
+                waitUntilHandled(delivery.done, entry: claim.entry)
+                // Every observer went away before receiving it: it stays pending for the next receiver.
+                guard delivery.taken.value > 0 else { return }
+                do {
+                    try queue.finish(claim)
+                } catch {
+                    mutex.withLock { _ = handledUnrecorded.insert(entry.sequence) }
+                    drains.asyncAfter(deadline: .now() + 1) { [weak self] in self?.drain() }
+                    throw error
+                }
             }
         } catch {
             Self.logger.error("cannot deliver the Inbox events of \(queue.bundleIdentifier): \(error)")
+        }
+    }
+
+    /// Waits for the observers; says so in the log if one takes long (a sequence nobody iterates, a stuck delegate),
+    /// since every later event of the container waits behind it.
+    private func waitUntilHandled(_ done: DispatchGroup, entry: InboxQueue.Entry) {
+        var waited = 0
+        while done.wait(timeout: .now() + 10) == .timedOut {
+            waited += 10
+            if waited == 10 || waited % 300 == 0 {
+                Self.logger.warning("the open-URL event of \(queue.bundleIdentifier):Documents/Inbox/\(entry.name) has not been handled after \(waited) s; later ones wait for it")
+            }
         }
     }
 }

@@ -71,7 +71,7 @@ extension Container {
     }
 
     /// Stops sending open-URL events to `delegate`.
-    public func removeOpenURLDelegate(_ delegate: any OpenURLDelegate) { inboxReceiver.dispatcher.remove(delegate) }
+    public func removeOpenURLDelegate(_ delegate: any OpenURLDelegate) { receiverLock.withLock { receiver }?.dispatcher.remove(delegate) }
 
     /// A new subscription to the container's open-URL events (pending ones first); ends when dropped or its task is cancelled.
     public func openURLEvents() -> OpenURLEvents {

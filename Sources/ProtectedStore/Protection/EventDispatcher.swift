@@ -92,27 +92,28 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
 
     /// Hands `event` to every observer now. `handedOver` is left once every observer has been given the event
     /// (its delegate method entered, its notification being posted, or the event queued in its sequence);
-    /// `done` once every observer has finished handling it. `observers` counts those reached.
+    /// `done` once every observer has finished handling it. `taken` counts, once `done`, the observers that actually
+    /// received it (a subscription that ended with the event still buffered did not).
     @discardableResult
-    func deliver(_ event: Event, from source: Source) -> (handedOver: DispatchGroup, done: DispatchGroup, observers: Int) {
+    func deliver(_ event: Event, from source: Source) -> (handedOver: DispatchGroup, done: DispatchGroup, taken: Counter) {
         let handedOver = DispatchGroup()
         let done = DispatchGroup()
         // Weak references are loaded outside the mutex: loading one can make this the last strong reference,
         // and the observer's deinit (ending a subscription, removing a delegate) takes the mutex itself.
         let (delegateEntries, subscriptionEntries, handlerEntries, posting) = mutex.withLock { (delegates, subscriptions, handlers, isPostingNotifications) }
         var gone: [UInt64] = []
-        var reached = 0
+        let taken = Counter()
         for (id, entry) in delegateEntries {
             guard let delegate = entry.delegate else {
                 gone.append(id)
                 continue
             }
-            reached += 1
             handedOver.enter()
             done.enter()
             let callDelegate = callDelegate
             entry.queue.async {
                 handedOver.leave()
+                taken.increment()
                 callDelegate(delegate, event, source)
                 done.leave()
             }
@@ -122,19 +123,21 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
                 gone.append(id)
                 continue
             }
-            reached += 1
             done.enter()
-            subscription.enqueue(event) { done.leave() }
+            subscription.enqueue(event) { received in
+                if received { taken.increment() }
+                done.leave()
+            }
         }
         for handler in handlerEntries.values {
-            reached += 1
+            taken.increment()
             handedOver.enter()
             done.enter()
             let passedOn = OnceFlag(), finished = OnceFlag()
             handler(event, { if passedOn.claim() { handedOver.leave() } }, { if finished.claim() { done.leave() } })
         }
         if posting {
-            reached += 1
+            taken.increment()
             handedOver.enter()
             done.enter()
             let center = notificationCenter, post = post
@@ -152,8 +155,17 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
                 }
             }
         }
-        return (handedOver, done, reached)
+        return (handedOver, done, taken)
     }
+}
+
+/// A count shared between threads.
+final class Counter: @unchecked Sendable {
+    private let mutex = NSLock()
+    private var count = 0
+
+    func increment() { mutex.withLock { count += 1 } }
+    var value: Int { mutex.withLock { count } }
 }
 
 /// True for the first caller of `claim()` only.

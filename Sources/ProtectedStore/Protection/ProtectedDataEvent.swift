@@ -47,8 +47,10 @@ public struct ProtectedDataEvents: AsyncSequence, Sendable {
 /// One subscriber's buffer of undelivered events and the acknowledgement of the event it is handling.
 final class EventSubscription<Event: Sendable>: @unchecked Sendable {
     private let mutex = NSLock()
-    private var buffered: [(event: Event, handled: @Sendable () -> Void)] = []
-    private var handling: (@Sendable () -> Void)?
+    /// `handled(taken)`: taken is false for an event the consumer never received (the subscription ended first).
+    typealias Handled = @Sendable (_ taken: Bool) -> Void
+    private var buffered: [(event: Event, handled: Handled)] = []
+    private var handling: Handled?
     private var waiter: CheckedContinuation<Event?, Never>?
     private var finished = false
     private let onEnd: @Sendable () -> Void
@@ -59,7 +61,7 @@ final class EventSubscription<Event: Sendable>: @unchecked Sendable {
         finish()
     }
 
-    func enqueue(_ event: Event, handled: @escaping @Sendable () -> Void) {
+    func enqueue(_ event: Event, handled: @escaping Handled) {
         let delivered: Bool = mutex.withLock {
             guard !finished else { return false }
             if let waiter {
@@ -71,11 +73,11 @@ final class EventSubscription<Event: Sendable>: @unchecked Sendable {
             }
             return true
         }
-        if !delivered { handled() }
+        if !delivered { handled(false) }
     }
 
     func next() async -> Event? {
-        mutex.withLock { handling.take() }?()
+        mutex.withLock { handling.take() }?(true)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 mutex.withLock {
@@ -96,18 +98,19 @@ final class EventSubscription<Event: Sendable>: @unchecked Sendable {
         }
     }
 
-    /// Ends the subscription: releases a waiting consumer and counts every pending event as handled.
+    /// Ends the subscription: releases a waiting consumer and counts every pending event as handled (the one being
+    /// handled as taken, the buffered ones as never received).
     func finish() {
-        let ended: (pending: [@Sendable () -> Void], waiter: CheckedContinuation<Event?, Never>?)? = mutex.withLock {
+        let ended: (unreceived: [Handled], current: Handled?, waiter: CheckedContinuation<Event?, Never>?)? = mutex.withLock {
             guard !finished else { return nil }
             finished = true
-            let pending = buffered.map(\.handled) + (handling.take().map { [$0] } ?? [])
-            buffered = []
-            return (pending, waiter.take())
+            defer { buffered = [] }
+            return (buffered.map(\.handled), handling.take(), waiter.take())
         }
         guard let ended else { return }
         ended.waiter?.resume(returning: nil)
-        ended.pending.forEach { $0() }
+        ended.current?(true)
+        ended.unreceived.forEach { $0(false) }
         onEnd()
     }
 }

@@ -11,13 +11,14 @@ final class WeakSet<Element: AnyObject>: @unchecked Sendable {
 
     func insert(_ element: Element) { mutex.withLock { entries[ObjectIdentifier(element)] = Entry(element: element) } }
 
-    func remove(_ element: Element) { _ = mutex.withLock { entries.removeValue(forKey: ObjectIdentifier(element)) } }
-
-    /// The members still alive; the dead are dropped.
+    /// The members still alive; the dead are dropped. Weak references are loaded outside the mutex: loading one can
+    /// make this the last strong reference, and the member's deinit must not run under it.
     var members: [Element] {
-        mutex.withLock {
-            entries = entries.filter { $0.value.element != nil }
-            return entries.values.compactMap(\.element)
+        let snapshot = mutex.withLock { entries }
+        let alive = snapshot.compactMapValues(\.element)
+        if alive.count < snapshot.count {
+            mutex.withLock { entries = entries.filter { alive[$0.key] != nil || snapshot[$0.key] == nil } }
         }
+        return Array(alive.values)
     }
 }
