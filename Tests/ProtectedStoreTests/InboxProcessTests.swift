@@ -101,6 +101,7 @@ struct InboxProcessTests {
         // Relaunched: nothing comes again.
         watcher.spawned.signal(SIGTERM)
         _ = watcher.spawned.waitForExit()
+        #expect(try eventually { try observer.daemonStatus()?.subscribers == 1 }, "the daemon saw the watcher go")
         let relaunched = try Watcher(test, observer: observer)
         #expect(relaunched.spawned.nextLine(timeout: 0.7) == nil, "each event exactly once")
         withExtendedLifetime(daemon) {}

@@ -29,18 +29,20 @@ public protocol OpenURLDelegate: AnyObject, Sendable {
     func container(_ container: Container, open url: URL, sourceApplication: String?, annotation: Any?)
 }
 
-/// A container's open-URL events as an `AsyncSequence`; asking for the next one marks the previous one handled.
+/// A container's open-URL events as an `AsyncSequence`; asking for the next one, or leaving the loop, marks the
+/// previous one handled.
 /// It keeps the container alive while it exists.
 public struct OpenURLEvents: AsyncSequence, Sendable {
     public typealias Element = OpenURLRequest
     let container: Container
     let subscription: EventSubscription<OpenURLRequest>
 
-    public func makeAsyncIterator() -> Iterator { Iterator(container: container, subscription: subscription) }
+    public func makeAsyncIterator() -> Iterator { Iterator(container: container, subscription: subscription, end: IterationEnd(subscription)) }
 
     public struct Iterator: AsyncIteratorProtocol {
         let container: Container
         let subscription: EventSubscription<OpenURLRequest>
+        let end: IterationEnd<OpenURLRequest>
 
         /// The next event; nil once the task is cancelled.
         public mutating func next() async -> OpenURLRequest? { await subscription.next() }

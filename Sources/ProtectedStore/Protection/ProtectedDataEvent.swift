@@ -27,17 +27,18 @@ extension Device {
 
 /// The events of one device as an `AsyncSequence`, subscribed from the moment it was made.
 ///
-/// Asking for the next event tells the device that the previous one has been handled, so a
+/// Asking for the next event (or leaving the loop) tells the device that the previous one has been handled, so a
 /// `for await` loop that closes its files in the loop body lets a lock proceed as soon as the body ends.
 /// One consumer per sequence; make another sequence for another consumer.
 public struct ProtectedDataEvents: AsyncSequence, Sendable {
     public typealias Element = ProtectedDataEvent
     let subscription: EventSubscription<ProtectedDataEvent>
 
-    public func makeAsyncIterator() -> Iterator { Iterator(subscription: subscription) }
+    public func makeAsyncIterator() -> Iterator { Iterator(subscription: subscription, end: IterationEnd(subscription)) }
 
     public struct Iterator: AsyncIteratorProtocol {
         let subscription: EventSubscription<ProtectedDataEvent>
+        let end: IterationEnd<ProtectedDataEvent>
 
         /// The next event; nil once the task is cancelled.
         public mutating func next() async -> ProtectedDataEvent? { await subscription.next() }
@@ -98,6 +99,9 @@ final class EventSubscription<Event: Sendable>: @unchecked Sendable {
         }
     }
 
+    /// The consumer stopped iterating (left its loop): the event it was handling is done.
+    func endIteration() { mutex.withLock { handling.take() }?(true) }
+
     /// Ends the subscription: releases a waiting consumer and counts every pending event as handled (the one being
     /// handled as taken, the buffered ones as never received).
     func finish() {
@@ -113,4 +117,13 @@ final class EventSubscription<Event: Sendable>: @unchecked Sendable {
         ended.unreceived.forEach { $0(false) }
         onEnd()
     }
+}
+
+/// Dropped with its iterator: a loop that breaks or returns has handled the event it was given.
+final class IterationEnd<Event: Sendable>: Sendable {
+    private let subscription: EventSubscription<Event>
+
+    init(_ subscription: EventSubscription<Event>) { self.subscription = subscription }
+
+    deinit { subscription.endIteration() }
 }
