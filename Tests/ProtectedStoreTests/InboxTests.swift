@@ -53,18 +53,15 @@ func sourceFile(_ test: TestDevice, _ name: String, _ contents: String) -> Strin
     return file
 }
 
-/// Asserts the Inbox rule's error: `CocoaError(.fileWriteNoPermission)` over `POSIXError(.EACCES)`.
+/// Asserts the Inbox rule's error: `CocoaError(.fileWriteNoPermission)` over `POSIXError(.EACCES)`, with a remedy.
 func expectInboxDenied<R>(sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> R) {
-    do {
-        _ = try body()
-        Issue.record("expected the Inbox rule to refuse this, but it succeeded", sourceLocation: sourceLocation)
-    } catch let error as CocoaError {
-        #expect(error.code == .fileWriteNoPermission, "got \(error)", sourceLocation: sourceLocation)
-        #expect((error.underlying as? POSIXError)?.code == .EACCES, "underlying \(String(describing: error.underlying))", sourceLocation: sourceLocation)
-        #expect(error.protectedStoreError?.kind == .permissionDenied, sourceLocation: sourceLocation)
-        #expect(error.protectedStoreError?.remedy.contains("Move the item out") == true, sourceLocation: sourceLocation)
-    } catch {
-        Issue.record("expected CocoaError, got \(error)", sourceLocation: sourceLocation)
+    expectDenied(writing: true, posix: .EACCES, kind: .permissionDenied, sourceLocation: sourceLocation) {
+        do {
+            return try body()
+        } catch let error as CocoaError {
+            #expect(error.protectedStoreError?.remedy.contains("Move the item out") == true, sourceLocation: sourceLocation)
+            throw error
+        }
     }
 }
 

@@ -41,51 +41,48 @@ struct TestDevice {
     func path(_ name: String) -> String { directory.file(name) }
 }
 
-/// Asserts that `body` throws the `CocoaError` Foundation would for a data-protection denial:
-/// `.fileReadNoPermission` or `.fileWriteNoPermission` with `POSIXError(.EPERM)` underneath.
-func expectDenied<R>(writing: Bool, sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> R) {
+/// The error of type `E` that `body` throws; records an issue (naming `expected`) if it succeeds or throws another type.
+func caught<E: Error, R>(_ type: E.Type, expected: String, sourceLocation: SourceLocation, _ body: () throws -> R) -> E? {
     do {
         _ = try body()
-        Issue.record("expected a data-protection denial, but the call succeeded", sourceLocation: sourceLocation)
-    } catch let error as CocoaError {
-        #expect(error.code == (writing ? .fileWriteNoPermission : .fileReadNoPermission), "got \(error)", sourceLocation: sourceLocation)
-        #expect((error.underlying as? POSIXError)?.code == .EPERM, "underlying \(String(describing: error.underlying))", sourceLocation: sourceLocation)
-        #expect(error.isProtectedDataUnavailable, sourceLocation: sourceLocation)
+        Issue.record("expected \(expected), but the call succeeded", sourceLocation: sourceLocation)
+    } catch let error as E {
+        return error
     } catch {
-        Issue.record("expected CocoaError, got \(error)", sourceLocation: sourceLocation)
+        Issue.record("expected \(expected), got \(error)", sourceLocation: sourceLocation)
     }
+    return nil
+}
+
+/// Asserts that `body` throws the `CocoaError` Foundation would for a denial: `.fileReadNoPermission` or
+/// `.fileWriteNoPermission` over `POSIXError(posix)`, with the library's `kind` inside. By default a data-protection
+/// denial (EPERM); the Inbox's read-and-delete rule is EACCES, `.permissionDenied`.
+func expectDenied<R>(writing: Bool, posix: POSIXErrorCode = .EPERM, kind: ProtectedStoreError.Kind = .protectedDataUnavailable,
+                     sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> R) {
+    guard let error = caught(CocoaError.self, expected: "a \(kind) denial", sourceLocation: sourceLocation, body) else { return }
+    #expect(error.code == (writing ? .fileWriteNoPermission : .fileReadNoPermission), "got \(error)", sourceLocation: sourceLocation)
+    #expect((error.underlying as? POSIXError)?.code == posix, "underlying \(String(describing: error.underlying))", sourceLocation: sourceLocation)
+    #expect(error.protectedStoreError?.kind == kind, sourceLocation: sourceLocation)
 }
 
 /// Asserts that a container call throws a `CocoaError` carrying a library error of `kind`.
 @discardableResult
 func expectCocoaError<R>(_ kind: ProtectedStoreError.Kind, sourceLocation: SourceLocation = #_sourceLocation,
                          _ body: () throws -> R) -> CocoaError? {
-    do {
-        _ = try body()
-        Issue.record("expected a \(kind) error, but the call succeeded", sourceLocation: sourceLocation)
-    } catch let error as CocoaError {
+    let error = caught(CocoaError.self, expected: "CocoaError(\(kind))", sourceLocation: sourceLocation, body)
+    if let error {
         #expect(error.protectedStoreError?.kind == kind, "got \(error.protectedStoreError.map(String.init(describing:)) ?? String(describing: error))", sourceLocation: sourceLocation)
-        return error
-    } catch {
-        Issue.record("expected CocoaError(\(kind)), got \(error)", sourceLocation: sourceLocation)
     }
-    return nil
+    return error
 }
 
 /// Asserts that `body` throws a `ProtectedStoreError` of `kind` and returns it.
 @discardableResult
 func expectError<R>(_ kind: ProtectedStoreError.Kind, sourceLocation: SourceLocation = #_sourceLocation,
                     _ body: () throws -> R) -> ProtectedStoreError? {
-    do {
-        _ = try body()
-        Issue.record("expected a \(kind) error, but the call succeeded", sourceLocation: sourceLocation)
-    } catch let error as ProtectedStoreError {
-        #expect(error.kind == kind, "got \(error)", sourceLocation: sourceLocation)
-        return error
-    } catch {
-        Issue.record("expected ProtectedStoreError(\(kind)), got \(error)", sourceLocation: sourceLocation)
-    }
-    return nil
+    let error = caught(ProtectedStoreError.self, expected: "ProtectedStoreError(\(kind))", sourceLocation: sourceLocation, body)
+    if let error { #expect(error.kind == kind, "got \(error)", sourceLocation: sourceLocation) }
+    return error
 }
 
 /// A small deterministic generator, so a failing random sequence can be replayed from its seed.

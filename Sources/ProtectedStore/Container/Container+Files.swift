@@ -372,16 +372,10 @@ extension Container {
         switch info.st_mode & S_IFMT {
         case S_IFREG:
             type = .typeRegular
-            do {
-                let header = try EncryptedFile.header(at: location)
-                protection = header.protectionClass.fileProtectionType
-                guard let plaintext = header.layout.plaintextSize(storedSize: Int64(info.st_size)) else {
-                    throw ProtectedStoreError(.integrity, path: location.displayPath, problem: "its length is not a valid encrypted length", remedy: "Restore it from a backup")
-                }
-                size = UInt64(plaintext)
-            } catch let error as ProtectedStoreError {
-                problem = error.problem
-            }
+            let file = Self.fileDetails(at: location, info: info)
+            protection = file.header?.protectionClass.fileProtectionType
+            size = file.size
+            problem = file.problem
         case S_IFDIR:
             type = .typeDirectory
             // Removed or replaced since the lstat: the entry is gone as far as this listing goes.
@@ -395,6 +389,21 @@ extension Container {
         }
         return ContainerItem(name: name, path: path.description, type: type, protection: protection, size: size,
                              modificationDate: modified, symbolicLinkTarget: target, problem: problem)
+    }
+
+    /// A regular file's header and plaintext size, read without any key; or why they can't be read.
+    static func fileDetails(at location: FileLocation, info: stat) -> (header: FileHeader?, size: UInt64, problem: String?) {
+        do {
+            let header = try EncryptedFile.header(at: location)
+            guard let plaintext = header.layout.plaintextSize(storedSize: Int64(info.st_size)) else {
+                return (header, 0, "its length is not a valid encrypted length")
+            }
+            return (header, UInt64(plaintext), nil)
+        } catch let error as ProtectedStoreError {
+            return (nil, 0, error.problem)
+        } catch {
+            return (nil, 0, "\(error)")
+        }
     }
 
     static func modificationDate(_ info: stat) -> Date {

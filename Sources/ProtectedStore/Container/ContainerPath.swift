@@ -59,6 +59,13 @@ struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
         self.mustBeDirectory = trimmed.count < raw.count
     }
 
+    /// Whether `name` can be one component as written: not empty, `.` or `..`, no `/` or NUL, within the length
+    /// limit, not reserved. For names read back from ProtectedStore's own records, which are not authenticated.
+    static func isPlainName(_ name: String) -> Bool {
+        !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.utf8.contains(0)
+            && name.utf8.count <= maximumNameBytes && !name.hasPrefix(reservedPrefix)
+    }
+
     var isRoot: Bool { components.isEmpty }
     var name: String? { components.last }
     var parent: ContainerPath { ContainerPath(components: Array(components.dropLast())) }

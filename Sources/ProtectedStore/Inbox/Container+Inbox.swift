@@ -125,13 +125,12 @@ extension Container {
     private func commit(_ staged: FileLocation, named wanted: String, in inbox: OpenDirectory, size: UInt64,
                         sourceApplication: String?, annotation: String?) throws -> InboxQueue.Entry {
         try inboxQueue.withLock {
-            var recorded = try inboxQueue.entries()
             let inboxDisplay = directory.displayPath(inboxPath)
             func present(_ name: String) throws -> Bool { try inbox.location(name, displayPath: inboxDisplay).status() != nil }
-            for entry in recorded where try !present(entry.name) && !present(entry.stagingName) {
-                try inboxQueue.remove(entry)
+            var recorded: [InboxQueue.Entry] = []
+            for entry in try inboxQueue.entries() {
+                if try present(entry.name) || present(entry.stagingName) { recorded.append(entry) } else { try inboxQueue.remove(entry) }
             }
-            recorded = try inboxQueue.entries()
             // A recorded name whose item is not there yet belongs to an interrupted delivery, finished later.
             let reserved = Set(recorded.map(\.name))
             let name = try Self.freeName(for: wanted) { try !present($0) && !reserved.contains($0) }
@@ -169,10 +168,7 @@ extension Container {
                 let location = inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
                 guard let info = try location.status(), info.st_mode & S_IFMT == S_IFREG else { return nil }
                 let record = records[name]
-                var header: FileHeader?
-                var problem: String?
-                do { header = try EncryptedFile.header(at: location) } catch let error as ProtectedStoreError { problem = error.problem }
-                let size = header.flatMap { $0.layout.plaintextSize(storedSize: Int64(info.st_size)) }.map(UInt64.init) ?? 0
+                let (header, size, problem) = Self.fileDetails(at: location, info: info)
                 return InboxItem(name: name, path: "\(Self.documentsInbox)/\(name)",
                                  state: record.map { $0.eventDelivered ? .delivered : .pendingEvent } ?? .unrecorded,
                                  sourceApplication: record?.sourceApplication, annotationJSON: record?.annotation, size: size,
@@ -207,7 +203,7 @@ extension Container {
             guard inboxQueue.isStillRecorded(claim) else { return false }
             if try item.status() != nil { return true }
             let staged = inbox.location(entry.stagingName, displayPath: item.displayPath)
-            if entry.stagingName.hasPrefix(FileSystem.temporaryPrefix), try staged.status() != nil {
+            if try staged.status() != nil {
                 try staged.rename(to: item, replacing: false)
                 try item.synchronizeDirectory()
                 return true

@@ -129,8 +129,8 @@ struct InboxQueue: Sendable {
         decoder.dateDecodingStrategy = .iso8601
         guard let entry = try entryLocation.readJSON(Entry.self, what: "Inbox queue entry", decoder: decoder) else { return nil }
         // The queue is not authenticated: names are checked again before any file operation uses them.
-        let plain = { (name: String) in !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.utf8.contains(0) }
-        guard plain(entry.name), plain(entry.stagingName) else { return nil }
+        guard ContainerPath.isPlainName(entry.name), entry.stagingName.hasPrefix(FileSystem.temporaryPrefix),
+              !entry.stagingName.contains("/"), !entry.stagingName.utf8.contains(0) else { return nil }
         return entry
     }
 
