@@ -19,6 +19,11 @@ let package = Package(
             pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"]), .brew(["libsodium"])]
         ),
+        .systemLibrary(
+            name: "CFuse",
+            pkgConfig: "fuse3",
+            providers: [.apt(["libfuse3-dev"])]
+        ),
         // The few Linux calls Swift's Glibc module does not expose.
         .target(name: "CSupport"),
         .target(
@@ -30,10 +35,21 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // The FUSE front end of `sandboxctl mount`: translates libfuse's calls to ContainerFileSystem.
+        .target(
+            name: "ProtectedStoreMount",
+            dependencies: [
+                "CFuse",
+                "ProtectedStore",
+                .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .executableTarget(
             name: "sandboxctl",
             dependencies: [
                 "ProtectedStore",
+                "ProtectedStoreMount",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -32,7 +32,7 @@ struct Sandboxctl: AsyncParsableCommand {
             """,
         subcommands: [InitCommand.self, DaemonCommand.self, UnlockCommand.self, LockCommand.self, WatchCommand.self,
                       CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self, InboxCommand.self,
-                      RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, PasswdCommand.self, EraseCommand.self,
+                      RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, MountCommand.self, PasswdCommand.self, EraseCommand.self,
                       DemoCommand.self, BenchCommand.self]
     )
 }

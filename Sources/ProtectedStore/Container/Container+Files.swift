@@ -328,11 +328,11 @@ extension Container {
         try item.location.synchronizeDirectory()
     }
 
-    private func writeDirectoryClass(_ protectionClass: ProtectionClass, in opened: OpenDirectory, displayPath: String) throws {
+    func writeDirectoryClass(_ protectionClass: ProtectionClass, in opened: OpenDirectory, displayPath: String) throws {
         try FileSystem.writeAtomically(Array("\(protectionClass.name)\n".utf8), to: opened.location(Self.directoryClassName, displayPath: displayPath), replacing: true)
     }
 
-    private func refuseLayoutChange(_ item: ResolvedItem, doing action: String) throws {
+    func refuseLayoutChange(_ item: ResolvedItem, doing action: String) throws {
         guard !layoutPaths.contains(item.path) else {
             throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "\(item.path) is one of the container's own folders and can't be \(action)",
                                       remedy: "Work on the items inside it instead")

@@ -136,7 +136,7 @@ extension Device {
             if wasAvailable {
                 self.handleWillBecomeUnavailable(grace: self.gracePeriod) {}
             } else {
-                self.mutex.withLock { self.takeClassAFiles() }.forEach { $0.discardKey() }
+                self.discardKeys(of: self.mutex.withLock { self.takeClassAFiles() })
             }
         }
     }
@@ -151,7 +151,7 @@ extension Device {
             if currentState == .locking { currentState = .locked }
             return takeClassAFiles()
         }
-        files.forEach { $0.discardKey() }
+        discardKeys(of: files)
         acknowledge()
     }
 }

@@ -103,7 +103,7 @@ extension Device {
         }
         guard let files else { return }
         // Outside the mutex: each discard waits for that file's operation in flight, if any, to finish.
-        files.forEach { $0.discardKey() }
+        discardKeys(of: files)
         attempt.complete()
     }
 
@@ -166,13 +166,28 @@ extension Device {
         // Read before taking the device mutex: nothing may take a file's mutex while holding the device's.
         let isComplete = file.protectionClass == .complete
         let fileID = file.fileID
-        try mutex.withLock {
-            if isComplete && !(currentState == .unlocked || currentState == .locking) {
-                file.discardKey()
-                throw Self.unavailableError(.complete, state: currentState, path: file.path)
-            }
+        let refusedIn: State? = mutex.withLock {
+            if isComplete && !(currentState == .unlocked || currentState == .locking) { return currentState }
             openFiles[ObjectIdentifier(file)] = TrackedFile(file: file, fileID: fileID, isComplete: isComplete)
+            return nil
         }
+        if let refusedIn {
+            file.discardKey()
+            throw Self.unavailableError(.complete, state: refusedIn, path: file.path)
+        }
+    }
+
+    /// Zeroes the per-file keys of `files` (a lock, or the loss of the daemon), then tells the handlers, before the lock counts as done.
+    func discardKeys(of files: [EncryptedFile]) {
+        guard !files.isEmpty else { return }
+        files.forEach { $0.discardKey() }
+        mutex.withLock { keysDiscardedHandlers }.forEach { $0(files) }
+    }
+
+    /// Calls `handler` whenever a lock has discarded the keys of open files, before the lock is reported complete,
+    /// so a file system serving them can drop what the kernel cached of their plaintext.
+    package func onKeysDiscarded(_ handler: @escaping @Sendable ([EncryptedFile]) -> Void) {
+        mutex.withLock { keysDiscardedHandlers.append(handler) }
     }
 
     /// Forgets a closed file.

@@ -53,6 +53,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     // Taken around a state change and the hand-off of its event, so observers see events in state order.
     let deliveryLock = NSLock()
     var openFiles: [ObjectIdentifier: TrackedFile] = [:]
+    /// Told which files lost their keys; guarded by `mutex`.
+    var keysDiscardedHandlers: [@Sendable ([EncryptedFile]) -> Void] = []
     let dispatcher: EventDispatcher<ProtectedDataEvent, Device>
     /// Containers of this process receiving open-URL events, told when protected data becomes available.
     let inboxReceivers = WeakSet<InboxReceiver>()
@@ -385,7 +387,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             defer { openFiles = [:] }
             return (openFiles.values.compactMap(\.file), pendingLock.take())
         }
-        files.forEach { $0.discardKey() }
+        discardKeys(of: files)
         lockToRelease?.complete()
     }
 

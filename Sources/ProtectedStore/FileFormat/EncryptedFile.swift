@@ -23,7 +23,7 @@ public final class EncryptedFile: @unchecked Sendable {
 
     private let descriptor: FileDescriptor
     private var header: FileHeader
-    private let fileKey: SecureBytes
+    private var fileKey: SecureBytes
     private let layout: BlockLayout
     private var plaintextSize: Int64
     private var isClosed = false
@@ -158,6 +158,9 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Sealed for class B while locked by an Inbox delivery: takes its directory's class at the first unlocked open.
     var awaitsDefaultClass: Bool { mutex.withLock { header.flags.contains(.awaitsDefaultClass) } }
 
+    /// The stored file's descriptor, for metadata calls on an open file (fstat, fchmod, futimens); never for its bytes.
+    var metadataDescriptor: FileDescriptor { descriptor }
+
     /// Plaintext bytes per block of this file.
     public var blockSize: Int { Int(layout.blockSize) }
 
@@ -274,7 +277,23 @@ public final class EncryptedFile: @unchecked Sendable {
     }
 
     /// Zeroes the per-file key now (the device is locking); the handle then fails every operation with a data-protection error.
-    public func discardKey() { fileKey.discard() }
+    public func discardKey() {
+        // Taking the key under the mutex waits for an operation in flight, as discard() itself would.
+        mutex.withLock { fileKey }.discard()
+    }
+
+    /// Whether the per-file key is still in memory (not discarded by a lock).
+    var hasKey: Bool { mutex.withLock { !fileKey.isDiscarded } }
+
+    /// Unwraps the per-file key again after `discardKey()`, once its class key is back, so a descriptor held across a
+    /// lock works again after the unlock, as an open file does under XNU's content protection. Does nothing if the key is there.
+    func restoreKey(keys: any ClassKeyProviding) throws {
+        try mutex.withLock {
+            try checkOpen()
+            guard fileKey.isDiscarded else { return }
+            fileKey = try Self.attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
+        }
+    }
 
     // MARK: Block machinery
 

@@ -61,7 +61,7 @@ public struct ProtectedStoreError: Error, Sendable, CustomStringConvertible, Loc
     }
 
     /// Wraps a failed system call on `path` with a remedy suited to the errno.
-    static func io(_ errno: Errno, path: String, doing action: String) -> ProtectedStoreError {
+    package static func io(_ errno: Errno, path: String, doing action: String) -> ProtectedStoreError {
         let remedy: String
         let kind: Kind
         switch errno {

@@ -1,0 +1,146 @@
+import Foundation
+import SystemPackage
+
+/// A stored file's identity while it is open: the backing inode.
+struct FileIdentity: Hashable {
+    let device: UInt64
+    let inode: UInt64
+
+    init(_ info: stat) {
+        device = UInt64(info.st_dev)
+        inode = UInt64(info.st_ino)
+    }
+}
+
+/// One stored file open through the file system, shared by every descriptor on it: one plaintext size and one block
+/// cache of truth, however many programs have it open (separate `EncryptedFile`s on one file would not see each other's writes).
+final class OpenFile: @unchecked Sendable {
+    let identity: FileIdentity
+    let file: EncryptedFile
+    /// Where the file system shows it now, for dropping the kernel's cached pages at a lock; nil once unlinked.
+    var path: String?
+    var openCount = 1
+
+    init(identity: FileIdentity, file: EncryptedFile, path: String) {
+        self.identity = identity
+        self.file = file
+        self.path = path
+    }
+}
+
+/// What a descriptor of the mount refers to.
+struct OpenHandle {
+    let file: OpenFile
+    let isWritable: Bool
+}
+
+/// The files open through the file system and the handles on them, under one lock.
+final class OpenFileTable: @unchecked Sendable {
+    private let mutex = NSLock()
+    private var files: [FileIdentity: OpenFile] = [:]
+    private var handles: [UInt64: OpenHandle] = [:]
+    private var directories: [UInt64: FileDescriptor] = [:]
+    private var nextHandle: UInt64 = 1
+
+    /// Returns the open file for `identity`, opening it with `open` if no descriptor has it yet; adds a handle to it.
+    /// `reuse` runs on a file already open (to bring its key back after a lock) and may refuse.
+    func handle(for identity: FileIdentity, path: String, writable: Bool,
+                reuse: (OpenFile) throws -> Void, open: () throws -> EncryptedFile) throws -> UInt64 {
+        try mutex.withLock {
+            let openFile: OpenFile
+            if let existing = files[identity] {
+                try reuse(existing)
+                existing.openCount += 1
+                existing.path = path
+                openFile = existing
+            } else {
+                openFile = OpenFile(identity: identity, file: try open(), path: path)
+                files[identity] = openFile
+            }
+            return addHandle(OpenHandle(file: openFile, isWritable: writable))
+        }
+    }
+
+    /// Registers a file just created (no descriptor can have it yet) and returns a handle on it.
+    func handle(forCreated file: EncryptedFile, identity: FileIdentity, path: String) -> UInt64 {
+        mutex.withLock {
+            let openFile = OpenFile(identity: identity, file: file, path: path)
+            files[identity] = openFile
+            return addHandle(OpenHandle(file: openFile, isWritable: true))
+        }
+    }
+
+    private func addHandle(_ handle: OpenHandle) -> UInt64 {
+        let number = nextHandle
+        nextHandle += 1
+        handles[number] = handle
+        return number
+    }
+
+    func handle(_ number: UInt64) throws -> OpenHandle {
+        guard let handle = mutex.withLock({ handles[number] }) else { throw Errno.badFileDescriptor }
+        return handle
+    }
+
+    /// The open file for `identity`, if a descriptor has it.
+    func openFile(_ identity: FileIdentity) -> OpenFile? { mutex.withLock { files[identity] } }
+
+    /// Drops a handle; returns the file to close when it was the last one on it.
+    func release(_ number: UInt64) -> EncryptedFile? {
+        mutex.withLock {
+            guard let handle = handles.removeValue(forKey: number) else { return nil }
+            handle.file.openCount -= 1
+            guard handle.file.openCount == 0 else { return nil }
+            files.removeValue(forKey: handle.file.identity)
+            return handle.file.file
+        }
+    }
+
+    /// Follows a rename in the paths of open files (a directory's rename moves everything under it).
+    func renamed(_ from: String, to: String) {
+        mutex.withLock {
+            for file in files.values {
+                guard let path = file.path else { continue }
+                if path == from {
+                    file.path = to
+                } else if path.hasPrefix(from + "/") {
+                    file.path = to + path.dropFirst(from.count)
+                }
+            }
+        }
+    }
+
+    /// The name is gone (unlinked, or replaced by a rename); a descriptor on the file still works.
+    func unlinked(_ path: String) {
+        mutex.withLock { for file in files.values where file.path == path { file.path = nil } }
+    }
+
+    /// Where the open files among `encrypted` are shown now.
+    func paths(of encrypted: [EncryptedFile]) -> [String] {
+        let wanted = Set(encrypted.map(ObjectIdentifier.init))
+        return mutex.withLock { files.values.filter { wanted.contains(ObjectIdentifier($0.file)) }.compactMap(\.path) }
+    }
+
+    var isEmpty: Bool { mutex.withLock { handles.isEmpty } }
+
+    // MARK: Directories
+
+    /// Keeps an open directory for listing; its descriptor is closed by `releaseDirectory`.
+    func addDirectory(_ descriptor: FileDescriptor) -> UInt64 {
+        mutex.withLock {
+            let number = nextHandle
+            nextHandle += 1
+            directories[number] = descriptor
+            return number
+        }
+    }
+
+    func directory(_ number: UInt64) throws -> FileDescriptor {
+        guard let descriptor = mutex.withLock({ directories[number] }) else { throw Errno.badFileDescriptor }
+        return descriptor
+    }
+
+    func releaseDirectory(_ number: UInt64) {
+        if let descriptor = mutex.withLock({ directories.removeValue(forKey: number) }) { try? descriptor.close() }
+    }
+}

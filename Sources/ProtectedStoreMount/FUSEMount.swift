@@ -1,0 +1,213 @@
+import CFuse
+import Foundation
+import Logging
+import ProtectedStore
+import SystemPackage
+
+/// Serves a container's decrypted view at a mount point through libfuse3 (high-level API, multithreaded), until
+/// SIGINT, SIGTERM or SIGHUP, or until `fusermount3 -u` unmounts it.
+///
+/// The front end only translates: every rule (classes, the Inbox, confinement) lives in `ContainerFileSystem`.
+package final class FUSEMount: @unchecked Sendable {
+    package let fileSystem: ContainerFileSystem
+    package let mountPoint: String
+    private let logger: Logger
+
+    package init(container: Container, mountPoint: String, logger: Logger) {
+        self.fileSystem = ContainerFileSystem(container: container, logger: logger)
+        self.mountPoint = mountPoint
+        self.logger = logger
+    }
+
+    /// Mounts, calls `ready` once the file system is visible, serves requests, and unmounts. Throws if mounting fails.
+    package func run(ready: () -> Void) throws {
+        let container = fileSystem.container
+        let options = "default_permissions,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl"
+        var arguments = fuse_args()
+        defer { fuse_opt_free_args(&arguments) }
+        for argument in ["sandboxctl", "-o", options] where fuse_opt_add_arg(&arguments, argument) != 0 {
+            throw mountError("libfuse could not take its arguments (out of memory)")
+        }
+        var operations = Self.operations
+        guard let fuse = ps_fuse_new(&arguments, &operations, Unmanaged.passUnretained(self).toOpaque()) else {
+            throw mountError("libfuse refused the mount options \(options) (see the message above)")
+        }
+        defer { fuse_destroy(fuse) }
+        let handle = FuseHandle(fuse: fuse)
+        fileSystem.setPageCacheInvalidator { path in
+            // ENOENT: the kernel holds nothing for that path (never looked up, or forgotten): nothing to drop.
+            _ = path.withCString { fuse_invalidate_path(handle.fuse, $0) }
+        }
+        guard fuse_mount(fuse, mountPoint) == 0 else {
+            throw mountError("libfuse could not mount it (see the message above); check that /dev/fuse exists and fusermount3 is installed (apt-get install fuse3)")
+        }
+        defer { fuse_unmount(fuse) }
+        let session = fuse_get_session(fuse)
+        guard fuse_set_signal_handlers(session) == 0 else { throw mountError("cannot install the signal handlers") }
+        defer { fuse_remove_signal_handlers(session) }
+        logger.info("serving \(container.bundleIdentifier) at \(mountPoint)")
+        ready()
+        let result = ps_fuse_loop_mt(fuse, 16)
+        if result != 0 && result != -EINTR {
+            logger.error("the FUSE session ended with an error (\(Errno(rawValue: abs(result))))")
+        }
+        logger.info("unmounting \(mountPoint)")
+    }
+
+    private func mountError(_ problem: String) -> ProtectedStoreError {
+        ProtectedStoreError(.io, path: mountPoint, problem: "cannot mount: \(problem)", remedy: "")
+    }
+
+    // MARK: Operations
+
+    private static let operations: fuse_operations = {
+        var operations = fuse_operations()
+        operations.`init` = { _, config in
+            if let config {
+                // Inode numbers of the stored files, so hard-link-aware tools (tar, cp -a, find) see stable ones.
+                config.pointee.use_ino = 1
+                // Descriptors carry the open file, so read and write need no path, and an unlinked open file
+                // (a common SQLite and tmp pattern) keeps working instead of being renamed to .fuse_hidden.
+                config.pointee.nullpath_ok = 1
+                config.pointee.hard_remove = 1
+            }
+            // The return value becomes the private data: keep the mount.
+            return fuse_get_context().pointee.private_data
+        }
+        operations.getattr = { path, info, file in
+            serve("getattr", path) { fs in
+                info!.pointee = try file.map { try fs.attributes(ofHandle: $0.pointee.fh) } ?? fs.attributes(of: string(path))
+            }
+        }
+        operations.readlink = { path, buffer, size in
+            serve("readlink", path) { fs in
+                let target = Array(try fs.symbolicLinkTarget(string(path)).utf8)
+                guard let buffer, size > 0 else { throw Errno.invalidArgument }
+                let count = min(target.count, size - 1)
+                target.withUnsafeBytes { UnsafeMutableRawPointer(buffer).copyMemory(from: $0.baseAddress!, byteCount: count) }
+                buffer[count] = 0
+            }
+        }
+        operations.mknod = { path, mode, _ in
+            serve("mknod", path) { fs in
+                guard mode & S_IFMT == S_IFREG else { throw Errno.notPermitted }
+                fs.release(try fs.create(string(path), mode: mode))
+            }
+        }
+        operations.mkdir = { path, mode in serve("mkdir", path) { try $0.createDirectory(string(path), mode: mode) } }
+        operations.unlink = { path in serve("unlink", path) { try $0.removeFile(string(path)) } }
+        operations.rmdir = { path in serve("rmdir", path) { try $0.removeDirectory(string(path)) } }
+        operations.symlink = { target, path in serve("symlink", path) { try $0.createSymbolicLink(at: string(path), target: string(target)) } }
+        operations.rename = { source, target, flags in serve("rename", source) { try $0.rename(string(source), to: string(target), flags: flags) } }
+        // Hard links would give one encrypted file two classes' worth of names to track; refused as on file systems without them.
+        operations.link = { _, _ in -EPERM }
+        operations.chmod = { path, mode, file in
+            serve("chmod", path) { try $0.setMode(mode, of: path.map(string), handle: file?.pointee.fh) }
+        }
+        operations.chown = { path, user, group, file in
+            serve("chown", path) { try $0.setOwner(user: user, group: group, of: path.map(string), handle: file?.pointee.fh) }
+        }
+        operations.truncate = { path, size, file in
+            serve("truncate", path) { try $0.truncate(path.map(string), handle: file?.pointee.fh, to: Int64(size)) }
+        }
+        operations.utimens = { path, times, file in
+            serve("utimens", path) { try $0.setTimes(times, of: path.map(string), handle: file?.pointee.fh) }
+        }
+        operations.open = { path, file in
+            serve("open", path) { fs in
+                file!.pointee.fh = try fs.open(string(path), flags: file!.pointee.flags)
+                // Cached pages of the file are dropped at every open, and for class A files at every lock.
+                file!.pointee.keep_cache = 0
+            }
+        }
+        operations.create = { path, mode, file in
+            serve("create", path) { fs in file!.pointee.fh = try fs.create(string(path), mode: mode) }
+        }
+        operations.read = { path, buffer, size, offset, file in
+            transfer("read", path) { fs in
+                try fs.read(file!.pointee.fh, into: UnsafeMutableRawBufferPointer(start: buffer, count: size), at: Int64(offset))
+            }
+        }
+        operations.write = { path, buffer, size, offset, file in
+            transfer("write", path) { fs in
+                try fs.write(file!.pointee.fh, from: UnsafeRawBufferPointer(start: buffer, count: size), at: Int64(offset))
+            }
+        }
+        operations.statfs = { path, info in serve("statfs", path) { info!.pointee = try $0.statistics() } }
+        operations.flush = { _, _ in 0 }
+        operations.release = { path, file in serve("release", path) { $0.release(file!.pointee.fh) } }
+        operations.fsync = { path, _, file in serve("fsync", path) { try $0.synchronize(file!.pointee.fh) } }
+        operations.setxattr = { path, name, value, size, flags in
+            serve("setxattr", path) { fs in
+                let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
+                try fs.setExtendedAttribute(string(path), name: string(name), value: bytes, flags: flags)
+            }
+        }
+        operations.getxattr = { path, name, buffer, size in
+            transfer("getxattr", path) { fs in try copyOut(try fs.extendedAttribute(string(path), name: string(name)), to: buffer, size: size) }
+        }
+        operations.listxattr = { path, buffer, size in
+            transfer("listxattr", path) { fs in
+                try copyOut(try fs.extendedAttributeNames(string(path)).flatMap { Array($0.utf8) + [0] }, to: buffer, size: size)
+            }
+        }
+        operations.removexattr = { path, name in serve("removexattr", path) { try $0.removeExtendedAttribute(string(path), name: string(name)) } }
+        operations.opendir = { path, file in serve("opendir", path) { fs in file!.pointee.fh = try fs.openDirectory(string(path)) } }
+        operations.readdir = { path, buffer, fill, _, file, _ in
+            serve("readdir", path) { fs in
+                for entry in try fs.directoryEntries(file!.pointee.fh) {
+                    var info = stat()
+                    info.st_ino = ino_t(entry.inode)
+                    info.st_mode = entry.type
+                    if fill!(buffer, entry.name, &info, 0, fuse_fill_dir_flags(0)) != 0 { break }
+                }
+            }
+        }
+        operations.releasedir = { path, file in serve("releasedir", path) { $0.releaseDirectory(file!.pointee.fh) } }
+        operations.fsyncdir = { path, _, file in serve("fsyncdir", path) { try $0.synchronizeDirectory(file!.pointee.fh) } }
+        return operations
+    }()
+}
+
+/// The mount serving the current request.
+private func currentFileSystem() -> ContainerFileSystem {
+    Unmanaged<FUSEMount>.fromOpaque(fuse_get_context().pointee.private_data).takeUnretainedValue().fileSystem
+}
+
+/// Runs one operation: 0, or the negated errno libfuse expects.
+private func serve(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (ContainerFileSystem) throws -> Void) -> Int32 {
+    let fs = currentFileSystem()
+    do {
+        try body(fs)
+        return 0
+    } catch {
+        return -fs.errno(for: error, doing: "\(operation) \(path.map(string) ?? "(open file)")").rawValue
+    }
+}
+
+/// Runs an operation that answers with a byte count.
+private func transfer(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (ContainerFileSystem) throws -> Int) -> Int32 {
+    let fs = currentFileSystem()
+    do {
+        return Int32(try body(fs))
+    } catch {
+        return -fs.errno(for: error, doing: "\(operation) \(path.map(string) ?? "(open file)")").rawValue
+    }
+}
+
+/// getxattr and listxattr: the size when asked with no buffer, ERANGE when the buffer is too small.
+private func copyOut(_ bytes: [UInt8], to buffer: UnsafeMutablePointer<CChar>?, size: Int) throws -> Int {
+    guard size > 0, let buffer else { return bytes.count }
+    guard bytes.count <= size else { throw Errno.outOfRange }
+    bytes.withUnsafeBytes { UnsafeMutableRawPointer(buffer).copyMemory(from: $0.baseAddress ?? UnsafeRawPointer(buffer), byteCount: bytes.count) }
+    return bytes.count
+}
+
+private func string(_ pointer: UnsafePointer<CChar>?) -> String {
+    pointer.map { String(cString: $0) } ?? "/"
+}
+
+/// The libfuse instance, handed to the lock's cache invalidation on another thread (libfuse locks its own tree).
+private struct FuseHandle: @unchecked Sendable {
+    let fuse: OpaquePointer
+}

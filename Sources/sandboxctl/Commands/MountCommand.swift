@@ -1,0 +1,123 @@
+import ArgumentParser
+import Foundation
+import Logging
+import ProtectedStore
+import ProtectedStoreMount
+
+struct MountCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "mount",
+        abstract: "Serve a container as a real file system (FUSE) at MOUNTPOINT, with data protection enforced by the kernel boundary.",
+        discussion: """
+            Any program can then use the container's files by path: reads and writes are decrypted and encrypted on the way. \
+            Needs a running `sandboxctl daemon` (exit 69 without): the mount attaches to it for keys and events, so \
+            `sandboxctl lock` and `unlock` apply at once. While locked, class A files fail with EPERM (open, read, write, \
+            also on descriptors opened before the lock, and no cached plaintext is served); class B files open before the \
+            lock keep working and new ones can be created. Documents/Inbox is read-and-delete only (EACCES). The extended \
+            attribute user.protection.class reads and sets an item's class (getfattr/setfattr, class names as elsewhere).
+
+            By default the mount runs in the background and this command returns once it is ready; its log goes to \
+            <root>/logs/mount-<bundle>.log. Unmount with `fusermount3 -u MOUNTPOINT`, or send the mount's process \
+            SIGINT or SIGTERM. With --foreground it stays attached and logs to standard error.
+            """
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Argument(help: ArgumentHelp("The container's bundle identifier.", valueName: "bundle"))
+    var bundleIdentifier: String
+
+    @Argument(help: ArgumentHelp("An empty directory outside the device root.", valueName: "mountpoint"))
+    var mountPoint: String
+
+    @Flag(help: "Stay in the foreground and log to standard error until unmounted or interrupted.")
+    var foreground = false
+
+    @Flag(help: "Also log every refusal (data protection, Inbox rule, reserved names), not only errors.")
+    var verbose = false
+
+    /// Set on the background process this command starts: detach, then say "ready" on standard output once mounted.
+    @Flag(help: .private)
+    var backgroundChild = false
+
+    func run() throws {
+        try reportingErrors {
+            let root = device.resolvedRoot
+            let checkedMountPoint = try MountPoint.check(mountPoint, deviceRoot: root)
+            let attached = try device.attach()
+            let container = try attached.container(bundleIdentifier: bundleIdentifier)
+            if foreground || backgroundChild {
+                try serve(container, at: checkedMountPoint)
+            } else {
+                try startInBackground(root: root, mountPoint: checkedMountPoint)
+            }
+        }
+    }
+
+    private func serve(_ container: Container, at mountPoint: String) throws {
+        if backgroundChild { setsid() }
+        let level: Logger.Level = verbose ? .debug : .info
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let mount = FUSEMount(container: container, mountPoint: mountPoint, logger: Logger(label: "sandboxctl.mount"))
+        try mount.run {
+            guard backgroundChild else {
+                printError("Serving \(container.bundleIdentifier) at \(mountPoint); Ctrl-C or `fusermount3 -u \(mountPoint)` to stop")
+                return
+            }
+            print("ready")
+            fflush(nil)
+            // The starting command has its answer; nothing more goes to its pipe.
+            let null = open("/dev/null", O_WRONLY)
+            dup2(null, STDOUT_FILENO)
+            close(null)
+        }
+    }
+
+    /// Starts this command again as a detached process and waits until it has mounted (or failed, with its log).
+    private func startInBackground(root: String, mountPoint: String) throws {
+        let logDirectory = (root as NSString).appendingPathComponent("logs")
+        try FileManager.default.createDirectory(atPath: logDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        let logPath = (logDirectory as NSString).appendingPathComponent("mount-\(bundleIdentifier).log")
+        if !FileManager.default.fileExists(atPath: logPath) {
+            _ = FileManager.default.createFile(atPath: logPath, contents: nil, attributes: [.posixPermissions: 0o600])
+        }
+        guard let log = FileHandle(forWritingAtPath: logPath) else {
+            throw ProtectedStoreError(.io, path: logPath, problem: "cannot open the mount's log", remedy: "Check the permissions of the device root")
+        }
+        let logStart = log.seekToEndOfFile()
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
+        var arguments = ["mount", bundleIdentifier, mountPoint, "--background-child", "--root", root]
+        if let secret = device.resolvedDeviceSecret { arguments += ["--device-secret", secret] }
+        if verbose { arguments.append("--verbose") }
+        child.arguments = arguments
+        let ready = Pipe()
+        child.standardInput = FileHandle.nullDevice
+        child.standardOutput = ready
+        child.standardError = log
+        try child.run()
+        try? log.close()
+        var answer = ""
+        while !answer.contains("\n") {
+            let chunk = ready.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            answer += String(decoding: chunk, as: UTF8.self)
+        }
+        guard answer.hasPrefix("ready") else {
+            child.waitUntilExit()
+            let output = (try? FileHandle(forReadingAtPath: logPath).map { handle in
+                defer { try? handle.close() }
+                try handle.seek(toOffset: logStart)
+                return String(decoding: handle.readDataToEndOfFile(), as: UTF8.self)
+            }) ?? nil
+            FileHandle.standardError.write(Data((output ?? "").utf8))
+            throw ExitCode(child.terminationStatus == 0 ? ExitStatus.failure : child.terminationStatus)
+        }
+        print("Mounted \(bundleIdentifier) at \(mountPoint) (pid \(child.processIdentifier), log \(logPath)).")
+        print("Unmount with: fusermount3 -u \(mountPoint)")
+    }
+}
