@@ -41,10 +41,22 @@ package final class FUSEMount: @unchecked Sendable {
         guard fuse_mount(fuse, mountPoint) == 0 else {
             throw mountError("libfuse could not mount it (see the message above); check that /dev/fuse exists and fusermount3 is installed (apt-get install fuse3)")
         }
-        defer { fuse_unmount(fuse) }
-        let session = fuse_get_session(fuse)
-        guard fuse_set_signal_handlers(session) == 0 else { throw mountError("cannot install the signal handlers") }
-        defer { fuse_remove_signal_handlers(session) }
+        let unmount = OnceUnmount(handle)
+        defer { unmount.run() }
+        // libfuse's own handlers only flag the session, which wakes its loop only if the signal lands on the loop's
+        // thread; unmounting ends every worker's read, wherever the signal lands.
+        let signals = [SIGINT, SIGTERM, SIGHUP].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { [logger] in
+                logger.info("signal \(number): unmounting")
+                unmount.run()
+            }
+            source.resume()
+            return source
+        }
+        defer { signals.forEach { $0.cancel() } }
+        signal(SIGPIPE, SIG_IGN)
         logger.info("serving \(container.bundleIdentifier) at \(mountPoint)")
         ready()
         let result = ps_fuse_loop_mt(fuse, 16)
@@ -210,4 +222,22 @@ private func string(_ pointer: UnsafePointer<CChar>?) -> String {
 /// The libfuse instance, handed to the lock's cache invalidation on another thread (libfuse locks its own tree).
 private struct FuseHandle: @unchecked Sendable {
     let fuse: OpaquePointer
+}
+
+/// Unmounts once, from a signal's handler or at the end of the loop, whichever comes first.
+private final class OnceUnmount: @unchecked Sendable {
+    private let handle: FuseHandle
+    private let mutex = NSLock()
+    private var done = false
+
+    init(_ handle: FuseHandle) { self.handle = handle }
+
+    func run() {
+        mutex.withLock {
+            guard !done else { return }
+            done = true
+            fuse_session_exit(fuse_get_session(handle.fuse))
+            fuse_unmount(handle.fuse)
+        }
+    }
 }

@@ -65,7 +65,7 @@ struct MountCommand: ParsableCommand {
         let mount = FUSEMount(container: container, mountPoint: mountPoint, logger: Logger(label: "sandboxctl.mount"))
         try mount.run {
             guard backgroundChild else {
-                printError("Serving \(container.bundleIdentifier) at \(mountPoint); Ctrl-C or `fusermount3 -u \(mountPoint)` to stop")
+                FileHandle.standardError.write(Data("Serving \(container.bundleIdentifier) at \(mountPoint); Ctrl-C or `fusermount3 -u \(mountPoint)` to stop\n".utf8))
                 return
             }
             print("ready")
