@@ -61,7 +61,10 @@ let package = Package(
         ),
         .testTarget(
             name: "ProtectedStoreTests",
-            dependencies: ["ProtectedStore", "sandboxctl", "ProtectedStoreProbe"]
+            dependencies: [
+                "ProtectedStore", "ProtectedStoreMount", "CSupport", "sandboxctl", "ProtectedStoreProbe",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -7,6 +7,12 @@ command -v pkg-config >/dev/null 2>&1 || packages+=(pkg-config)
 if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libsodium; then
     packages+=(libsodium-dev)
 fi
+# sandboxctl mount builds on libfuse3 and runs through fusermount3; its tests drive sqlite3.
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists fuse3; then
+    packages+=(libfuse3-dev)
+fi
+command -v fusermount3 >/dev/null 2>&1 || packages+=(fuse3)
+command -v sqlite3 >/dev/null 2>&1 || packages+=(sqlite3)
 
 if ! command -v swift >/dev/null 2>&1; then
     echo "error: swift is not on PATH. Install Swift 6 (https://www.swift.org/install/linux/) and run this again." >&2

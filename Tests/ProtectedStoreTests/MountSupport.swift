@@ -1,0 +1,124 @@
+import Foundation
+import Testing
+@testable import ProtectedStore
+@testable import ProtectedStoreMount
+
+/// Whether this machine can mount FUSE file systems, and why not.
+enum FUSEAvailability {
+    static let problem: String? = {
+        guard FileManager.default.fileExists(atPath: "/dev/fuse") else { return "/dev/fuse is missing (no FUSE in this kernel or container)" }
+        guard executable("fusermount3") != nil else { return "fusermount3 is not installed (apt-get install fuse3)" }
+        return nil
+    }()
+
+    static var isAvailable: Bool {
+        if let problem { print("Skipping mount tests: \(problem)") }
+        return problem == nil
+    }
+
+    static func executable(_ name: String) -> String? {
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
+        return path.split(separator: ":").map { "\($0)/\(name)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+}
+
+/// A test device with a daemon, unlocked, and its container mounted with `sandboxctl mount --foreground`.
+final class MountedDevice: @unchecked Sendable {
+    let test: TestDevice
+    let container: Container
+    let daemon: DaemonProcess
+    let mount: SpawnedProcess
+    let mountPoint: String
+
+    init(defaultProtection: FileProtectionType = .complete) throws {
+        test = try TestDevice()
+        container = try test.makeContainer(defaultProtection: defaultProtection)
+        daemon = try DaemonProcess(test, grace: 1)
+        mountPoint = test.path("mnt")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+        try Self.unlock(test)
+        mount = try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
+                                   ["mount", TestDevice.bundleIdentifier, mountPoint, "--foreground", "--verbose",
+                                    "--root", test.root, "--device-secret", test.secretPath])
+        let mounted = eventually(timeout: 20) { MountPoint.mountedFileSystem(at: mountPoint) != nil || !mount.process.isRunning }
+        #expect(mounted && mount.process.isRunning, "the mount did not come up: \(mount.standardError)")
+    }
+
+    deinit {
+        // Unmounting first ends the mount cleanly even if a test left a descriptor open; then make sure it is gone.
+        _ = try? CLI.run(executable: URL(fileURLWithPath: FUSEAvailability.executable("fusermount3") ?? "/bin/fusermount3"), ["-u", "-z", mountPoint])
+        mount.signal(SIGTERM)
+        _ = mount.waitForExit(timeout: 10)
+    }
+
+    /// A path inside the mount ("Documents/a.txt").
+    func path(_ relative: String) -> String { (mountPoint as NSString).appendingPathComponent(relative) }
+
+    /// The app's data folder through the mount.
+    var applicationSupport: String { path(container.applicationSupportPath) }
+
+    static func unlock(_ test: TestDevice) throws {
+        let result = try sandboxctl(test, ["unlock", "--passcode-stdin"], stdin: TestDevice.passcode + "\n")
+        #expect(result.status == 0, "\(result.stderr)")
+    }
+
+    func unlock() throws { try Self.unlock(test) }
+
+    func lock() throws {
+        let result = try sandboxctl(test, ["lock"])
+        #expect(result.status == 0, "\(result.stderr)")
+    }
+
+    /// The mount's log so far (standard error of the foreground process).
+    var log: String { mount.standardError }
+}
+
+/// A Python child holding one SQLite connection (the C library under it), driven one statement per line:
+/// prints `ok <rows as JSON>` or `error <message>`. Lets a connection live across a lock, and crash on its own.
+final class SQLiteClient {
+    let spawned: SpawnedProcess
+
+    private static let script = """
+        import json, sqlite3, sys
+        connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+        for line in sys.stdin:
+            try:
+                rows = connection.execute(line).fetchall()
+                print("ok " + json.dumps(rows), flush=True)
+            except Exception as error:
+                print("error " + str(error), flush=True)
+        """
+
+    init(database: String) throws {
+        spawned = try SpawnedProcess(URL(fileURLWithPath: FUSEAvailability.executable("python3") ?? "/usr/bin/python3"), ["-c", Self.script, database])
+    }
+
+    /// The answer to one statement: "ok [[…]]" or "error …"; nil if the process gave none (it died).
+    func execute(_ statement: String) -> String? {
+        spawned.send(statement)
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline {
+            if let line = spawned.nextLine(timeout: 0.1) { return line }
+            if !spawned.process.isRunning { return spawned.nextLine(timeout: 0.1) }
+        }
+        return nil
+    }
+}
+
+/// Runs a python3 snippet with arguments; its exit status, output and the signal that ended it, if any.
+func python(_ script: String, _ arguments: [String] = []) throws -> (status: Int32, signal: Int32?, output: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: FUSEAvailability.executable("python3") ?? "/usr/bin/python3")
+    process.arguments = ["-c", script] + arguments
+    let output = Pipe()
+    process.standardOutput = output
+    process.standardError = output
+    try process.run()
+    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    let signalled = process.terminationReason == .uncaughtSignal
+    return (signalled ? -1 : process.terminationStatus, signalled ? process.terminationStatus : nil, text)
+}
+
+/// errno of a failed POSIX call in this process, or 0 if it succeeded.
+func posixError(_ result: Int) -> Int32 { result < 0 ? errno : 0 }

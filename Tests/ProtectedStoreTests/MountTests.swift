@@ -1,0 +1,499 @@
+import CSupport
+import Foundation
+import SystemPackage
+import Testing
+@testable import ProtectedStore
+@testable import ProtectedStoreMount
+
+/// `sandboxctl mount` through the kernel: real programs (sqlite3, cp, tar, python) and this process's own system calls.
+@Suite("FUSE mount", .serialized, .enabled(if: FUSEAvailability.isAvailable, "needs /dev/fuse and fusermount3"))
+struct MountTests {
+    // MARK: SQLite
+
+    @Test("SQLite in rollback-journal mode: a connection held across the lock gets I/O errors, works again after unlock, nothing lost",
+          .timeLimit(.minutes(2)))
+    func sqliteRollbackJournal() throws {
+        let mounted = try MountedDevice()
+        let database = (mounted.applicationSupport as NSString).appendingPathComponent("notes.db")
+        let client = try SQLiteClient(database: database)
+        #expect(client.execute("PRAGMA journal_mode=DELETE") == "ok [[\"delete\"]]")
+        try fill(client, rows: 1000)
+        #expect(client.execute("INSERT INTO notes(body) VALUES ('last before lock')") == "ok []")
+
+        try mounted.lock()
+        let lockedQuery = client.execute("SELECT count(*) FROM notes")
+        #expect(lockedQuery?.hasPrefix("error disk I/O error") == true, "\(lockedQuery ?? "no answer")")
+        let lockedInsert = client.execute("INSERT INTO notes(body) VALUES ('while locked')")
+        #expect(lockedInsert?.hasPrefix("error") == true, "\(lockedInsert ?? "no answer")")
+        let fresh = try sqlite3(database, "SELECT count(*) FROM notes;")
+        #expect(fresh.status != 0 && fresh.stderr.contains("unable to open database"), "\(fresh)")
+
+        try mounted.unlock()
+        #expect(client.execute("PRAGMA integrity_check") == "ok [[\"ok\"]]")
+        #expect(client.execute("SELECT count(*) FROM notes") == "ok [[1001]]")
+        #expect(client.execute("INSERT INTO notes(body) VALUES ('after unlock')") == "ok []")
+        let check = try sqlite3(database, "PRAGMA integrity_check; SELECT count(*) FROM notes;")
+        #expect(check.stdout == "ok\n1002\n", "\(check)")
+        #expect(try sandboxctl(mounted.test, ["protection", "\(TestDevice.bundleIdentifier):\(mounted.container.applicationSupportPath)/notes.db"])
+            .stdout.contains("complete"))
+    }
+
+    @Test("SQLite in WAL mode: a connection held across the lock crashes on the mapped -shm (SIGBUS, as iOS apps do); every committed row survives",
+          .timeLimit(.minutes(2)))
+    func sqliteWAL() throws {
+        let mounted = try MountedDevice()
+        let database = (mounted.applicationSupport as NSString).appendingPathComponent("notes.db")
+        let client = try SQLiteClient(database: database)
+        #expect(client.execute("PRAGMA journal_mode=WAL") == "ok [[\"wal\"]]")
+        try fill(client, rows: 1000)
+        #expect(client.execute("INSERT INTO notes(body) VALUES ('last before lock')") == "ok []")
+
+        try mounted.lock()
+        // SQLite reads the WAL index from its shared mapping of notes.db-shm; the lock dropped those pages and
+        // refaulting them fails, like walIndexTryHdr's crash on a locked iPhone.
+        #expect(client.execute("SELECT count(*) FROM notes") == nil)
+        #expect(client.spawned.waitForExit(timeout: 10) != nil)
+        #expect(client.spawned.process.terminationReason == .uncaughtSignal && client.spawned.process.terminationStatus == SIGBUS)
+        let fresh = try sqlite3(database, "SELECT count(*) FROM notes;")
+        #expect(fresh.status != 0 && fresh.stderr.contains("unable to open database"), "\(fresh)")
+
+        try mounted.unlock()
+        let check = try sqlite3(database, "PRAGMA integrity_check; SELECT count(*) FROM notes; PRAGMA journal_mode;")
+        #expect(check.stdout == "ok\n1001\nwal\n", "\(check)")
+        let reopened = try SQLiteClient(database: database)
+        #expect(reopened.execute("INSERT INTO notes(body) VALUES ('after unlock')") == "ok []")
+        #expect(reopened.execute("SELECT count(*) FROM notes") == "ok [[1002]]")
+    }
+
+    private func fill(_ client: SQLiteClient, rows: Int) throws {
+        #expect(client.execute("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT)") == "ok []")
+        #expect(client.execute("BEGIN") == "ok []")
+        for index in 0..<rows {
+            if client.execute("INSERT INTO notes(body) VALUES ('note \(index) \(String(repeating: "x", count: index % 200))')") != "ok []" {
+                Issue.record("insert \(index) failed")
+                return
+            }
+        }
+        #expect(client.execute("COMMIT") == "ok []")
+        #expect(client.execute("SELECT count(*) FROM notes") == "ok [[\(rows)]]")
+    }
+
+    private func sqlite3(_ database: String, _ sql: String) throws -> CLI.Result {
+        try CLI.run(executable: URL(fileURLWithPath: FUSEAvailability.executable("sqlite3") ?? "/usr/bin/sqlite3"), [database, sql])
+    }
+
+    // MARK: Copies
+
+    @Test("a tree copied in and out with cp -a and tar is byte-identical, modes, times and symlinks included")
+    func copyRoundTrip() throws {
+        let mounted = try MountedDevice()
+        let scratch = TemporaryDirectory()
+        let tree = scratch.file("tree")
+        try makeTree(at: tree)
+        let inside = mounted.path("Documents/tree")
+        #expect(try run("/bin/cp", ["-a", tree, inside]).status == 0)
+        #expect(try run("/usr/bin/diff", ["-r", "--no-dereference", tree, inside]).status == 0)
+        #expect(try run("/bin/cp", ["-a", inside, scratch.file("back")]).status == 0)
+        #expect(try listing(tree) == listing(scratch.file("back")))
+
+        let archive = scratch.file("tree.tar")
+        #expect(try run("/bin/tar", ["-C", tree, "-cf", archive, "."]).status == 0)
+        try FileManager.default.createDirectory(atPath: mounted.path("Documents/untarred"), withIntermediateDirectories: false)
+        #expect(try run("/bin/tar", ["-C", mounted.path("Documents/untarred"), "-xf", archive]).status == 0)
+        let again = scratch.file("again.tar")
+        #expect(try run("/bin/tar", ["-C", mounted.path("Documents/untarred"), "-cf", again, "."]).status == 0)
+        try FileManager.default.createDirectory(atPath: scratch.file("out"), withIntermediateDirectories: false)
+        #expect(try run("/bin/tar", ["-C", scratch.file("out"), "-xf", again]).status == 0)
+        #expect(try listing(tree) == listing(scratch.file("out")))
+
+        // Stored encrypted: no file of the container holds the plaintext.
+        let marker = Array("plaintext marker that must not be stored".utf8)
+        let stored = try FileManager.default.subpathsOfDirectory(atPath: mounted.container.dataPath)
+        for name in stored {
+            let bytes = FileManager.default.contents(atPath: (mounted.container.dataPath as NSString).appendingPathComponent(name)) ?? Data()
+            #expect(!Array(bytes).contains(subsequence: marker), "\(name) holds plaintext")
+        }
+        #expect(try run("/bin/rm", ["-rf", inside, mounted.path("Documents/untarred")]).status == 0)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: mounted.path("Documents")) == ["Inbox"])
+    }
+
+    /// Files of several sizes (empty, one block, around block edges, 3 MiB), nested folders, modes, an old mtime, symlinks.
+    private func makeTree(at root: String) throws {
+        let manager = FileManager.default
+        try manager.createDirectory(atPath: "\(root)/src/deep/er", withIntermediateDirectories: true)
+        var generator = SplitMix64(seed: 6)
+        for (index, size) in [0, 1, 4095, 4096, 4097, 65_537, 3 << 20].enumerated() {
+            let bytes = (0..<size).map { _ in UInt8(truncatingIfNeeded: generator.next()) }
+            writeRaw(bytes, "\(root)/src/file\(index).bin")
+        }
+        writeRaw(Array("plaintext marker that must not be stored\n".utf8), "\(root)/src/deep/er/marker.txt")
+        try manager.setAttributes([.posixPermissions: 0o640], ofItemAtPath: "\(root)/src/file1.bin")
+        try manager.setAttributes([.posixPermissions: 0o755], ofItemAtPath: "\(root)/src/file2.bin")
+        try manager.setAttributes([.modificationDate: Date(timeIntervalSince1970: 1_000_000_000)], ofItemAtPath: "\(root)/src/file3.bin")
+        try manager.createSymbolicLink(atPath: "\(root)/src/link", withDestinationPath: "deep/er/marker.txt")
+        try manager.createSymbolicLink(atPath: "\(root)/src/deep/up", withDestinationPath: "../file0.bin")
+    }
+
+    /// Every entry's path, type, mode, size, mtime (seconds), link target and content digest.
+    private func listing(_ root: String) throws -> [String] {
+        let result = try run("/usr/bin/find", [root, "-mindepth", "1", "-printf", "%P %y %m %s %T@ %l\n"])
+        let checksums = try run("/bin/sh", ["-c", "cd '\(root)' && find . -type f -exec sha256sum {} + | sort"])
+        return result.stdout.split(separator: "\n").map { line in
+            // Whole seconds: tar keeps only those.
+            var fields = line.split(separator: " ", omittingEmptySubsequences: false).map(String.init)
+            if fields.count > 4 { fields[4] = String(fields[4].prefix(while: { $0 != "." })) }
+            return fields.joined(separator: " ")
+        }.sorted() + checksums.stdout.split(separator: "\n").map(String.init)
+    }
+
+    // MARK: Protection
+
+    @Test("class A: a descriptor read once fails after the lock (no cached plaintext), new opens and creates fail; after unlock the descriptor works again")
+    func classAAcrossLock() throws {
+        let mounted = try MountedDevice()
+        let path = (mounted.applicationSupport as NSString).appendingPathComponent("secret.txt")
+        writeRaw(Array("class A secret\n".utf8), path)
+        #expect(try xattr(path) == "complete")
+        let fd = open(path, O_RDONLY)
+        #expect(fd >= 0)
+        defer { close(fd) }
+        #expect(readString(fd) == "class A secret\n")
+
+        try mounted.lock()
+        var buffer = [UInt8](repeating: 0, count: 64)
+        #expect(posixError(pread(fd, &buffer, 64, 0)) == EPERM, "the cached page was served after the lock")
+        #expect(posixError(Int(open(path, O_RDONLY))) == EPERM)
+        let created = (mounted.applicationSupport as NSString).appendingPathComponent("new.txt")
+        #expect(posixError(Int(open(created, O_CREAT | O_WRONLY, 0o600))) == EPERM)
+        #expect(!FileManager.default.fileExists(atPath: created))
+        // Names and sizes stay visible, as on iOS.
+        #expect((try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) == 15)
+
+        try mounted.unlock()
+        #expect(readString(fd) == "class A secret\n")
+    }
+
+    @Test("class A: a mapping made before the lock faults with SIGBUS after it, and maps again after unlock")
+    func classAMapping() throws {
+        let mounted = try MountedDevice()
+        let path = (mounted.applicationSupport as NSString).appendingPathComponent("mapped.bin")
+        writeRaw(Array("mapped secret".utf8), path)
+        let script = """
+            import mmap, os, signal, subprocess, sys
+            path, sandboxctl, root, secret = sys.argv[1:5]
+            fd = os.open(path, os.O_RDONLY)
+            mapping = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            assert mapping[:13] == b"mapped secret"
+            subprocess.run([sandboxctl, "lock", "--root", root, "--device-secret", secret], check=True, stdout=subprocess.DEVNULL)
+            child = os.fork()
+            if child == 0:
+                mapping[:13]
+                os._exit(0)
+            _, status = os.waitpid(child, 0)
+            print("child", os.WTERMSIG(status) if os.WIFSIGNALED(status) else "exited")
+            subprocess.run([sandboxctl, "unlock", "--passcode-stdin", "--root", root, "--device-secret", secret],
+                           input=sys.argv[5].encode() + b"\\n", check=True, stdout=subprocess.DEVNULL)
+            print("after unlock", mapping[:13].decode())
+            """
+        let result = try python(script, [path, SpawnedProcess.builtExecutable("sandboxctl").path, mounted.test.root, mounted.test.secretPath, TestDevice.passcode])
+        #expect(result.output == "child \(SIGBUS)\nafter unlock mapped secret\n", "\(result)")
+    }
+
+    @Test("class B: a descriptor opened before the lock keeps reading and writing; new class B files are created and written while locked")
+    func classBAcrossLock() throws {
+        let mounted = try MountedDevice()
+        let folder = mounted.path("Documents/outbox")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        #expect(setxattr(folder, ContainerFileSystem.protectionAttribute, "complete-unless-open", 20, 0) == 0)
+        let path = (folder as NSString).appendingPathComponent("draft.txt")
+        writeRaw(Array("draft\n".utf8), path)
+        #expect(try xattr(path) == "complete-unless-open")
+        let fd = open(path, O_RDWR)
+        #expect(fd >= 0)
+        defer { close(fd) }
+
+        try mounted.lock()
+        #expect(readString(fd) == "draft\n")
+        #expect(pwrite(fd, "more\n", 5, 6) == 5)
+        #expect(readString(fd) == "draft\nmore\n")
+        let queued = (folder as NSString).appendingPathComponent("queued.txt")
+        let created = open(queued, O_CREAT | O_WRONLY, 0o600)
+        #expect(created >= 0)
+        #expect(write(created, "written while locked", 20) == 20)
+        close(created)
+        // Closed while locked: it can't be read until the unlock.
+        #expect(posixError(Int(open(queued, O_RDONLY))) == EPERM)
+
+        try mounted.unlock()
+        #expect(String(decoding: readRaw(queued), as: UTF8.self) == "written while locked")
+        #expect(String(decoding: try mounted.container.contents(atPath: "Documents/outbox/draft.txt"), as: UTF8.self) == "draft\nmore\n")
+    }
+
+    // MARK: Inbox
+
+    @Test("the Inbox through the mount: read and unlink only; create, write, truncate, rename into, chmod +w, mkdir and symlink get EACCES")
+    func inboxRule() throws {
+        let mounted = try MountedDevice()
+        let source = mounted.test.path("report.txt")
+        writeRaw(Array("delivered\n".utf8), source)
+        let delivered = try sandboxctl(mounted.test, ["inbox", "deliver", TestDevice.bundleIdentifier, source])
+        #expect(delivered.status == 0, "\(delivered.stderr)")
+        let item = mounted.path("Documents/Inbox/report.txt")
+        #expect(String(decoding: readRaw(item), as: UTF8.self) == "delivered\n")
+        let mode = (try FileManager.default.attributesOfItem(atPath: item)[.posixPermissions] as? Int) ?? -1
+        #expect(mode & 0o222 == 0, "Inbox items show no write permission: \(String(mode, radix: 8))")
+
+        #expect(posixError(Int(open(item, O_WRONLY))) == EACCES)
+        #expect(posixError(Int(open(item, O_RDONLY | O_TRUNC))) == EACCES)
+        #expect(posixError(Int(open(mounted.path("Documents/Inbox/new.txt"), O_CREAT | O_WRONLY, 0o600))) == EACCES)
+        #expect(posixError(Int(truncate(item, 0))) == EACCES)
+        #expect(posixError(Int(chmod(item, 0o644))) == EACCES)
+        #expect(chmod(item, 0o400) == 0, "removing permissions is allowed")
+        #expect(posixError(Int(mkdir(mounted.path("Documents/Inbox/folder"), 0o700))) == EACCES)
+        #expect(posixError(Int(symlink("report.txt", mounted.path("Documents/Inbox/link")))) == EACCES)
+        #expect(posixError(Int(setxattr(item, ContainerFileSystem.protectionAttribute, "none", 4, 0))) == EACCES)
+        writeRaw(Array("outside".utf8), mounted.path("Documents/outside.txt"))
+        #expect(posixError(Int(rename(mounted.path("Documents/outside.txt"), mounted.path("Documents/Inbox/moved.txt")))) == EACCES)
+        #expect(posixError(Int(rename(item, mounted.path("Documents/Inbox/renamed.txt")))) == EACCES)
+        #expect(mounted.log.contains("Documents/Inbox is read-and-delete only"), "the refusal is logged with its remedy")
+
+        #expect(rename(item, mounted.path("Documents/report.txt")) == 0, "moving out is allowed")
+        #expect(String(decoding: readRaw(mounted.path("Documents/report.txt")), as: UTF8.self) == "delivered\n")
+        #expect(rename(mounted.path("Documents/report.txt"), item) != 0)
+        let second = try sandboxctl(mounted.test, ["inbox", "deliver", TestDevice.bundleIdentifier, source])
+        #expect(second.status == 0, "\(second.stderr)")
+        #expect(unlink(item) == 0, "deleting is allowed")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: mounted.path("Documents/Inbox")).isEmpty)
+    }
+
+    // MARK: Extended attribute
+
+    @Test("user.protection.class reads and sets a file's class and a directory's class for new files; bad values are refused")
+    func protectionAttribute() throws {
+        let mounted = try MountedDevice()
+        let file = mounted.path("Documents/a.txt")
+        writeRaw(Array("a".utf8), file)
+        #expect(try xattr(file) == "complete")
+        #expect(try attributeNames(file) == [ContainerFileSystem.protectionAttribute])
+        #expect(setxattr(file, ContainerFileSystem.protectionAttribute, "none", 4, 0) == 0)
+        #expect(try xattr(file) == "none")
+        #expect(mounted.container.protection(of: "Documents/a.txt")?.rawValue == FileProtectionType.none.rawValue)
+        #expect(setxattr(file, ContainerFileSystem.protectionAttribute, "NSFileProtectionCompleteUnlessOpen", 34, 0) == 0)
+        #expect(try xattr(file) == "complete-unless-open")
+        #expect(posixError(Int(setxattr(file, ContainerFileSystem.protectionAttribute, "secret", 6, 0))) == EINVAL)
+        #expect(posixError(Int(setxattr(file, "user.other", "x", 1, 0))) == EOPNOTSUPP)
+        #expect(posixError(Int(getxattr(file, "user.other", nil, 0))) == ENODATA)
+        #expect(posixError(Int(removexattr(file, ContainerFileSystem.protectionAttribute))) == EPERM)
+
+        let folder = mounted.path("Documents/plain")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        #expect(posixError(Int(getxattr(folder, ContainerFileSystem.protectionAttribute, nil, 0))) == ENODATA)
+        #expect(setxattr(folder, ContainerFileSystem.protectionAttribute, "C", 1, 0) == 0)
+        #expect(try xattr(folder) == "complete-until-first-user-authentication")
+        writeRaw(Array("b".utf8), "\(folder)/b.txt")
+        #expect(try xattr("\(folder)/b.txt") == "complete-until-first-user-authentication")
+        try FileManager.default.createDirectory(atPath: "\(folder)/sub", withIntermediateDirectories: false)
+        #expect(try xattr("\(folder)/sub") == "complete-until-first-user-authentication", "new folders take their parent's class")
+        #expect(removexattr(folder, ContainerFileSystem.protectionAttribute) == 0)
+        #expect(posixError(Int(getxattr(folder, ContainerFileSystem.protectionAttribute, nil, 0))) == ENODATA)
+        // The marker is ProtectedStore's own: invisible, and the folder can be removed once its files are gone.
+        #expect(try FileManager.default.contentsOfDirectory(atPath: "\(folder)/sub").isEmpty)
+        #expect(rmdir("\(folder)/sub") == 0)
+    }
+
+    // MARK: POSIX surface
+
+    @Test("POSIX surface: offsets, truncate, rename over, RENAME_NOREPLACE and EXCHANGE, unlink while open, statfs, utimens, chmod, locks")
+    func posixSurface() throws {
+        let mounted = try MountedDevice()
+        let a = mounted.path("Documents/a.bin"), b = mounted.path("Documents/b.bin")
+        let fd = open(a, O_CREAT | O_RDWR, 0o640)
+        #expect(fd >= 0)
+        let big = pattern(8 << 20, seed: 3)
+        #expect(big.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 4096 * 3 + 17) } == big.count)
+        #expect(ftruncate(fd, 5_000_000) == 0)
+        #expect(fsync(fd) == 0)
+        var info = stat()
+        #expect(fstat(fd, &info) == 0 && info.st_size == 5_000_000 && info.st_mode & 0o777 == 0o640)
+        var back = [UInt8](repeating: 0xFF, count: 5_000_000)
+        #expect(back.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) } == 5_000_000)
+        #expect(back[0..<12305].allSatisfy { $0 == 0 })
+        #expect(Array(back[12305...]) == Array(big[0..<(5_000_000 - 12305)]))
+        close(fd)
+        #expect(truncate(a, 10) == 0)
+        #expect(stat(a, &info) == 0 && info.st_size == 10)
+
+        writeRaw(Array("bee".utf8), b)
+        #expect(rename(b, a) == 0, "rename over an existing file")
+        #expect(String(decoding: readRaw(a), as: UTF8.self) == "bee")
+        writeRaw(Array("sea".utf8), b)
+        #expect(ps_rename_noreplace(AT_FDCWD, b, AT_FDCWD, a) == -1 && errno == EEXIST)
+        #expect(ps_rename_exchange(AT_FDCWD, b, AT_FDCWD, a) == 0)
+        #expect(String(decoding: readRaw(a), as: UTF8.self) == "sea" && String(decoding: readRaw(b), as: UTF8.self) == "bee")
+
+        let held = open(b, O_RDWR)
+        #expect(unlink(b) == 0 && held >= 0)
+        #expect(pwrite(held, "still", 5, 0) == 5 && readString(held) == "still")
+        close(held)
+
+        var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 0), timespec(tv_sec: 1_000_000_000, tv_nsec: 0)]
+        #expect(utimensat(AT_FDCWD, a, &times, 0) == 0)
+        #expect(stat(a, &info) == 0 && info.st_mtim.tv_sec == 1_000_000_000)
+        #expect(chmod(a, 0o600) == 0 && stat(a, &info) == 0 && info.st_mode & 0o777 == 0o600)
+        var fileSystem = statvfs()
+        #expect(statvfs(mounted.mountPoint, &fileSystem) == 0 && fileSystem.f_bsize > 0 && fileSystem.f_blocks > 0)
+
+        // ProtectedStore's own names neither show nor can be made; the container's own folders stay.
+        #expect(posixError(Int(open(mounted.path("Documents/.sandboxctl-x"), O_CREAT | O_WRONLY, 0o600))) == EPERM)
+        #expect(posixError(Int(rmdir(mounted.path("Documents/Inbox")))) == EPERM)
+        #expect(posixError(Int(rename(mounted.path("tmp"), mounted.path("Documents/tmp")))) == EPERM)
+        #expect(posixError(Int(link(a, mounted.path("Documents/hard")))) == EPERM)
+        #expect(posixError(Int(mkfifo(mounted.path("Documents/fifo"), 0o600))) == EPERM)
+
+        // Byte-range locks (SQLite's) and flock, between this process and another.
+        let lockScript = """
+            import fcntl, sys, time
+            f = open(sys.argv[1], "r+b")
+            fcntl.lockf(f, fcntl.LOCK_EX, 4, 0)
+            print("locked", flush=True)
+            sys.stdin.readline()
+            """
+        let holder = try SpawnedProcess(URL(fileURLWithPath: FUSEAvailability.executable("python3") ?? "/usr/bin/python3"), ["-c", lockScript, a])
+        #expect(holder.nextLine() == "locked")
+        let mine = open(a, O_RDWR)
+        var range = flock(l_type: Int16(F_WRLCK), l_whence: Int16(SEEK_SET), l_start: 0, l_len: 4, l_pid: 0)
+        #expect(fcntl(mine, F_SETLK, &range) == -1 && (errno == EAGAIN || errno == EACCES), "the other process's byte-range lock is seen")
+        range.l_start = 4
+        #expect(fcntl(mine, F_SETLK, &range) == 0, "a disjoint range can be locked")
+        holder.send("")
+        #expect(holder.waitForExit() == 0)
+        range.l_start = 0
+        #expect(fcntl(mine, F_SETLK, &range) == 0, "free once the other process is gone")
+        let other = open(a, O_RDONLY)
+        #expect(flock(mine, LOCK_EX | LOCK_NB) == 0)
+        #expect(flock(other, LOCK_EX | LOCK_NB) == -1 && errno == EWOULDBLOCK)
+        close(other)
+        close(mine)
+    }
+
+    @Test("symlinks stay inside: absolute and climbing targets are refused, a chain that would climb out is not followed")
+    func symlinkConfinement() throws {
+        let mounted = try MountedDevice()
+        writeRaw(Array("target".utf8), mounted.path("Documents/target.txt"))
+        #expect(symlink("target.txt", mounted.path("Documents/good")) == 0)
+        #expect(String(decoding: readRaw(mounted.path("Documents/good")), as: UTF8.self) == "target")
+        #expect(symlink("../tmp", mounted.path("Documents/tmp-link")) == 0)
+        #expect(posixError(Int(symlink("/etc/passwd", mounted.path("Documents/absolute")))) == EPERM)
+        #expect(posixError(Int(symlink("../../..", mounted.path("Documents/climb")))) == EPERM)
+        #expect(posixError(Int(symlink("good/../../.sandboxctl-class", mounted.path("Documents/own")))) == EPERM)
+        // Each link alone stays inside; followed together they would climb above the root.
+        #expect(symlink("..", mounted.path("Documents/up")) == 0)
+        #expect(symlink("up/..", mounted.path("Documents/out")) == 0)
+        #expect(posixError(Int(open(mounted.path("Documents/out/etc/passwd"), O_RDONLY))) == EPERM)
+        #expect(eventually { mounted.log.contains("following it would leave the container") }, "\(mounted.log)")
+    }
+
+    @Test("many threads writing and reading their own files at once through the mount")
+    func concurrentFiles() throws {
+        let mounted = try MountedDevice()
+        let failures = Counter()
+        DispatchQueue.concurrentPerform(iterations: 8) { worker in
+            let path = mounted.path("Documents/worker-\(worker).bin")
+            let contents = pattern(1 << 20 + worker * 4099, seed: UInt8(worker))
+            for round in 0..<3 {
+                writeRaw(contents, path)
+                if readRaw(path) != contents { failures.increment() }
+                if round == 2 { unlink(path) }
+            }
+        }
+        #expect(failures.value == 0)
+    }
+
+    // MARK: Lifecycle
+
+    @Test("mount in the background, busy and stale mount points, SIGTERM and fusermount3 -u unmount, no daemon is exit 69")
+    func lifecycle() throws {
+        let test = try TestDevice()
+        _ = try test.makeContainer()
+        let mountPoint = test.path("mnt")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        let withoutDaemon = try sandboxctl(test, ["mount", TestDevice.bundleIdentifier, mountPoint])
+        #expect(withoutDaemon.status == 69, "\(withoutDaemon)")
+
+        let daemon = try DaemonProcess(test, grace: 1)
+        defer { withExtendedLifetime(daemon) {} }
+        try MountedDevice.unlock(test)
+        let started = try sandboxctl(test, ["mount", TestDevice.bundleIdentifier, mountPoint])
+        #expect(started.status == 0 && started.stdout.contains("Mounted \(TestDevice.bundleIdentifier) at \(mountPoint)"), "\(started)")
+        #expect(MountPoint.mountedFileSystem(at: mountPoint) == "fuse.sandboxctl")
+        let busy = try sandboxctl(test, ["mount", TestDevice.bundleIdentifier, mountPoint])
+        #expect(busy.status == 1 && busy.stderr.contains("already mounted there (busy)"), "\(busy)")
+
+        let pid = try #require(backgroundMountPID(mountPoint))
+        kill(pid, SIGTERM)
+        #expect(eventually { MountPoint.mountedFileSystem(at: mountPoint) == nil }, "SIGTERM unmounts")
+
+        #expect(try sandboxctl(test, ["mount", TestDevice.bundleIdentifier, mountPoint]).status == 0)
+        #expect(try run(FUSEAvailability.executable("fusermount3") ?? "fusermount3", ["-u", mountPoint]).status == 0)
+        #expect(eventually { backgroundMountPID(mountPoint) == nil }, "the mount's process ends after fusermount3 -u")
+
+        #expect(try sandboxctl(test, ["mount", TestDevice.bundleIdentifier, mountPoint]).status == 0)
+        kill(try #require(backgroundMountPID(mountPoint)), SIGKILL)
+        #expect(eventually { backgroundMountPID(mountPoint) == nil })
+        let stale = try sandboxctl(test, ["mount", TestDevice.bundleIdentifier, mountPoint])
+        #expect(stale.status == 1 && stale.stderr.contains("stale mount") && stale.stderr.contains("fusermount3 -u"), "\(stale)")
+        #expect(try run(FUSEAvailability.executable("fusermount3") ?? "fusermount3", ["-u", mountPoint]).status == 0)
+
+        writeRaw([1], test.path("mnt/occupied"))
+        let nonEmpty = try sandboxctl(test, ["mount", TestDevice.bundleIdentifier, mountPoint])
+        #expect(nonEmpty.status == 64 && nonEmpty.stderr.contains("not empty"), "\(nonEmpty)")
+        let missing = try sandboxctl(test, ["mount", TestDevice.bundleIdentifier, test.path("nowhere")])
+        #expect(missing.status == 1 && missing.stderr.contains("mkdir -p"), "\(missing)")
+    }
+
+    /// The pid of the background mount serving `mountPoint`, from /proc.
+    private func backgroundMountPID(_ mountPoint: String) -> Int32? {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        for entry in entries {
+            guard let pid = Int32(entry),
+                  let command = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline"),
+                  let status = try? String(contentsOfFile: "/proc/\(entry)/status", encoding: .utf8), !status.contains("State:\tZ") else { continue }
+            let arguments = command.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+            if arguments.contains("--background-child") && arguments.contains(mountPoint) { return pid }
+        }
+        return nil
+    }
+
+    // MARK: Helpers
+
+    private func run(_ executable: String, _ arguments: [String]) throws -> CLI.Result {
+        let result = try CLI.run(executable: URL(fileURLWithPath: executable), arguments)
+        if result.status != 0 { Issue.record("\(executable) \(arguments.joined(separator: " ")) failed: \(result.stderr)") }
+        return result
+    }
+
+    private func xattr(_ path: String) throws -> String {
+        var buffer = [UInt8](repeating: 0, count: 128)
+        let length = getxattr(path, ContainerFileSystem.protectionAttribute, &buffer, buffer.count)
+        guard length >= 0 else { throw Errno(rawValue: errno) }
+        return String(decoding: buffer[0..<length], as: UTF8.self)
+    }
+
+    private func attributeNames(_ path: String) throws -> [String] {
+        var buffer = [CChar](repeating: 0, count: 256)
+        let length = listxattr(path, &buffer, buffer.count)
+        guard length >= 0 else { throw Errno(rawValue: errno) }
+        return buffer[0..<length].split(separator: 0).map { String(decoding: $0.map { UInt8(bitPattern: $0) }, as: UTF8.self) }
+    }
+
+    private func readString(_ fd: Int32) -> String? {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let count = pread(fd, &buffer, buffer.count, 0)
+        return count < 0 ? nil : String(decoding: buffer[0..<count], as: UTF8.self)
+    }
+}
+
+extension Container {
+    /// A file's class as the library sees it, for checking what the mount changed.
+    func protection(of path: String) -> FileProtectionType? { try? itemInfo(atPath: path).protection }
+}
