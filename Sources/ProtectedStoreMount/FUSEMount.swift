@@ -74,7 +74,12 @@ package final class FUSEMount: @unchecked Sendable {
 
     private static let operations: fuse_operations = {
         var operations = fuse_operations()
-        operations.`init` = { _, config in
+        operations.`init` = { connection, config in
+            if let connection {
+                // Requests of up to 1 MiB: fewer round trips, and each large enough to decrypt on every core.
+                connection.pointee.max_write = 1 << 20
+                connection.pointee.max_readahead = 1 << 20
+            }
             if let config {
                 // Inode numbers of the stored files, so hard-link-aware tools (tar, cp -a, find) see stable ones.
                 config.pointee.use_ino = 1

@@ -5,7 +5,7 @@ import SystemPackage
 /// A random-access handle on one encrypted file: plaintext reads and writes at any offset,
 /// each write re-encrypting only the blocks it touches, each block under a fresh random nonce.
 ///
-/// A handle serialises its own operations; several handles on one file are not coordinated.
+/// A handle runs reads concurrently and serialises writes; several handles on one file are not coordinated.
 /// Opened directly, a handle keeps its key until `close()` or `discardKey()`; files opened through a `Container`
 /// are registered with the device, whose lock discards class A keys.
 public final class EncryptedFile: @unchecked Sendable {
@@ -15,6 +15,8 @@ public final class EncryptedFile: @unchecked Sendable {
     static let parallelThresholdBytes: Int64 = 256 * 1024
     /// Upper bound on plaintext handled in one pass, so huge calls run in bounded memory whatever the block size.
     static let maximumBytesPerPass = 4 << 20
+    /// Read once: Foundation reads /proc and cgroup files each time it is asked.
+    private static let cores = ProcessInfo.processInfo.activeProcessorCount
 
     /// The file on disk, as given when opened.
     public let path: String
@@ -29,7 +31,8 @@ public final class EncryptedFile: @unchecked Sendable {
     private var isClosed = false
     /// Set when a write failed part-way: the blocks on disk may no longer match `plaintextSize`.
     private var failedWrite: ProtectedStoreError?
-    private let mutex = NSLock()
+    /// Reads share it, so several threads decrypt one file at once; writes, truncation, class changes and closing take it alone.
+    private let lock = ReadWriteLock()
     private var storedScratch: [UInt8] = []
 
     private init(path: String, descriptor: FileDescriptor, header: FileHeader, fileKey: SecureBytes, plaintextSize: Int64, isWritable: Bool) {
@@ -147,16 +150,16 @@ public final class EncryptedFile: @unchecked Sendable {
     // MARK: Properties
 
     /// Plaintext size in bytes.
-    public var size: Int64 { mutex.withLock { plaintextSize } }
+    public var size: Int64 { lock.withReadLock { plaintextSize } }
 
     /// The file's random id (in every block's associated data).
-    var fileID: [UInt8] { mutex.withLock { header.fileID } }
+    var fileID: [UInt8] { lock.withReadLock { header.fileID } }
 
     /// The class whose key wraps this file's key.
-    public var protectionClass: ProtectionClass { mutex.withLock { header.protectionClass } }
+    public var protectionClass: ProtectionClass { lock.withReadLock { header.protectionClass } }
 
     /// Sealed for class B while locked by an Inbox delivery: takes its directory's class at the first unlocked open.
-    var awaitsDefaultClass: Bool { mutex.withLock { header.flags.contains(.awaitsDefaultClass) } }
+    var awaitsDefaultClass: Bool { lock.withReadLock { header.flags.contains(.awaitsDefaultClass) } }
 
     /// The stored file's descriptor, for metadata calls on an open file (fstat, fchmod, futimens); never for its bytes.
     var metadataDescriptor: FileDescriptor { descriptor }
@@ -183,7 +186,7 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Fails with an integrity error naming the block if any block does not authenticate; nothing unauthenticated is returned.
     public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
         precondition(offset >= 0, "negative offset")
-        return try mutex.withLock {
+        return try lock.withReadLock {
             try checkOpen()
             let end = min(plaintextSize, offset + Int64(buffer.count))
             guard offset < end else { return 0 }
@@ -212,7 +215,7 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Writes the contents of `buffer` at `offset`, extending the file (zero-filled) if `offset` is past the end.
     public func write(from buffer: UnsafeRawBufferPointer, at offset: Int64) throws {
         precondition(offset >= 0, "negative offset")
-        try mutex.withLock {
+        try lock.withWriteLock {
             try checkWritable()
             guard buffer.count > 0 else { return }
             try mutating { try withKey { key in
@@ -233,7 +236,7 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Shrinks or grows (with zeros) the plaintext to `newSize` bytes.
     public func truncate(to newSize: Int64) throws {
         precondition(newSize >= 0, "negative size")
-        try mutex.withLock {
+        try lock.withWriteLock {
             try checkWritable()
             try mutating { try withKey { key in
                 if newSize > plaintextSize {
@@ -247,7 +250,7 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Flushes data and metadata to stable storage (fsync).
     public func synchronize() throws {
-        try mutex.withLock {
+        try lock.withReadLock {
             try checkOpen()
             try FileSystem.synchronize(descriptor, path: path)
         }
@@ -255,7 +258,7 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Re-wraps the per-file key for `newClass` and rewrites the header only (clearing its flags); the body is untouched.
     public func changeProtectionClass(to newClass: ProtectionClass, keys: any ClassKeyProviding) throws {
-        try mutex.withLock {
+        try lock.withWriteLock {
             try checkWritable()
             let newHeader = try Self.attributingKeyErrors(to: path) {
                 try FileHeader.sealing(fileKey: fileKey, fileID: header.fileID, protectionClass: newClass, blockSize: header.blockSize, keys: keys)
@@ -268,7 +271,7 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Closes the descriptor and zeroes the per-file key.
     public func close() throws {
-        try mutex.withLock {
+        try lock.withWriteLock {
             guard !isClosed else { return }
             isClosed = true
             fileKey.discard()
@@ -278,17 +281,17 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Zeroes the per-file key now (the device is locking); the handle then fails every operation with a data-protection error.
     public func discardKey() {
-        // Taking the key under the mutex waits for an operation in flight, as discard() itself would.
-        mutex.withLock { fileKey }.discard()
+        // Taking the key under the lock waits for a write in flight; discard() itself waits for reads using the key.
+        lock.withReadLock { fileKey }.discard()
     }
 
     /// Whether the per-file key is still in memory (not discarded by a lock).
-    var hasKey: Bool { mutex.withLock { !fileKey.isDiscarded } }
+    var hasKey: Bool { lock.withReadLock { !fileKey.isDiscarded } }
 
     /// Unwraps the per-file key again after `discardKey()`, once its class key is back, so a descriptor held across a
     /// lock works again after the unlock, as an open file does under XNU's content protection. Does nothing if the key is there.
     func restoreKey(keys: any ClassKeyProviding) throws {
-        try mutex.withLock {
+        try lock.withWriteLock {
             try checkOpen()
             guard fileKey.isDiscarded else { return }
             fileKey = try Self.attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
@@ -366,45 +369,45 @@ public final class EncryptedFile: @unchecked Sendable {
             + Int64(layout.plaintextLength(ofBlock: last, plaintextSize: plaintextSize))
         let finalBlock = layout.blockCount(plaintextSize: plaintextSize) - 1
         let blockCount = Int(last - first + 1)
-        reserveScratch(Int(storedEnd - storedStart))
-        let failures = try storedScratch.withUnsafeMutableBytes { storedBytes in
-            try forEachBlockInParallel(count: blockCount) { range in
-                let rangeStart = Int(layout.storedOffset(ofBlock: first + Int64(range.lowerBound)) - storedStart)
-                let rangeEnd = min(Int(storedEnd - storedStart), Int(layout.storedOffset(ofBlock: first + Int64(range.upperBound)) - storedStart))
-                try readStored(into: UnsafeMutableRawBufferPointer(rebasing: storedBytes[rangeStart..<rangeEnd]), at: storedStart + Int64(rangeStart))
-                var scratch = [UInt8]()
-                for offsetInRange in range {
-                    let index = first + Int64(offsetInRange)
-                    let length = layout.plaintextLength(ofBlock: index, plaintextSize: plaintextSize)
-                    let start = Int(layout.storedOffset(ofBlock: index) - storedStart)
-                    let block = UnsafeRawBufferPointer(rebasing: storedBytes[start..<start + BlockLayout.overhead + length])
-                    let blockStart = index * layout.blockSize
-                    // The slice of this block the caller wants, in destination coordinates.
-                    let wantedStart = max(blockStart, plaintextStart)
-                    let wantedEnd = min(blockStart + Int64(length), plaintextStart + Int64(destination.count))
-                    let ad = blockAssociatedData(index: index, isFinal: index == finalBlock)
-                    let authentic: Bool
-                    if wantedStart == blockStart && wantedEnd == blockStart + Int64(length) {
-                        let target = UnsafeMutableRawBufferPointer(rebasing: destination[Int(blockStart - plaintextStart)..<Int(wantedEnd - plaintextStart)])
-                        authentic = openBlock(block, key: key, associatedData: ad, into: target)
-                    } else {
-                        // Partly wanted: decrypt aside, copy the wanted part, so nothing unauthenticated reaches the caller.
-                        if scratch.count < length { scratch = [UInt8](repeating: 0, count: Int(layout.blockSize)) }
-                        authentic = scratch.withUnsafeMutableBytes { s in
-                            openBlock(block, key: key, associatedData: ad, into: UnsafeMutableRawBufferPointer(rebasing: s[0..<length]))
-                        }
-                        if authentic {
-                            scratch.withUnsafeBytes { s in
-                                let from = Int(wantedStart - blockStart)
-                                UnsafeMutableRawBufferPointer(rebasing: destination[Int(wantedStart - plaintextStart)..<Int(wantedEnd - plaintextStart)])
-                                    .copyMemory(from: UnsafeRawBufferPointer(rebasing: s[from..<from + Int(wantedEnd - wantedStart)]))
-                            }
+        // Its own buffer, not the write scratch: reads run concurrently under the shared lock.
+        let storedBytes = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(storedEnd - storedStart), alignment: 16)
+        defer { storedBytes.deallocate() }
+        let failures = try forEachBlockInParallel(count: blockCount) { range in
+            let rangeStart = Int(layout.storedOffset(ofBlock: first + Int64(range.lowerBound)) - storedStart)
+            let rangeEnd = min(Int(storedEnd - storedStart), Int(layout.storedOffset(ofBlock: first + Int64(range.upperBound)) - storedStart))
+            try readStored(into: UnsafeMutableRawBufferPointer(rebasing: storedBytes[rangeStart..<rangeEnd]), at: storedStart + Int64(rangeStart))
+            var scratch = [UInt8]()
+            for offsetInRange in range {
+                let index = first + Int64(offsetInRange)
+                let length = layout.plaintextLength(ofBlock: index, plaintextSize: plaintextSize)
+                let start = Int(layout.storedOffset(ofBlock: index) - storedStart)
+                let block = UnsafeRawBufferPointer(rebasing: storedBytes[start..<start + BlockLayout.overhead + length])
+                let blockStart = index * layout.blockSize
+                // The slice of this block the caller wants, in destination coordinates.
+                let wantedStart = max(blockStart, plaintextStart)
+                let wantedEnd = min(blockStart + Int64(length), plaintextStart + Int64(destination.count))
+                let ad = blockAssociatedData(index: index, isFinal: index == finalBlock)
+                let authentic: Bool
+                if wantedStart == blockStart && wantedEnd == blockStart + Int64(length) {
+                    let target = UnsafeMutableRawBufferPointer(rebasing: destination[Int(blockStart - plaintextStart)..<Int(wantedEnd - plaintextStart)])
+                    authentic = openBlock(block, key: key, associatedData: ad, into: target)
+                } else {
+                    // Partly wanted: decrypt aside, copy the wanted part, so nothing unauthenticated reaches the caller.
+                    if scratch.count < length { scratch = [UInt8](repeating: 0, count: Int(layout.blockSize)) }
+                    authentic = scratch.withUnsafeMutableBytes { s in
+                        openBlock(block, key: key, associatedData: ad, into: UnsafeMutableRawBufferPointer(rebasing: s[0..<length]))
+                    }
+                    if authentic {
+                        scratch.withUnsafeBytes { s in
+                            let from = Int(wantedStart - blockStart)
+                            UnsafeMutableRawBufferPointer(rebasing: destination[Int(wantedStart - plaintextStart)..<Int(wantedEnd - plaintextStart)])
+                                .copyMemory(from: UnsafeRawBufferPointer(rebasing: s[from..<from + Int(wantedEnd - wantedStart)]))
                         }
                     }
-                    if !authentic { return index }
                 }
-                return nil
+                if !authentic { return index }
             }
+            return nil
         }
         if let failed = failures.min() {
             destination.initializeMemory(as: UInt8.self, repeating: 0)
@@ -532,7 +535,7 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Runs `body` over `0..<count` in contiguous ranges: one range for small calls, several per core for large ones
     /// (so I/O of one range overlaps crypto of another). Returns the block indices the ranges reported (failed blocks).
     private func forEachBlockInParallel(count: Int, _ body: (Range<Int>) throws -> Int64?) throws -> [Int64] {
-        let cores = ProcessInfo.processInfo.activeProcessorCount
+        let cores = Self.cores
         guard cores > 1, Int64(count) * layout.blockSize >= Self.parallelThresholdBytes else {
             return try body(0..<count).map { [$0] } ?? []
         }

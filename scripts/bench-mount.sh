@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Benchmarks `sandboxctl mount` against gocryptfs and the plain backing directory, in one run on this machine:
+# dd write and read of 1 GiB (bs=128k), extracting a tar of a source tree of thousands of small files, ls -lR, rm -rf.
+# Prints a table of median times and the ratio of the mount to gocryptfs (below 1 is faster), writes the figures as
+# CSV, and draws a chart (PNG) when matplotlib is available.
+#
+#   scripts/bench-mount.sh [--rounds N] [--size-mib N] [--tree DIR] [--csv FILE] [--chart FILE]
+#
+# Needs root for apt-get (gocryptfs) and for dropping the dentry cache before ls -lR; as another user it prints the
+# apt-get command and measures ls -lR with warm caches. Everything lives in a temporary folder under /var/tmp (the
+# same disk for the three), removed at the end.
+set -euo pipefail
+
+rounds=3
+size_mib=1024
+tree=/usr/include
+csv=""
+chart=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --rounds) rounds="$2"; shift 2 ;;
+        --size-mib) size_mib="$2"; shift 2 ;;
+        --tree) tree="$2"; shift 2 ;;
+        --csv) csv="$2"; shift 2 ;;
+        --chart) chart="$2"; shift 2 ;;
+        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "error: unknown argument $1 (see --help)" >&2; exit 64 ;;
+    esac
+done
+
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+./scripts/ensure-deps.sh
+if ! command -v gocryptfs >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ]; then
+        echo "Installing gocryptfs (the reference encrypted FUSE file system)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gocryptfs >/dev/null
+    else
+        echo "error: gocryptfs is missing. Install it with:" >&2
+        echo "    sudo apt-get install -y gocryptfs" >&2
+        exit 1
+    fi
+fi
+[ -d "$tree" ] || { echo "error: $tree is not a directory (--tree)" >&2; exit 64; }
+
+swift build -c release --product sandboxctl --quiet
+sandboxctl="$(swift build -c release --show-bin-path)/sandboxctl"
+
+work=$(mktemp -d /var/tmp/bench-mount.XXXXXX)
+daemon_pid=""
+cleanup() {
+    fusermount3 -u -z "$work/ps-mnt" 2>/dev/null || true
+    fusermount3 -u -z "$work/gc-mnt" 2>/dev/null || true
+    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "Preparing in $work: tar of $tree ($(find "$tree" -type f | wc -l) files, $(du -sh "$tree" | cut -f1))"
+tar -C "$(dirname "$tree")" -cf "$work/tree.tar" "$(basename "$tree")"
+
+# ProtectedStore: a device with its daemon, unlocked, the container mounted; files go to Documents (class A).
+export SANDBOXCTL_ROOT="$work/ps-root" SANDBOXCTL_DEVICE_SECRET="$work/ps.secret"
+printf 'bench-passcode\n' | "$sandboxctl" init --kdf fast --passcode-stdin >/dev/null 2>&1
+"$sandboxctl" create com.example.bench >/dev/null
+"$sandboxctl" daemon --grace 1 2>"$work/daemon.log" &
+daemon_pid=$!
+for _ in $(seq 1 100); do "$sandboxctl" status >/dev/null 2>&1 && break; sleep 0.05; done
+printf 'bench-passcode\n' | "$sandboxctl" unlock --passcode-stdin >/dev/null
+mkdir "$work/ps-mnt"
+"$sandboxctl" mount com.example.bench "$work/ps-mnt" >/dev/null
+
+# gocryptfs with its defaults (AES-256-GCM, encrypted names); a cheap scrypt only shortens its start.
+mkdir "$work/gc-cipher" "$work/gc-mnt" "$work/plain"
+gocryptfs -init -q -scryptn 10 -extpass "echo bench-passcode" "$work/gc-cipher" >/dev/null 2>&1
+gocryptfs -q -nosyslog -extpass "echo bench-passcode" "$work/gc-cipher" "$work/gc-mnt"
+
+names=(plain gocryptfs mount)
+dirs=("$work/plain" "$work/gc-mnt" "$work/ps-mnt/Documents")
+operations=(write read tar ls rm)
+declare -A samples
+
+now() { date +%s%N; }
+drop_dentries() { sync; [ "$(id -u)" -eq 0 ] && echo 2 > /proc/sys/vm/drop_caches || true; }
+
+run_operation() {  # operation, target directory; prints milliseconds
+    local operation=$1 dir=$2 start end
+    case "$operation" in
+        write)
+            start=$(now); dd if=/dev/zero of="$dir/big" bs=128k count=$((size_mib * 8)) status=none; end=$(now) ;;
+        read)
+            # The FUSE file systems' own page cache is dropped; the backing files stay cached for all three.
+            [ "$dir" != "$work/plain" ] && dd if="$dir/big" iflag=nocache count=0 status=none
+            start=$(now); dd if="$dir/big" of=/dev/null bs=128k status=none; end=$(now)
+            rm -f "$dir/big" ;;
+        tar)
+            mkdir "$dir/tree"
+            start=$(now); tar -C "$dir/tree" -xf "$work/tree.tar"; end=$(now) ;;
+        ls)
+            drop_dentries
+            start=$(now); ls -lR "$dir/tree" >/dev/null; end=$(now) ;;
+        rm)
+            start=$(now); rm -rf "$dir/tree"; end=$(now) ;;
+    esac
+    sync
+    echo $(( (end - start) / 1000000 ))
+}
+
+for round in $(seq 1 "$rounds"); do
+    for operation in "${operations[@]}"; do
+        for index in "${!names[@]}"; do
+            ms=$(run_operation "$operation" "${dirs[$index]}")
+            samples[$operation,${names[$index]}]+="$ms "
+        done
+    done
+    echo "round $round/$rounds done"
+done
+
+median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+label() {
+    case "$1" in
+        write) echo "write ${size_mib} MiB (dd bs=128k)" ;;
+        read) echo "read ${size_mib} MiB (dd bs=128k)" ;;
+        tar) echo "tar -x of $(basename "$tree") ($(tar -tf "$work/tree.tar" | wc -l) entries)" ;;
+        ls) echo "ls -lR of the tree" ;;
+        rm) echo "rm -rf of the tree" ;;
+    esac
+}
+
+csv_file=${csv:-$work/bench-mount.csv}
+echo "operation,plain_ms,gocryptfs_ms,mount_ms,mount_over_gocryptfs" > "$csv_file"
+echo
+echo "Median of $rounds rounds, milliseconds (MB/s for dd); ratio = mount / gocryptfs, at or below 1 meets the target."
+printf '| %-34s | %14s | %14s | %14s | %7s |\n' operation "plain dir" gocryptfs "sandboxctl mount" ratio
+printf '|%s|%s|%s|%s|%s|\n' "------------------------------------" "----------------" "----------------" "----------------" "---------"
+for operation in "${operations[@]}"; do
+    plain=$(echo "${samples[$operation,plain]}" | median)
+    gc=$(echo "${samples[$operation,gocryptfs]}" | median)
+    ps=$(echo "${samples[$operation,mount]}" | median)
+    ratio=$(awk -v a="$ps" -v b="$gc" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+    cell() {
+        if [ "$operation" = write ] || [ "$operation" = read ]; then
+            awk -v ms="$1" -v mib="$size_mib" 'BEGIN { printf "%d (%d MB/s)", ms, (ms > 0 ? mib * 1048.576 / ms : 0) }'
+        else
+            echo "$1"
+        fi
+    }
+    printf '| %-34s | %14s | %14s | %14s | %7s |\n' "$(label "$operation")" "$(cell "$plain")" "$(cell "$gc")" "$(cell "$ps")" "$ratio"
+    echo "$(label "$operation"),$plain,$gc,$ps,$ratio" >> "$csv_file"
+done
+echo
+echo "All samples (ms): $(for key in "${!samples[@]}"; do printf '%s=[%s] ' "$key" "${samples[$key]% }"; done)"
+[ -n "$csv" ] && echo "CSV: $csv"
+
+if [ -n "$chart" ]; then
+    if ! python3 -c 'import matplotlib' >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+        python3 -m pip install --quiet matplotlib >/dev/null 2>&1 || true
+    fi
+    if python3 -c 'import matplotlib' >/dev/null 2>&1; then
+        python3 "$repo/scripts/bench-mount-chart.py" "$csv_file" "$chart"
+        echo "Chart: $chart"
+    else
+        echo "note: no chart drawn; matplotlib is missing (python3 -m pip install --user matplotlib)"
+    fi
+fi
