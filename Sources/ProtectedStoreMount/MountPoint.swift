@@ -43,15 +43,22 @@ package enum MountPoint {
     }
 
     /// What /proc/self/mountinfo says is mounted at `path`, if anything ("fuse.sshfs", "tmpfs"…).
-    static func mountedFileSystem(at path: String) -> String? {
+    static func mountedFileSystem(at path: String) -> String? { mountInfo(at: path)?.type }
+
+    /// The device ("major:minor") of what is mounted at `path`, read without touching the mount itself.
+    static func mountedDevice(at path: String) -> String? { mountInfo(at: path)?.device }
+
+    private static func mountInfo(at path: String) -> (device: String, type: String)? {
         guard let table = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
+        // The last entry wins: a later mount hides an earlier one on the same directory.
+        var found: (device: String, type: String)?
         for line in table.split(separator: "\n") {
             // "id parent major:minor root mount-point options [optional…] - type source super-options"
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)
             guard fields.count > 4, unescape(fields[4]) == path, let separator = fields.firstIndex(of: "-"), separator + 1 < fields.count else { continue }
-            return String(fields[separator + 1])
+            found = (String(fields[2]), String(fields[separator + 1]))
         }
-        return nil
+        return found
     }
 
     /// mountinfo writes space, tab, newline and backslash as three octal digits after a backslash.

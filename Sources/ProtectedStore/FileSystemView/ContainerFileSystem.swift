@@ -16,6 +16,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     package let container: Container
     private let table = OpenFileTable()
+    private let directories = DirectoryCache()
+    private let layouts = LayoutCache()
     private let logger: Logger
     private let invalidatorLock = NSLock()
     private var invalidator: (@Sendable (String) -> Void)?
@@ -84,7 +86,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
             if let open = table.openFile(FileIdentity(info)) {
                 info.st_size = off_t(open.file.size)
             } else {
-                info.st_size = off_t(Container.fileDetails(at: item.location, info: info).size)
+                info.st_size = off_t(plaintextSize(of: item, info: info))
             }
             if path.isWithin(container.inboxPath) { info.st_mode &= ~0o222 }
         }
@@ -209,6 +211,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try refuseLayoutChange(path, doing: "removed")
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
+        directories.removeAll()
         if unlinkat(item.parent.descriptor.rawValue, item.name, AT_REMOVEDIR) == 0 { return }
         guard Foundation.errno == ENOTEMPTY else { throw Errno(rawValue: Foundation.errno) }
         try removeOwnFiles(in: item)
@@ -239,6 +242,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
             try container.refuseInboxChange(source, displayPath: display(source), doing: "replaced by exchanging it")
         }
         let from = try resolve(source), to = try resolve(target)
+        // A cached descriptor follows its directory to the new name; paths under either name must be opened afresh.
+        directories.removeAll()
         defer { withExtendedLifetime((from, to)) {} }
         let (fromDirectory, toDirectory) = (from.parent.descriptor.rawValue, to.parent.descriptor.rawValue)
         if flags & exchange != 0 {
@@ -502,6 +507,16 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
     }
 
+    /// A closed file's plaintext size, from its stored size and its header's layout; the layout is remembered for
+    /// the inode as long as its change time stays the same (a listing reads no header twice).
+    private func plaintextSize(of item: ResolvedItem, info: stat) -> UInt64 {
+        let key = StoredInode(info)
+        if let layout = layouts.layout(key) { return UInt64(max(0, layout.plaintextSize(storedSize: Int64(info.st_size)) ?? 0)) }
+        let details = Container.fileDetails(at: item.location, info: info)
+        if let header = details.header { layouts.remember(header.layout, for: key) }
+        return details.size
+    }
+
     private func protectionClass(of path: ContainerPath) throws -> ProtectionClass? {
         if path.isRoot { return try container.directoryClass(of: try container.directory.openDirectory(path)) }
         let item = try resolve(path)
@@ -529,10 +544,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// so no component may be a symlink; openat2 lets the kernel enforce that and the confinement.
     private func resolve(_ path: ContainerPath) throws -> ResolvedItem {
         guard let name = path.name else { throw Errno.invalidArgument }
-        let parent = path.parent
-        let fd = parent.isRoot ? fcntl(root, F_DUPFD_CLOEXEC, 0) : ps_open_beneath(root, parent.description, O_RDONLY | O_DIRECTORY)
-        let descriptor = try fd >= 0 ? FileDescriptor(rawValue: fd) : fallbackDirectory(parent)
-        return ResolvedItem(parent: OpenDirectory(descriptor: descriptor, path: parent), name: name, displayPath: display(path))
+        return ResolvedItem(parent: try directories.directory(path.parent, open: openDirectory), name: name, displayPath: display(path))
+    }
+
+    private func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
+        let fd = path.isRoot ? fcntl(root, F_DUPFD_CLOEXEC, 0) : ps_open_beneath(root, path.description, O_RDONLY | O_DIRECTORY)
+        return OpenDirectory(descriptor: try fd >= 0 ? FileDescriptor(rawValue: fd) : fallbackDirectory(path), path: path)
     }
 
     /// Before Linux 5.6 (no openat2), the library's own component-by-component walk.

@@ -144,3 +144,63 @@ final class OpenFileTable: @unchecked Sendable {
         if let descriptor = mutex.withLock({ directories.removeValue(forKey: number) }) { try? descriptor.close() }
     }
 }
+
+/// Recently used directories, kept open: most operations name an item in a directory the previous one used, and
+/// opening it again (a path walk in the kernel) is a large part of a small operation. A descriptor follows its
+/// directory across renames, so renames and removals empty the cache.
+final class DirectoryCache: @unchecked Sendable {
+    private static let capacity = 256
+    private let mutex = NSLock()
+    private var entries: [ContainerPath: OpenDirectory] = [:]
+
+    /// The directory at `path`, opened with `open` unless cached. Users hold the returned object while using its
+    /// descriptor, so an eviction never closes it under them.
+    func directory(_ path: ContainerPath, open: (ContainerPath) throws -> OpenDirectory) throws -> OpenDirectory {
+        if let cached = mutex.withLock({ entries[path] }) { return cached }
+        let opened = try open(path)
+        mutex.withLock {
+            if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+            entries[path] = opened
+        }
+        return opened
+    }
+
+    func removeAll() { mutex.withLock { entries.removeAll() } }
+}
+
+/// An inode as of its last change: any write, truncation, rename or reuse of the number gives another value.
+struct StoredInode: Hashable {
+    let identity: FileIdentity
+    let changed: timespec
+
+    init(_ info: stat) {
+        identity = FileIdentity(info)
+        changed = info.st_ctim
+    }
+
+    static func == (lhs: StoredInode, rhs: StoredInode) -> Bool {
+        lhs.identity == rhs.identity && lhs.changed.tv_sec == rhs.changed.tv_sec && lhs.changed.tv_nsec == rhs.changed.tv_nsec
+    }
+
+    func hash(into hasher: inout Hasher) {
+        hasher.combine(identity)
+        hasher.combine(changed.tv_sec)
+        hasher.combine(changed.tv_nsec)
+    }
+}
+
+/// The block layout of files whose header was read, so `stat` of an unchanged file needs no header read.
+final class LayoutCache: @unchecked Sendable {
+    private static let capacity = 8192
+    private let mutex = NSLock()
+    private var layouts: [StoredInode: BlockLayout] = [:]
+
+    func layout(_ inode: StoredInode) -> BlockLayout? { mutex.withLock { layouts[inode] } }
+
+    func remember(_ layout: BlockLayout, for inode: StoredInode) {
+        mutex.withLock {
+            if layouts.count >= Self.capacity { layouts.removeAll(keepingCapacity: true) }
+            layouts[inode] = layout
+        }
+    }
+}
