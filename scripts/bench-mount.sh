@@ -11,7 +11,7 @@
 # same disk for the three), removed at the end.
 set -euo pipefail
 
-rounds=3
+rounds=5
 size_mib=1024
 tree=/usr/include
 csv=""
@@ -108,7 +108,9 @@ run_operation() {  # operation, target directory; prints milliseconds
 
 for round in $(seq 1 "$rounds"); do
     for operation in "${operations[@]}"; do
-        for index in "${!names[@]}"; do
+        # Each round starts with another target, so none always runs right after the same neighbour's disk write-back.
+        for step in 0 1 2; do
+            index=$(( (round + step) % 3 ))
             ms=$(run_operation "$operation" "${dirs[$index]}")
             samples[$operation,${names[$index]}]+="$ms "
         done

@@ -34,10 +34,15 @@ package final class FUSEMount: @unchecked Sendable {
         }
         defer { fuse_destroy(fuse) }
         let handle = FuseHandle(fuse: fuse)
-        fileSystem.setPageCacheInvalidator { path in
+        fileSystem.setPageCacheInvalidator { [logger] path in
+            let result = path.withCString { fuse_invalidate_path(handle.fuse, $0) }
             // ENOENT: the kernel holds nothing for that path (never looked up, or forgotten): nothing to drop.
-            _ = path.withCString { fuse_invalidate_path(handle.fuse, $0) }
+            if result != 0 && result != -ENOENT {
+                logger.error("could not drop the kernel's cached pages of \(path) at the lock (\(Errno(rawValue: -result))); a descriptor opened before the lock may still read them")
+            }
         }
+        // Before fuse_destroy: a lock arriving later must not reach a freed instance.
+        defer { fileSystem.setPageCacheInvalidator(nil) }
         guard fuse_mount(fuse, mountPoint) == 0 else {
             throw mountError("libfuse could not mount it (see the message above); check that /dev/fuse exists and fusermount3 is installed (apt-get install fuse3)")
         }
@@ -80,7 +85,7 @@ package final class FUSEMount: @unchecked Sendable {
     }
 
     private func mountError(_ problem: String) -> ProtectedStoreError {
-        ProtectedStoreError(.io, path: mountPoint, problem: "cannot mount: \(problem)", remedy: "")
+        ProtectedStoreError(.io, path: mountPoint, problem: "cannot mount: \(problem)", remedy: "Fix that and mount again")
     }
 
     // MARK: Operations
@@ -96,22 +101,21 @@ package final class FUSEMount: @unchecked Sendable {
             if let config {
                 // Inode numbers of the stored files, so hard-link-aware tools (tar, cp -a, find) see stable ones.
                 config.pointee.use_ino = 1
-                // Descriptors carry the open file, so read and write need no path, and an unlinked open file
-                // (a common SQLite and tmp pattern) keeps working instead of being renamed to .fuse_hidden.
+                // Descriptors carry the open file, so read and write need no path. An open file that is unlinked
+                // is renamed to .fuse_hidden… until its last close (hard_remove off), so a lock can still drop its pages.
                 config.pointee.nullpath_ok = 1
-                config.pointee.hard_remove = 1
             }
             // The return value becomes the private data: keep the mount.
             return fuse_get_context().pointee.private_data
         }
         operations.getattr = { path, info, file in
             serve("getattr", path) { fs in
-                info!.pointee = try file.map { try fs.attributes(ofHandle: $0.pointee.fh) } ?? fs.attributes(of: string(path))
+                info!.pointee = try file.map { try fs.attributes(ofHandle: $0.pointee.fh) } ?? fs.attributes(of: try string(path))
             }
         }
         operations.readlink = { path, buffer, size in
             serve("readlink", path) { fs in
-                let target = Array(try fs.symbolicLinkTarget(string(path)).utf8)
+                let target = Array(try fs.symbolicLinkTarget(try string(path)).utf8)
                 guard let buffer, size > 0 else { throw Errno.invalidArgument }
                 let count = min(target.count, size - 1)
                 target.withUnsafeBytes { UnsafeMutableRawPointer(buffer).copyMemory(from: $0.baseAddress!, byteCount: count) }
@@ -121,37 +125,37 @@ package final class FUSEMount: @unchecked Sendable {
         operations.mknod = { path, mode, _ in
             serve("mknod", path) { fs in
                 guard mode & S_IFMT == S_IFREG else { throw Errno.notPermitted }
-                fs.release(try fs.create(string(path), mode: mode))
+                fs.release(try fs.create(try string(path), mode: mode))
             }
         }
-        operations.mkdir = { path, mode in serve("mkdir", path) { try $0.createDirectory(string(path), mode: mode) } }
-        operations.unlink = { path in serve("unlink", path) { try $0.removeFile(string(path)) } }
-        operations.rmdir = { path in serve("rmdir", path) { try $0.removeDirectory(string(path)) } }
-        operations.symlink = { target, path in serve("symlink", path) { try $0.createSymbolicLink(at: string(path), target: string(target)) } }
-        operations.rename = { source, target, flags in serve("rename", source) { try $0.rename(string(source), to: string(target), flags: flags) } }
+        operations.mkdir = { path, mode in serve("mkdir", path) { try $0.createDirectory(try string(path), mode: mode) } }
+        operations.unlink = { path in serve("unlink", path) { try $0.removeFile(try string(path)) } }
+        operations.rmdir = { path in serve("rmdir", path) { try $0.removeDirectory(try string(path)) } }
+        operations.symlink = { target, path in serve("symlink", path) { try $0.createSymbolicLink(at: try string(path), target: try string(target)) } }
+        operations.rename = { source, target, flags in serve("rename", source) { try $0.rename(try string(source), to: try string(target), flags: flags) } }
         // Hard links would give one encrypted file two classes' worth of names to track; refused as on file systems without them.
         operations.link = { _, _ in -EPERM }
         operations.chmod = { path, mode, file in
-            serve("chmod", path) { try $0.setMode(mode, of: path.map(string), handle: file?.pointee.fh) }
+            serve("chmod", path) { try $0.setMode(mode, of: try path.map(string), handle: file?.pointee.fh) }
         }
         operations.chown = { path, user, group, file in
-            serve("chown", path) { try $0.setOwner(user: user, group: group, of: path.map(string), handle: file?.pointee.fh) }
+            serve("chown", path) { try $0.setOwner(user: user, group: group, of: try path.map(string), handle: file?.pointee.fh) }
         }
         operations.truncate = { path, size, file in
-            serve("truncate", path) { try $0.truncate(path.map(string), handle: file?.pointee.fh, to: Int64(size)) }
+            serve("truncate", path) { try $0.truncate(try path.map(string), handle: file?.pointee.fh, to: Int64(size)) }
         }
         operations.utimens = { path, times, file in
-            serve("utimens", path) { try $0.setTimes(times, of: path.map(string), handle: file?.pointee.fh) }
+            serve("utimens", path) { try $0.setTimes(times, of: try path.map(string), handle: file?.pointee.fh) }
         }
         operations.open = { path, file in
             serve("open", path) { fs in
-                file!.pointee.fh = try fs.open(string(path), flags: file!.pointee.flags)
+                file!.pointee.fh = try fs.open(try string(path), flags: file!.pointee.flags)
                 // Cached pages of the file are dropped at every open, and for class A files at every lock.
                 file!.pointee.keep_cache = 0
             }
         }
         operations.create = { path, mode, file in
-            serve("create", path) { fs in file!.pointee.fh = try fs.create(string(path), mode: mode) }
+            serve("create", path) { fs in file!.pointee.fh = try fs.create(try string(path), mode: mode) }
         }
         operations.read = { path, buffer, size, offset, file in
             transfer("read", path) { fs in
@@ -170,19 +174,19 @@ package final class FUSEMount: @unchecked Sendable {
         operations.setxattr = { path, name, value, size, flags in
             serve("setxattr", path) { fs in
                 let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
-                try fs.setExtendedAttribute(string(path), name: string(name), value: bytes, flags: flags)
+                try fs.setExtendedAttribute(try string(path), name: try string(name), value: bytes, flags: flags)
             }
         }
         operations.getxattr = { path, name, buffer, size in
-            transfer("getxattr", path) { fs in try copyOut(try fs.extendedAttribute(string(path), name: string(name)), to: buffer, size: size) }
+            transfer("getxattr", path) { fs in try copyOut(try fs.extendedAttribute(try string(path), name: try string(name)), to: buffer, size: size) }
         }
         operations.listxattr = { path, buffer, size in
             transfer("listxattr", path) { fs in
-                try copyOut(try fs.extendedAttributeNames(string(path)).flatMap { Array($0.utf8) + [0] }, to: buffer, size: size)
+                try copyOut(try fs.extendedAttributeNames(try string(path)).flatMap { Array($0.utf8) + [0] }, to: buffer, size: size)
             }
         }
-        operations.removexattr = { path, name in serve("removexattr", path) { try $0.removeExtendedAttribute(string(path), name: string(name)) } }
-        operations.opendir = { path, file in serve("opendir", path) { fs in file!.pointee.fh = try fs.openDirectory(string(path)) } }
+        operations.removexattr = { path, name in serve("removexattr", path) { try $0.removeExtendedAttribute(try string(path), name: try string(name)) } }
+        operations.opendir = { path, file in serve("opendir", path) { fs in file!.pointee.fh = try fs.openDirectory(try string(path)) } }
         operations.readdir = { path, buffer, fill, _, file, _ in
             serve("readdir", path) { fs in
                 for entry in try fs.directoryEntries(file!.pointee.fh) {
@@ -206,22 +210,20 @@ private func currentFileSystem() -> ContainerFileSystem {
 
 /// Runs one operation: 0, or the negated errno libfuse expects.
 private func serve(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (ContainerFileSystem) throws -> Void) -> Int32 {
-    let fs = currentFileSystem()
-    do {
+    transfer(operation, path) { fs in
         try body(fs)
         return 0
-    } catch {
-        return -fs.errno(for: error, doing: "\(operation) \(path.map(string) ?? "(open file)")").rawValue
     }
 }
 
-/// Runs an operation that answers with a byte count.
+/// Runs an operation that answers with a byte count (or 0), or the negated errno.
 private func transfer(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (ContainerFileSystem) throws -> Int) -> Int32 {
     let fs = currentFileSystem()
     do {
         return Int32(try body(fs))
     } catch {
-        return -fs.errno(for: error, doing: "\(operation) \(path.map(string) ?? "(open file)")").rawValue
+        let name = path.map { String(cString: $0) } ?? "(open file)"
+        return -fs.errno(for: error, doing: "\(operation) \(name)").rawValue
     }
 }
 
@@ -233,8 +235,11 @@ private func copyOut(_ bytes: [UInt8], to buffer: UnsafeMutablePointer<CChar>?, 
     return bytes.count
 }
 
-private func string(_ pointer: UnsafePointer<CChar>?) -> String {
-    pointer.map { String(cString: $0) } ?? "/"
+/// A name from the kernel. Names that are not UTF-8 are refused (EILSEQ): repaired, two of them could become one.
+private func string(_ pointer: UnsafePointer<CChar>?) throws -> String {
+    guard let pointer else { throw Errno.badFileDescriptor }
+    guard let string = String(validatingCString: pointer) else { throw Errno.illegalByteSequence }
+    return string
 }
 
 /// The libfuse instance, handed to the lock's cache invalidation on another thread (libfuse locks its own tree).

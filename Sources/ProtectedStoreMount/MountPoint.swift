@@ -4,25 +4,27 @@ import SystemPackage
 
 /// Checks a mount point before mounting, so a stale, busy or unsuitable one gets a clear error instead of libfuse's.
 package enum MountPoint {
-    /// The mount point as an absolute path, once it is an empty directory with nothing mounted on it, outside the device root.
+    /// The mount point as an given path, once it is an empty directory with nothing mounted on it, outside the device root.
     package static func check(_ path: String, deviceRoot: String) throws -> String {
-        let absolute = URL(fileURLWithPath: path).standardizedFileURL.path
+        let given = URL(fileURLWithPath: path).standardizedFileURL.path
         var info = stat()
-        if stat(absolute, &info) != 0 {
+        if stat(given, &info) != 0 {
             let errno = Errno(rawValue: Foundation.errno)
             switch errno {
             case .socketNotConnected:
-                throw ProtectedStoreError(.io, path: absolute, problem: "a FUSE file system whose program has stopped is still mounted there (stale mount)",
-                                          remedy: "Unmount it with `fusermount3 -u \(absolute)` and mount again", errno: errno)
+                throw ProtectedStoreError(.io, path: given, problem: "a FUSE file system whose program has stopped is still mounted there (stale mount)",
+                                          remedy: "Unmount it with `fusermount3 -u \(given)` and mount again", errno: errno)
             case .noSuchFileOrDirectory:
-                throw ProtectedStoreError(.notFound, path: absolute, problem: "the mount point does not exist", remedy: "Create an empty directory there (mkdir -p \(absolute))")
+                throw ProtectedStoreError(.notFound, path: given, problem: "the mount point does not exist", remedy: "Create an empty directory there (mkdir -p \(given))")
             default:
-                throw ProtectedStoreError.io(errno, path: absolute, doing: "look up the mount point")
+                throw ProtectedStoreError.io(errno, path: given, doing: "look up the mount point")
             }
         }
         guard info.st_mode & S_IFMT == S_IFDIR else {
-            throw ProtectedStoreError(.invalidArgument, path: absolute, problem: "the mount point is not a directory", remedy: "Give an empty directory")
+            throw ProtectedStoreError(.invalidArgument, path: given, problem: "the mount point is not a directory", remedy: "Give an empty directory")
         }
+        // The mount table names real paths: a mount point reached through a symlink is checked (and mounted) as its target.
+        let absolute = URL(fileURLWithPath: given).resolvingSymlinksInPath().path
         if let mounted = mountedFileSystem(at: absolute) {
             throw ProtectedStoreError(.io, path: absolute, problem: "\(mounted) is already mounted there (busy)",
                                       remedy: "Unmount it first (`fusermount3 -u \(absolute)`, or `umount` for other file systems), or choose another directory",
@@ -33,9 +35,8 @@ package enum MountPoint {
             throw ProtectedStoreError(.invalidArgument, path: absolute, problem: "the mount point is not empty (\(entries.count) entries would be hidden)",
                                       remedy: "Choose an empty directory")
         }
-        let realMountPoint = URL(fileURLWithPath: absolute).resolvingSymlinksInPath().path
         let realRoot = URL(fileURLWithPath: deviceRoot).resolvingSymlinksInPath().path
-        guard realMountPoint != realRoot, !realMountPoint.hasPrefix(realRoot + "/") else {
+        guard absolute != realRoot, !absolute.hasPrefix(realRoot + "/") else {
             throw ProtectedStoreError(.invalidArgument, path: absolute, problem: "the mount point is inside the device root \(realRoot), whose files it would serve",
                                       remedy: "Choose a directory outside the device root")
         }

@@ -158,10 +158,24 @@ struct MountTests {
         #expect(fd >= 0)
         defer { close(fd) }
         #expect(readString(fd) == "class A secret\n")
+        // Open files whose name is gone: unlinked, and replaced by a rename (an editor's save).
+        let unlinkedPath = (mounted.applicationSupport as NSString).appendingPathComponent("unlinked.txt")
+        let replacedPath = (mounted.applicationSupport as NSString).appendingPathComponent("replaced.txt")
+        writeRaw(Array("unlinked secret".utf8), unlinkedPath)
+        writeRaw(Array("replaced secret".utf8), replacedPath)
+        let unlinked = open(unlinkedPath, O_RDONLY), replaced = open(replacedPath, O_RDONLY)
+        defer { close(unlinked); close(replaced) }
+        #expect(readString(unlinked) == "unlinked secret" && readString(replaced) == "replaced secret")
+        #expect(unlink(unlinkedPath) == 0)
+        writeRaw(Array("new version".utf8), replacedPath + ".new")
+        #expect(rename(replacedPath + ".new", replacedPath) == 0)
+        #expect(readString(unlinked) == "unlinked secret" && readString(replaced) == "replaced secret")
 
         try mounted.lock()
         var buffer = [UInt8](repeating: 0, count: 64)
         #expect(posixError(pread(fd, &buffer, 64, 0)) == EPERM, "the cached page was served after the lock")
+        #expect(posixError(pread(unlinked, &buffer, 64, 0)) == EPERM, "an unlinked open file's cached page was served after the lock")
+        #expect(posixError(pread(replaced, &buffer, 64, 0)) == EPERM, "a replaced open file's cached page was served after the lock")
         #expect(posixError(Int(open(path, O_RDONLY))) == EPERM)
         let created = (mounted.applicationSupport as NSString).appendingPathComponent("new.txt")
         #expect(posixError(Int(open(created, O_CREAT | O_WRONLY, 0o600))) == EPERM)
@@ -171,6 +185,7 @@ struct MountTests {
 
         try mounted.unlock()
         #expect(readString(fd) == "class A secret\n")
+        #expect(readString(unlinked) == "unlinked secret")
     }
 
     @Test("class A: a mapping made before the lock faults with SIGBUS after it, and maps again after unlock")
@@ -262,8 +277,12 @@ struct MountTests {
         #expect(rename(mounted.path("Documents/report.txt"), item) != 0)
         let second = try sandboxctl(mounted.test, ["inbox", "deliver", TestDevice.bundleIdentifier, source])
         #expect(second.status == 0, "\(second.stderr)")
-        #expect(unlink(item) == 0, "deleting is allowed")
-        #expect(try FileManager.default.contentsOfDirectory(atPath: mounted.path("Documents/Inbox")).isEmpty)
+        let reader = open(item, O_RDONLY)
+        #expect(reader >= 0)
+        #expect(unlink(item) == 0, "deleting is allowed, also while a reader has the item open")
+        #expect(readString(reader) == "delivered\n")
+        close(reader)
+        #expect(eventually { (try? FileManager.default.contentsOfDirectory(atPath: mounted.path("Documents/Inbox")).isEmpty) == true })
     }
 
     // MARK: Extended attribute
@@ -386,11 +405,15 @@ struct MountTests {
         #expect(posixError(Int(symlink("/etc/passwd", mounted.path("Documents/absolute")))) == EPERM)
         #expect(posixError(Int(symlink("../../..", mounted.path("Documents/climb")))) == EPERM)
         #expect(posixError(Int(symlink("good/../../.sandboxctl-class", mounted.path("Documents/own")))) == EPERM)
-        // Each link alone stays inside; followed together they would climb above the root.
+        // ".." only leading: "up" → ".." then "x" → "up/.." would climb out through the first link.
         #expect(symlink("..", mounted.path("Documents/up")) == 0)
-        #expect(symlink("up/..", mounted.path("Documents/out")) == 0)
-        #expect(posixError(Int(open(mounted.path("Documents/out/etc/passwd"), O_RDONLY))) == EPERM)
-        #expect(eventually { mounted.log.contains("following it would leave the container") }, "\(mounted.log)")
+        #expect(posixError(Int(symlink("up/..", mounted.path("Documents/out")))) == EPERM)
+        #expect(posixError(Int(symlink("../tmp/../..", mounted.path("Documents/zigzag")))) == EPERM)
+        // A link made in the store behind the mount's back is not followed out either.
+        try FileManager.default.createSymbolicLink(atPath: (mounted.container.dataPath as NSString).appendingPathComponent("Documents/planted"),
+                                                   withDestinationPath: "../../../../../etc")
+        #expect(posixError(Int(open(mounted.path("Documents/planted/passwd"), O_RDONLY))) == EPERM)
+        #expect(eventually { mounted.log.contains("following it could leave the container") }, "\(mounted.log)")
     }
 
     @Test("many threads writing and reading their own files at once through the mount")

@@ -16,9 +16,6 @@ int ps_rename_exchange(int old_directory, const char *old_name, int new_director
 /// (ENOSYS before Linux 5.6, ELOOP at a symlink, EXDEV on the way out).
 int ps_open_beneath(int directory, const char *path, int flags);
 
-/// O_PATH, which glibc declares only under _GNU_SOURCE: a descriptor that names a directory for *at calls without opening it for reading.
-#define PS_O_PATH 010000000
-
 /// A non-blocking, close-on-exec Unix stream socket bound to `path` and listening; -1 with errno set
 /// (ENAMETOOLONG when the path does not fit a sockaddr_un).
 int ps_unix_listen(const char *path, int backlog);

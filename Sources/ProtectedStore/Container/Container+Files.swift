@@ -332,7 +332,7 @@ extension Container {
         try FileSystem.writeAtomically(Array("\(protectionClass.name)\n".utf8), to: opened.location(Self.directoryClassName, displayPath: displayPath), replacing: true)
     }
 
-    func refuseLayoutChange(_ item: ResolvedItem, doing action: String) throws {
+    private func refuseLayoutChange(_ item: ResolvedItem, doing action: String) throws {
         guard !layoutPaths.contains(item.path) else {
             throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "\(item.path) is one of the container's own folders and can't be \(action)",
                                       remedy: "Work on the items inside it instead")

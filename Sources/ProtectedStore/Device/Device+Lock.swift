@@ -166,14 +166,22 @@ extension Device {
         // Read before taking the device mutex: nothing may take a file's mutex while holding the device's.
         let isComplete = file.protectionClass == .complete
         let fileID = file.fileID
-        let refusedIn: State? = mutex.withLock {
-            if isComplete && !(currentState == .unlocked || currentState == .locking) { return currentState }
-            openFiles[ObjectIdentifier(file)] = TrackedFile(file: file, fileID: fileID, isComplete: isComplete)
-            return nil
-        }
-        if let refusedIn {
+        do {
+            try admit(file, fileID: fileID, isComplete: isComplete)
+        } catch {
             file.discardKey()
-            throw Self.unavailableError(.complete, state: refusedIn, path: file.path)
+            throw error
+        }
+    }
+
+    /// Registers a file whose class and id the caller read (it may hold the file's lock, which this never takes);
+    /// refuses a class A file while its key is unavailable.
+    func admit(_ file: EncryptedFile, fileID: [UInt8], isComplete: Bool) throws {
+        try mutex.withLock {
+            if isComplete && !(currentState == .unlocked || currentState == .locking) {
+                throw Self.unavailableError(.complete, state: currentState, path: file.path)
+            }
+            openFiles[ObjectIdentifier(file)] = TrackedFile(file: file, fileID: fileID, isComplete: isComplete)
         }
     }
 

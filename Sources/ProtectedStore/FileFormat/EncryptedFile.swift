@@ -281,20 +281,29 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Zeroes the per-file key now (the device is locking); the handle then fails every operation with a data-protection error.
     public func discardKey() {
-        // Taking the key under the lock waits for a write in flight; discard() itself waits for reads using the key.
-        lock.withReadLock { fileKey }.discard()
+        // Under the lock, so a key being restored is either discarded too or installed after this returns.
+        lock.withReadLock { fileKey.discard() }
     }
 
     /// Whether the per-file key is still in memory (not discarded by a lock).
     var hasKey: Bool { lock.withReadLock { !fileKey.isDiscarded } }
 
     /// Unwraps the per-file key again after `discardKey()`, once its class key is back, so a descriptor held across a
-    /// lock works again after the unlock, as an open file does under XNU's content protection. Does nothing if the key is there.
-    func restoreKey(keys: any ClassKeyProviding) throws {
+    /// lock works again after the unlock, as an open file does under XNU's content protection. `admit` (given the
+    /// file's class and id) registers the file with the lock before the key is installed, under this file's lock, so
+    /// no operation can use a key that a lock racing with the restore would not discard. Does nothing if the key is there.
+    func restoreKey(keys: any ClassKeyProviding, admit: (ProtectionClass, [UInt8]) throws -> Void) throws {
         try lock.withWriteLock {
             try checkOpen()
             guard fileKey.isDiscarded else { return }
-            fileKey = try Self.attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
+            let restored = try Self.attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
+            do {
+                try admit(header.protectionClass, header.fileID)
+            } catch {
+                restored.discard()
+                throw error
+            }
+            fileKey = restored
         }
     }
 

@@ -31,13 +31,11 @@ package final class ContainerFileSystem: @unchecked Sendable {
         container.device.onKeysDiscarded { [weak self] files in self?.dropCachedPlaintext(of: files) }
     }
 
-    /// Sets how to drop the kernel's cached pages of a path (the front end's cache invalidation).
-    package func setPageCacheInvalidator(_ invalidate: @escaping @Sendable (String) -> Void) {
+    /// Sets how to drop the kernel's cached pages of a path (the front end's cache invalidation); nil once the
+    /// front end is gone.
+    package func setPageCacheInvalidator(_ invalidate: (@Sendable (String) -> Void)?) {
         invalidatorLock.withLock { invalidator = invalidate }
     }
-
-    /// Whether any file is open through the file system.
-    package var hasOpenFiles: Bool { !table.isEmpty }
 
     // MARK: Errors
 
@@ -98,7 +96,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let handle = try table.handle(number)
         var info = try Self.status(of: handle.file.file.metadataDescriptor)
         info.st_size = off_t(handle.file.file.size)
-        if isInInbox(handle.file) { info.st_mode &= ~0o222 }
+        if currentPath(of: handle.file)?.isWithin(container.inboxPath) == true { info.st_mode &= ~0o222 }
         return info
     }
 
@@ -107,13 +105,15 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let requested = mode & 0o7777
         if let handle {
             let open = try table.handle(handle).file
-            if isInInbox(open) && requested & 0o222 != 0 { throw inboxRefusal(open.path ?? "", doing: "made writable") }
+            if requested & 0o222 != 0, let path = currentPath(of: open) {
+                try container.refuseInboxChange(path, displayPath: display(path), doing: "made writable")
+            }
             try Self.check(fchmod(open.file.metadataDescriptor.rawValue, requested))
             return
         }
-        let path = try containerPath(kernelPath ?? "/")
-        if path != container.inboxPath && path.isWithin(container.inboxPath) && requested & 0o222 != 0 {
-            throw inboxRefusal(kernelPath ?? "", doing: "made writable")
+        let path = try containerPath(try required(kernelPath))
+        if path != container.inboxPath && requested & 0o222 != 0 {
+            try container.refuseInboxChange(path, displayPath: display(path), doing: "made writable")
         }
         guard !path.isRoot else { return try Self.check(fchmod(root, requested)) }
         let item = try resolve(path)
@@ -128,7 +128,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         if let handle {
             return try Self.check(fchown(try table.handle(handle).file.file.metadataDescriptor.rawValue, user, group))
         }
-        let path = try containerPath(kernelPath ?? "/")
+        let path = try containerPath(try required(kernelPath))
         guard !path.isRoot else { return try Self.check(fchown(root, user, group)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
@@ -140,7 +140,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         if let handle {
             return try Self.check(futimens(try table.handle(handle).file.file.metadataDescriptor.rawValue, times))
         }
-        let path = try containerPath(kernelPath ?? "/")
+        let path = try containerPath(try required(kernelPath))
         guard !path.isRoot else { return try Self.check(futimens(root, times)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
@@ -158,9 +158,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// opendir: the directory stays open for listing until `releaseDirectory`.
     package func openDirectory(_ kernelPath: String) throws -> UInt64 {
-        let path = try containerPath(kernelPath)
-        let fd = path.isRoot ? fcntl(root, F_DUPFD_CLOEXEC, 0) : ps_open_beneath(root, path.description, O_RDONLY | O_DIRECTORY)
-        return table.addDirectory(try fd >= 0 ? FileDescriptor(rawValue: fd) : fallbackDirectory(path))
+        let directory = try openDirectory(try containerPath(kernelPath))
+        return try withExtendedLifetime(directory) {
+            let copy = fcntl(directory.descriptor.rawValue, F_DUPFD_CLOEXEC, 0)
+            guard copy >= 0 else { throw Errno(rawValue: Foundation.errno) }
+            return table.addDirectory(FileDescriptor(rawValue: copy))
+        }
     }
 
     /// The names in an open directory with their inode numbers and types (`.` and `..` first), without ProtectedStore's own.
@@ -199,9 +202,14 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { withExtendedLifetime(item) {} }
         let inherited = try container.directoryClass(of: item.parent)
         try Self.check(mkdirat(item.parent.descriptor.rawValue, item.name, mode & 0o7777))
-        if let inherited {
+        guard let inherited else { return }
+        do {
             try container.writeDirectoryClass(inherited, in: try item.parent.subdirectory(item.name, displayPath: item.displayPath),
                                               displayPath: item.displayPath)
+        } catch {
+            // Without its marker, files in it would take a weaker class than asked: no directory rather than that.
+            unlinkat(item.parent.descriptor.rawValue, item.name, AT_REMOVEDIR)
+            throw error
         }
     }
 
@@ -237,7 +245,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let target = try containerPath(kernelTarget, creating: true)
         try refuseLayoutChange(source, doing: "moved")
         try refuseLayoutChange(target, doing: "replaced")
-        try container.refuseInboxChange(target, displayPath: display(target), doing: "created by moving an item there")
+        if !Self.isHiding(source, as: target) {
+            try container.refuseInboxChange(target, displayPath: display(target), doing: "created by moving an item there")
+        }
         if flags & exchange != 0 {
             try container.refuseInboxChange(source, displayPath: display(source), doing: "replaced by exchanging it")
         }
@@ -266,12 +276,18 @@ package final class ContainerFileSystem: @unchecked Sendable {
         table.renamed(kernelSource, to: kernelTarget)
     }
 
+    /// libfuse unlinks a file still open by renaming it to `.fuse_hidden…` in its directory (and removes it at the
+    /// last close), so the open file keeps a name the lock can drop cached pages by. Allowed in the Inbox too: it is a deletion.
+    private static func isHiding(_ source: ContainerPath, as target: ContainerPath) -> Bool {
+        target.parent == source.parent && target.name?.hasPrefix(".fuse_hidden") == true
+    }
+
     /// symlink; the target must be relative and stay inside the container (EPERM otherwise).
     package func createSymbolicLink(at kernelPath: String, target: String) throws {
         let path = try containerPath(kernelPath, creating: true)
         try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
         guard Self.staysInside(target: target, from: path.parent) else {
-            logger.info("symlink \(display(path)) -> \(target): refused, the target leads outside the container; symbolic links may point only inside it, with a relative target")
+            logger.info("symlink \(display(path)) -> \(target): refused, the target could lead outside the container; use a relative target whose \"..\" come first and stay below the root (as ../Library/x)")
             throw Errno.notPermitted
         }
         let item = try resolve(path)
@@ -286,8 +302,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         let target = try item.location.readLink()
-        guard followingStaysInside(path) else {
-            logger.info("readlink \(display(path)) -> \(target): refused, following it would leave the container; remove or fix the link")
+        guard Self.staysInside(target: target, from: path.parent) else {
+            logger.info("readlink \(display(path)) -> \(target): refused, following it could leave the container (only relative targets whose \"..\" lead, and stay below the root, are followed); remove or fix the link")
             throw Errno.notPermitted
         }
         return target
@@ -447,25 +463,35 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// After a lock zeroed the keys of open class A files: the kernel must not keep serving their plaintext from its
     /// page cache to descriptors (or mappings) opened before the lock.
     private func dropCachedPlaintext(of files: [EncryptedFile]) {
-        guard let invalidate = invalidatorLock.withLock({ invalidator }) else { return }
-        for path in table.paths(of: files) { invalidate(path) }
+        let paths = table.paths(of: files)
+        // Under the lock, so the front end can't go away mid-way.
+        invalidatorLock.withLock {
+            guard let invalidator else { return }
+            paths.forEach(invalidator)
+        }
     }
 
     private func withKeyBroughtBack<R>(_ file: EncryptedFile, _ body: () throws -> R) throws -> R {
         do {
             return try body()
-        } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable && !file.hasKey {
+        } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
+            // Another thread may have brought the key back since; then this only retries.
             try bringBackKey(file)
             return try body()
         }
     }
 
-    /// Unwraps a file's key again after a lock discarded it (fails while its class is still unavailable), and
-    /// registers it so the next lock discards it again.
+    /// Unwraps a file's key again after a lock discarded it (fails while its class is still unavailable); the file
+    /// is registered with the lock before the key is installed, so the next lock, or one racing with this, discards it.
     private func bringBackKey(_ file: EncryptedFile) throws {
         guard !file.hasKey else { return }
-        try file.restoreKey(keys: device)
-        try device.track(file)
+        guard device.state == .unlocked else {
+            throw ProtectedStoreError(.protectedDataUnavailable, path: file.path, problem: "the device is \(device.state.rawValue)",
+                                      remedy: "Unlock the device (sandboxctl unlock)")
+        }
+        try file.restoreKey(keys: device) { protectionClass, fileID in
+            try device.admit(file, fileID: fileID, isComplete: protectionClass == .complete)
+        }
     }
 
     // MARK: Helpers
@@ -528,6 +554,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
     }
 
+    /// The path of an operation given no open file: there must be one.
+    private func required(_ kernelPath: String?) throws -> String {
+        guard let kernelPath else { throw Errno.badFileDescriptor }
+        return kernelPath
+    }
+
     /// The kernel's path as a container path; ProtectedStore's own names don't exist (ENOENT) and can't be made (EPERM).
     private func containerPath(_ kernelPath: String, creating: Bool = false) throws -> ContainerPath {
         let components = kernelPath.split(separator: "/").map(String.init)
@@ -547,19 +579,14 @@ package final class ContainerFileSystem: @unchecked Sendable {
         return ResolvedItem(parent: try directories.directory(path.parent, open: openDirectory), name: name, displayPath: display(path))
     }
 
+    /// Opens a directory beneath the root. Without openat2 (before Linux 5.6, or refused by a seccomp filter with
+    /// EPERM), the library's own component-by-component walk.
     private func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
         let fd = path.isRoot ? fcntl(root, F_DUPFD_CLOEXEC, 0) : ps_open_beneath(root, path.description, O_RDONLY | O_DIRECTORY)
-        return OpenDirectory(descriptor: try fd >= 0 ? FileDescriptor(rawValue: fd) : fallbackDirectory(path), path: path)
-    }
-
-    /// Before Linux 5.6 (no openat2), the library's own component-by-component walk.
-    private func fallbackDirectory(_ path: ContainerPath) throws -> FileDescriptor {
+        if fd >= 0 { return OpenDirectory(descriptor: FileDescriptor(rawValue: fd), path: path) }
         let failure = Foundation.errno
-        guard failure == ENOSYS else { throw Errno(rawValue: failure) }
-        let opened = try container.directory.openDirectory(path)
-        let copy = fcntl(opened.descriptor.rawValue, F_DUPFD_CLOEXEC, 0)
-        guard copy >= 0 else { throw Errno(rawValue: Foundation.errno) }
-        return FileDescriptor(rawValue: copy)
+        guard failure == ENOSYS || failure == EPERM else { throw Errno(rawValue: failure) }
+        return try container.directory.openDirectory(path)
     }
 
     private func status(_ item: ResolvedItem) throws -> stat {
@@ -576,19 +603,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     private func display(_ path: ContainerPath) -> String { container.directory.displayPath(path) }
 
-    private func isInInbox(_ file: OpenFile) -> Bool {
-        guard let path = file.path else { return false }
-        return (try? containerPath(path).isWithin(container.inboxPath)) ?? false
-    }
-
-    private func inboxRefusal(_ kernelPath: String, doing action: String) -> ProtectedStoreError {
-        let path = (try? containerPath(kernelPath)) ?? container.inboxPath
-        do {
-            try container.refuseInboxChange(path, displayPath: display(path), doing: action)
-        } catch let error as ProtectedStoreError {
-            return error
-        } catch {}
-        return ProtectedStoreError(.permissionDenied, path: display(path), problem: "Documents/Inbox is read-and-delete only", remedy: "Move the item out first")
+    /// Where an open file is shown now, as a container path; nil once unlinked.
+    private func currentPath(of file: OpenFile) -> ContainerPath? {
+        table.path(of: file).flatMap { try? containerPath($0) }
     }
 
     private func refuseLayoutChange(_ path: ContainerPath, doing action: String) throws {
@@ -608,66 +625,26 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
     }
 
-    /// Whether a symlink target, read from `directory`, stays inside the container as far as the words go: relative,
-    /// never climbing above the root, never naming ProtectedStore's own files.
+    /// Whether a symlink target, followed from `directory`, stays inside the container: relative, its ".." only
+    /// leading (so no link met on the way can make a later ".." climb from somewhere else) and no more of them than
+    /// `directory` is deep, never naming ProtectedStore's own files. Checked when the link is made and each time the
+    /// kernel reads it, against where the link is then.
     static func staysInside(target: String, from directory: ContainerPath) -> Bool {
         guard !target.isEmpty, !target.hasPrefix("/") else { return false }
-        var depth = directory.components.count
+        var climbs = 0
+        var descended = false
         for component in target.split(separator: "/", omittingEmptySubsequences: true) {
             switch component {
             case ".": continue
             case "..":
-                depth -= 1
-                if depth < 0 { return false }
+                guard !descended else { return false }
+                climbs += 1
             default:
                 if component.hasPrefix(ContainerPath.reservedPrefix) { return false }
-                depth += 1
+                descended = true
             }
         }
-        return true
-    }
-
-    /// Follows the link at `path` as the kernel would, through the stored tree and any links on the way, and tells
-    /// whether it stays inside. Lexical checks alone are not enough: "up" → ".." then "x" → "up/.." climbs out.
-    private func followingStaysInside(_ path: ContainerPath) -> Bool {
-        var position = path.parent.components
-        var pending = [String]()
-        var links = 0
-        func follow(_ link: ContainerPath) -> Bool {
-            links += 1
-            var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-            let length = readlinkat(root, link.description, &buffer, buffer.count - 1)
-            // Unreadable or looping: the kernel fails on its own, without leaving.
-            guard length >= 0, links <= ConfinedDirectory.maximumSymlinks else { return true }
-            let target = String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            guard !target.hasPrefix("/") else { return false }
-            pending.append(contentsOf: target.split(separator: "/").map(String.init).reversed())
-            return true
-        }
-        guard follow(path) else { return false }
-        while let component = pending.popLast() {
-            if component == "." { continue }
-            if component == ".." {
-                guard position.popLast() != nil else { return false }
-                continue
-            }
-            if component.hasPrefix(ContainerPath.reservedPrefix) { return false }
-            let next = ContainerPath.root.appendingComponents(position + [component])
-            var info = stat()
-            // Missing: the kernel stops there (ENOENT). Every name in `position` was a directory, not a link.
-            guard fstatat(root, next.description, &info, AT_SYMLINK_NOFOLLOW) == 0 else { return true }
-            switch info.st_mode & S_IFMT {
-            case S_IFLNK:
-                if links >= ConfinedDirectory.maximumSymlinks { return true }
-                guard follow(next) else { return false }
-            case S_IFDIR:
-                position.append(component)
-            default:
-                // A file: the walk ends here (ENOTDIR if more follows).
-                return true
-            }
-        }
-        return true
+        return climbs <= directory.components.count
     }
 
     private static func mode(ofDirectoryEntryType type: UInt8) -> mode_t {

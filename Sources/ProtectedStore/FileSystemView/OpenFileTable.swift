@@ -18,6 +18,7 @@ final class OpenFile: @unchecked Sendable {
     let identity: FileIdentity
     let file: EncryptedFile
     /// Where the file system shows it now, for dropping the kernel's cached pages at a lock; nil once unlinked.
+    /// Guarded by the table's lock.
     var path: String?
     var openCount = 1
 
@@ -121,7 +122,8 @@ final class OpenFileTable: @unchecked Sendable {
         return mutex.withLock { files.values.filter { wanted.contains(ObjectIdentifier($0.file)) }.compactMap(\.path) }
     }
 
-    var isEmpty: Bool { mutex.withLock { handles.isEmpty } }
+    /// Where `file` is shown now (read under the table's lock, which guards it); nil once unlinked.
+    func path(of file: OpenFile) -> String? { mutex.withLock { file.path } }
 
     // MARK: Directories
 
@@ -147,20 +149,23 @@ final class OpenFileTable: @unchecked Sendable {
 
 /// Recently used directories, kept open: most operations name an item in a directory the previous one used, and
 /// opening it again (a path walk in the kernel) is a large part of a small operation. A descriptor follows its
-/// directory across renames, so renames and removals empty the cache.
+/// directory across renames, so the mount's renames and removals empty the cache; changes made beside the mount
+/// (the library, `sandboxctl mv`) are seen within a second, as the kernel's own cached lookups are.
 final class DirectoryCache: @unchecked Sendable {
     private static let capacity = 256
+    private static let lifetime: Duration = .seconds(1)
     private let mutex = NSLock()
-    private var entries: [ContainerPath: OpenDirectory] = [:]
+    private var entries: [ContainerPath: (directory: OpenDirectory, opened: ContinuousClock.Instant)] = [:]
 
     /// The directory at `path`, opened with `open` unless cached. Users hold the returned object while using its
     /// descriptor, so an eviction never closes it under them.
     func directory(_ path: ContainerPath, open: (ContainerPath) throws -> OpenDirectory) throws -> OpenDirectory {
-        if let cached = mutex.withLock({ entries[path] }) { return cached }
+        let now = ContinuousClock.now
+        if let cached = mutex.withLock({ entries[path] }), now - cached.opened < Self.lifetime { return cached.directory }
         let opened = try open(path)
         mutex.withLock {
             if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
-            entries[path] = opened
+            entries[path] = (opened, now)
         }
         return opened
     }
