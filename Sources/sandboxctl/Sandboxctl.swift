@@ -26,7 +26,7 @@ struct Sandboxctl: AsyncParsableCommand {
               1   other failure (I/O, missing files)
               64  usage error (bad option, bad argument)
               65  integrity error (authentication failed, corrupt or unsupported data)
-              69  no key daemon serves the device (lock, unlock, watch), or it stopped
+              69  no key daemon serves the device (lock, unlock, watch, mount), or it stopped
               77  denied by data protection (locked, before first unlock, wrong passcode) or by the Inbox's
                   read-and-delete rule
             """,
