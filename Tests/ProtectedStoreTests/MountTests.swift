@@ -13,20 +13,12 @@ struct MountTests {
     @Test("SQLite in rollback-journal mode: a connection held across the lock gets I/O errors, works again after unlock, nothing lost",
           .timeLimit(.minutes(2)))
     func sqliteRollbackJournal() throws {
-        let mounted = try MountedDevice()
-        let database = (mounted.applicationSupport as NSString).appendingPathComponent("notes.db")
-        let client = try SQLiteClient(database: database)
-        #expect(client.execute("PRAGMA journal_mode=DELETE") == "ok [[\"delete\"]]")
-        try fill(client, rows: 1000)
-        #expect(client.execute("INSERT INTO notes(body) VALUES ('last before lock')") == "ok []")
-
-        try mounted.lock()
+        let (mounted, database, client) = try lockedDatabase(journalMode: "delete")
         let lockedQuery = client.execute("SELECT count(*) FROM notes")
         #expect(lockedQuery?.hasPrefix("error disk I/O error") == true, "\(lockedQuery ?? "no answer")")
         let lockedInsert = client.execute("INSERT INTO notes(body) VALUES ('while locked')")
         #expect(lockedInsert?.hasPrefix("error") == true, "\(lockedInsert ?? "no answer")")
-        let fresh = try sqlite3(database, "SELECT count(*) FROM notes;")
-        #expect(fresh.status != 0 && fresh.stderr.contains("unable to open database"), "\(fresh)")
+        try expectUnopenable(database)
 
         try mounted.unlock()
         #expect(client.execute("PRAGMA integrity_check") == "ok [[\"ok\"]]")
@@ -41,21 +33,13 @@ struct MountTests {
     @Test("SQLite in WAL mode: a connection held across the lock crashes on the mapped -shm (SIGBUS, as iOS apps do); every committed row survives",
           .timeLimit(.minutes(2)))
     func sqliteWAL() throws {
-        let mounted = try MountedDevice()
-        let database = (mounted.applicationSupport as NSString).appendingPathComponent("notes.db")
-        let client = try SQLiteClient(database: database)
-        #expect(client.execute("PRAGMA journal_mode=WAL") == "ok [[\"wal\"]]")
-        try fill(client, rows: 1000)
-        #expect(client.execute("INSERT INTO notes(body) VALUES ('last before lock')") == "ok []")
-
-        try mounted.lock()
+        let (mounted, database, client) = try lockedDatabase(journalMode: "wal")
         // SQLite reads the WAL index from its shared mapping of notes.db-shm; the lock dropped those pages and
         // refaulting them fails, like walIndexTryHdr's crash on a locked iPhone.
         #expect(client.execute("SELECT count(*) FROM notes") == nil)
         #expect(client.spawned.waitForExit(timeout: 10) != nil)
         #expect(client.spawned.process.terminationReason == .uncaughtSignal && client.spawned.process.terminationStatus == SIGBUS)
-        let fresh = try sqlite3(database, "SELECT count(*) FROM notes;")
-        #expect(fresh.status != 0 && fresh.stderr.contains("unable to open database"), "\(fresh)")
+        try expectUnopenable(database)
 
         try mounted.unlock()
         let check = try sqlite3(database, "PRAGMA integrity_check; SELECT count(*) FROM notes; PRAGMA journal_mode;")
@@ -63,6 +47,25 @@ struct MountTests {
         let reopened = try SQLiteClient(database: database)
         #expect(reopened.execute("INSERT INTO notes(body) VALUES ('after unlock')") == "ok []")
         #expect(reopened.execute("SELECT count(*) FROM notes") == "ok [[1002]]")
+    }
+
+    /// A mounted device with notes.db (class A) in the app's folder: 1001 committed rows in `journalMode`, a
+    /// connection holding it open, then the lock.
+    private func lockedDatabase(journalMode: String) throws -> (MountedDevice, String, SQLiteClient) {
+        let mounted = try MountedDevice()
+        let database = (mounted.applicationSupport as NSString).appendingPathComponent("notes.db")
+        let client = try SQLiteClient(database: database)
+        #expect(client.execute("PRAGMA journal_mode=\(journalMode)") == "ok [[\"\(journalMode)\"]]")
+        try fill(client, rows: 1000)
+        #expect(client.execute("INSERT INTO notes(body) VALUES ('last before lock')") == "ok []")
+        try mounted.lock()
+        return (mounted, database, client)
+    }
+
+    /// A fresh sqlite3 can't open the database while locked.
+    private func expectUnopenable(_ database: String) throws {
+        let fresh = try sqlite3(database, "SELECT count(*) FROM notes;")
+        #expect(fresh.status != 0 && fresh.stderr.contains("unable to open database"), "\(fresh)")
     }
 
     private func fill(_ client: SQLiteClient, rows: Int) throws {

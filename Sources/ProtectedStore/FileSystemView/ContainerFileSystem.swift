@@ -258,9 +258,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let (fromDirectory, toDirectory) = (from.parent.descriptor.rawValue, to.parent.descriptor.rawValue)
         if flags & exchange != 0 {
             try Self.check(ps_rename_exchange(fromDirectory, from.name, toDirectory, to.name))
-            table.renamed(kernelSource, to: "\0")
-            table.renamed(kernelTarget, to: kernelSource)
-            table.renamed("\0", to: kernelTarget)
+            table.exchanged(kernelSource, kernelTarget)
             return
         }
         let rename = { flags & noReplace != 0
@@ -421,7 +419,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         if flags & createOnly != 0 && existing != nil { throw Errno.fileExists }
         if flags & replaceOnly != 0 && existing == nil { throw Errno.noData }
         if path.isRoot {
-            return try container.writeDirectoryClass(newClass, in: try container.directory.openDirectory(path), displayPath: display(path))
+            return try container.writeDirectoryClass(newClass, in: try openDirectory(path), displayPath: display(path))
         }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
@@ -445,7 +443,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try container.refuseInboxChange(path, displayPath: display(path), doing: "given another class")
         let directory: OpenDirectory
         if path.isRoot {
-            directory = try container.directory.openDirectory(path)
+            directory = try openDirectory(path)
         } else {
             let item = try resolve(path)
             defer { withExtendedLifetime(item) {} }
@@ -544,7 +542,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     }
 
     private func protectionClass(of path: ContainerPath) throws -> ProtectionClass? {
-        if path.isRoot { return try container.directoryClass(of: try container.directory.openDirectory(path)) }
+        if path.isRoot { return try container.directoryClass(of: try openDirectory(path)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         switch try status(item).st_mode & S_IFMT {

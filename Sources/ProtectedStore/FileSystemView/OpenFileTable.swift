@@ -72,10 +72,15 @@ final class OpenFileTable: @unchecked Sendable {
     }
 
     private func addHandle(_ handle: OpenHandle) -> UInt64 {
-        let number = nextHandle
-        nextHandle += 1
+        let number = takeNumber()
         handles[number] = handle
         return number
+    }
+
+    /// A number no open file or directory has. Caller holds `mutex`.
+    private func takeNumber() -> UInt64 {
+        defer { nextHandle += 1 }
+        return nextHandle
     }
 
     func handle(_ number: UInt64) throws -> OpenHandle {
@@ -101,14 +106,25 @@ final class OpenFileTable: @unchecked Sendable {
     func renamed(_ from: String, to: String) {
         mutex.withLock {
             for file in files.values {
-                guard let path = file.path else { continue }
-                if path == from {
-                    file.path = to
-                } else if path.hasPrefix(from + "/") {
-                    file.path = to + path.dropFirst(from.count)
-                }
+                if let moved = file.path.flatMap({ Self.moved($0, from: from, to: to) }) { file.path = moved }
             }
         }
+    }
+
+    /// Two names swapped (RENAME_EXCHANGE), with everything under them.
+    func exchanged(_ first: String, _ second: String) {
+        mutex.withLock {
+            for file in files.values {
+                guard let path = file.path else { continue }
+                if let moved = Self.moved(path, from: first, to: second) ?? Self.moved(path, from: second, to: first) { file.path = moved }
+            }
+        }
+    }
+
+    /// `path` after `from` became `to`, if it is `from` or lies under it.
+    private static func moved(_ path: String, from: String, to: String) -> String? {
+        if path == from { return to }
+        return path.hasPrefix(from + "/") ? to + path.dropFirst(from.count) : nil
     }
 
     /// The name is gone (unlinked, or replaced by a rename); a descriptor on the file still works.
@@ -130,8 +146,7 @@ final class OpenFileTable: @unchecked Sendable {
     /// Keeps an open directory for listing; its descriptor is closed by `releaseDirectory`.
     func addDirectory(_ descriptor: FileDescriptor) -> UInt64 {
         mutex.withLock {
-            let number = nextHandle
-            nextHandle += 1
+            let number = takeNumber()
             directories[number] = descriptor
             return number
         }
