@@ -6,6 +6,7 @@ let package = Package(
     platforms: [.macOS(.v14)],
     products: [
         .library(name: "ProtectedStore", targets: ["ProtectedStore"]),
+        .library(name: "ProtectedStoreTesting", targets: ["ProtectedStoreTesting"]),
         .executable(name: "sandboxctl", targets: ["sandboxctl"]),
     ],
     dependencies: [
@@ -35,6 +36,11 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // Throwaway devices, lock/unlock/reboot, Inbox delivery and an event recorder, for users' own test suites.
+        .target(
+            name: "ProtectedStoreTesting",
+            dependencies: ["ProtectedStore"]
+        ),
         // The FUSE front end of `sandboxctl mount`: translates libfuse's calls to ContainerFileSystem.
         .target(
             name: "ProtectedStoreMount",
@@ -58,6 +64,27 @@ let package = Package(
         .executableTarget(
             name: "ProtectedStoreProbe",
             dependencies: ["ProtectedStore"]
+        ),
+        // The reference storage layer: a notes store on SQLite inside a container (Examples/Notes/README.md).
+        .systemLibrary(
+            name: "CSQLite",
+            path: "Examples/Notes/Sources/CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        .target(
+            name: "Notes",
+            dependencies: ["ProtectedStore", "CSQLite", .product(name: "Logging", package: "swift-log")],
+            path: "Examples/Notes/Sources/Notes"
+        ),
+        .testTarget(
+            name: "NotesTests",
+            dependencies: ["Notes", "ProtectedStore", "ProtectedStoreTesting"],
+            path: "Examples/Notes/Tests/NotesTests"
+        ),
+        .testTarget(
+            name: "ProtectedStoreTestingTests",
+            dependencies: ["ProtectedStore", "ProtectedStoreTesting"]
         ),
         .testTarget(
             name: "ProtectedStoreTests",

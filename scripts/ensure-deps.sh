@@ -13,6 +13,10 @@ if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists fuse3; then
 fi
 command -v fusermount3 >/dev/null 2>&1 || packages+=(fuse3)
 command -v sqlite3 >/dev/null 2>&1 || packages+=(sqlite3)
+# The reference notes store (Examples/Notes) links libsqlite3.
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists sqlite3; then
+    packages+=(libsqlite3-dev)
+fi
 
 if ! command -v swift >/dev/null 2>&1; then
     echo "error: swift is not on PATH. Install Swift 6 (https://www.swift.org/install/linux/) and run this again." >&2

@@ -96,10 +96,10 @@ extension Device {
                 if currentState == .unlocked { currentState = .locking }
                 openURLsAllowed = false
             }
-            daemonEvents.async { self.handleWillBecomeUnavailable(grace: grace) { self.acknowledge(seq, connection: connection) } }
+            serveDaemonEvent { self.handleWillBecomeUnavailable(grace: grace) { self.acknowledge(seq, connection: connection) } }
         case .event(.didBecomeAvailable, let seq, _, let connection):
             mutex.withLock { currentState = .unlocked }
-            daemonEvents.async {
+            serveDaemonEvent {
                 let observers = self.deliveryLock.withLock { self.deliverDidBecomeAvailable() }
                 // Bounded as in-process: an observer stuck in an earlier callback must not stop this process
                 // from acknowledging, which would keep the next lock's event from reaching it.
@@ -117,7 +117,7 @@ extension Device {
                 return !wasUnlocked && currentState == .unlocked
             }
             guard becameAvailable else { return }
-            daemonEvents.async { _ = self.deliveryLock.withLock { self.deliverDidBecomeAvailable() } }
+            serveDaemonEvent { _ = self.deliveryLock.withLock { self.deliverDidBecomeAvailable() } }
         }
     }
 
@@ -126,13 +126,22 @@ extension Device {
     }
 
     /// The daemon went away: this process can unwrap nothing until one is back, so it locks itself.
+    /// Runs `work` on the daemon events queue, counted as a delivery still to come until it has run.
+    private func serveDaemonEvent(_ work: @escaping @Sendable () -> Void) {
+        pendingDelivery.enter()
+        daemonEvents.async { [pendingDelivery] in
+            work()
+            pendingDelivery.leave()
+        }
+    }
+
     private func daemonLost() {
         let wasAvailable: Bool = mutex.withLock {
             openURLsAllowed = false
             defer { currentState = .locked }
             return currentState == .unlocked || currentState == .locking
         }
-        daemonEvents.async {
+        serveDaemonEvent {
             if wasAvailable {
                 self.handleWillBecomeUnavailable(grace: self.gracePeriod) {}
             } else {

@@ -142,8 +142,12 @@ extension Device {
     func deliverDidBecomeAvailable() -> (handedOver: DispatchGroup, done: DispatchGroup, taken: Counter) {
         let observers = dispatcher.deliver(.didBecomeAvailable, from: self)
         let started = OnceFlag()
+        let pendingDelivery = pendingDelivery
+        pendingDelivery.enter()
         let start: @Sendable () -> Void = { [weak self] in
-            guard started.claim(), let self else { return }
+            guard started.claim() else { return }
+            defer { pendingDelivery.leave() }
+            guard let self else { return }
             let allowed: Bool = mutex.withLock {
                 if currentState == .unlocked { openURLsAllowed = true }
                 return openURLsAllowed
@@ -154,6 +158,20 @@ extension Device {
         DispatchQueue.global().asyncAfter(deadline: .now() + max(gracePeriod, 1), execute: start)
         return observers
     }
+
+    /// Returns once this process's observers have handled every event handed to them so far, including the open-URL
+    /// events an unlock released: what a test waits for before looking at what the code under test did.
+    package func waitUntilObserversIdle() async {
+        await pendingDelivery.settled()
+        await dispatcher.waitUntilIdle()
+        for receiver in inboxReceivers.members { await receiver.waitUntilIdle() }
+    }
+
+    /// Blocks until the events already received from a daemon have been handed to this process's observers.
+    package func waitUntilDaemonEventsServed() { pendingDelivery.wait() }
+
+    /// Wakes this process's receiving containers now, rather than when the kernel reports the delivery.
+    package func deliverPendingOpenURLs() { inboxReceivers.members.forEach { $0.deliverPending() } }
 
     /// Whether a receiving container may hand out open-URL events now.
     var mayDeliverOpenURLs: Bool { mutex.withLock { openURLsAllowed && currentState == .unlocked } }

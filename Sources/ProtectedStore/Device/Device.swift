@@ -60,6 +60,9 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     let inboxReceivers = WeakSet<InboxReceiver>()
     /// Attached to a daemon: serves its events to this process's observers, one at a time, in order.
     let daemonEvents = DispatchQueue(label: "ProtectedStore.daemon-events")
+    /// Entered for work that will hand events to observers but has not yet (a daemon event queued, open-URL events
+    /// waiting for *did* to be handled), so `waitUntilObserversIdle()` does not return in the gap.
+    let pendingDelivery = DispatchGroup()
 
     init(root: String, deviceSecretPath: String, keybagID: [UInt8], classBPublicKey: [UInt8], holder: KeyHolder, state: State,
          passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
@@ -377,6 +380,13 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     func shutDown() {
         passcodeLock.withLock { isShutDown = true }
         discardAllKeys()
+    }
+
+    /// A test's reboot: zeroes every key as a power cut would, telling nobody, and ends the link to the daemon for
+    /// good, so this object never comes back to life when a new daemon starts on the same socket.
+    package func powerOff() {
+        discardAllKeys()
+        if case .daemon(let link) = holder { link.close() }
     }
 
     /// Zeroes every class key and the per-file key of every open file, and counts as locked (erase, shutdown).

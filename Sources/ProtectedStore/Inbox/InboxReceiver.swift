@@ -54,6 +54,12 @@ final class InboxReceiver: @unchecked Sendable {
         drains.async { [weak self] in self?.drain() }
     }
 
+    /// Returns once the drains queued so far have run, and the events they handed out were handled.
+    func waitUntilIdle() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in drains.async { continuation.resume() } }
+        await dispatcher.waitUntilIdle()
+    }
+
     private func startWatching() {
         do {
             try queue.prepare()

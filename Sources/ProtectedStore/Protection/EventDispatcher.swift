@@ -33,6 +33,8 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
     private var subscriptions: [UInt64: SubscriptionEntry] = [:]
     private var handlers: [UInt64: Handler] = [:]
     private let notificationQueue = DispatchQueue(label: "ProtectedStore.notifications")
+    /// Entered per delivery until every observer is done with it, so a test can wait for the observers to settle.
+    private let inFlight = DispatchGroup()
 
     /// `postingNotifications` false: notifications start with `startPostingNotifications()`.
     init(notificationCenter: NotificationCenter, postingNotifications: Bool, callDelegate: @escaping DelegateCall, post: @escaping Post) {
@@ -77,6 +79,9 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
         }
     }
 
+    /// Returns once every event delivered so far has been handled by every observer.
+    func waitUntilIdle() async { await inFlight.settled() }
+
     func subscribe() -> EventSubscription<Event> {
         let token: UInt64 = mutex.withLock {
             nextToken += 1
@@ -98,6 +103,8 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
     func deliver(_ event: Event, from source: Source) -> (handedOver: DispatchGroup, done: DispatchGroup, taken: Counter) {
         let handedOver = DispatchGroup()
         let done = DispatchGroup()
+        inFlight.enter()
+        defer { done.notify(queue: .global()) { [inFlight] in inFlight.leave() } }
         // Weak references are loaded outside the mutex: loading one can make this the last strong reference,
         // and the observer's deinit (ending a subscription, removing a delegate) takes the mutex itself.
         let (delegateEntries, subscriptionEntries, handlerEntries, posting) = mutex.withLock { (delegates, subscriptions, handlers, isPostingNotifications) }
@@ -156,6 +163,13 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
             }
         }
         return (handedOver, done, taken)
+    }
+}
+
+extension DispatchGroup {
+    /// Returns once the group is empty (at once if it already is).
+    func settled() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in notify(queue: .global()) { continuation.resume() } }
     }
 }
 

@@ -1,0 +1,240 @@
+import CSQLite
+import Foundation
+import ProtectedStore
+
+/// A SQLite VFS whose files are a container's protected files: SQLite's database, journal and temporary files go
+/// through `Container`'s file API, so every page is encrypted under the file's class and a lock denies them as it
+/// denies any class A file. File names are container paths (`Library/Application Support/<bundle>/Notes.sqlite`).
+///
+/// It serves one connection at a time per database (the notes store serialises its own), so locks are kept in
+/// memory only; it has no shared memory, so the database uses a rollback journal, not WAL.
+final class ContainerVFS: @unchecked Sendable {
+    /// The name to pass to `sqlite3_open_v2`.
+    let name: String
+    let container: Container
+
+    private let vfs: UnsafeMutablePointer<sqlite3_vfs>
+    private let cName: UnsafeMutablePointer<CChar>
+    private let mutex = NSLock()
+    private var lastFailure: (any Error)?
+
+    init(container: Container) throws {
+        guard let base = sqlite3_vfs_find(nil) else {
+            throw NotesStoreError(problem: "SQLite has no default VFS to build on", path: nil, remedy: "Use a SQLite build with the unix VFS")
+        }
+        self.container = container
+        name = "protectedstore-\(UUID().uuidString)"
+        cName = strdup(name)
+        vfs = .allocate(capacity: 1)
+        // Sleeping, randomness, time and extension loading stay the platform's.
+        var methods = base.pointee
+        methods.iVersion = 2
+        methods.szOsFile = Int32(MemoryLayout<ps_sqlite_file>.size)
+        methods.mxPathname = 1024
+        methods.pNext = nil
+        methods.zName = UnsafePointer(cName)
+        methods.xOpen = vfsOpen
+        methods.xDelete = vfsDelete
+        methods.xAccess = vfsAccess
+        methods.xFullPathname = vfsFullPathname
+        methods.xGetLastError = vfsGetLastError
+        vfs.initialize(to: methods)
+        vfs.pointee.pAppData = Unmanaged.passUnretained(self).toOpaque()
+        sqlite3_vfs_register(vfs, 0)
+    }
+
+    /// Call only once every connection using it is closed.
+    deinit {
+        sqlite3_vfs_unregister(vfs)
+        vfs.deinitialize(count: 1)
+        vfs.deallocate()
+        free(cName)
+    }
+
+    /// The error behind SQLite's last I/O failure through this VFS, cleared as it is read.
+    func takeLastFailure() -> (any Error)? { mutex.withLock { lastFailure.take() } }
+
+    fileprivate func fail(_ error: any Error, code: Int32) -> Int32 {
+        mutex.withLock { lastFailure = error }
+        return code
+    }
+
+    fileprivate var lastFailureDescription: String { mutex.withLock { lastFailure.map { "\($0)" } ?? "" } }
+
+    fileprivate static func from(_ vfs: UnsafeMutablePointer<sqlite3_vfs>?) -> ContainerVFS {
+        Unmanaged<ContainerVFS>.fromOpaque(vfs!.pointee.pAppData).takeUnretainedValue()
+    }
+}
+
+/// One file SQLite opened.
+private final class OpenFile {
+    let handle: ProtectedFileHandle
+    let path: String
+    let deleteOnClose: Bool
+    let vfs: ContainerVFS
+
+    init(handle: ProtectedFileHandle, path: String, deleteOnClose: Bool, vfs: ContainerVFS) {
+        self.handle = handle
+        self.path = path
+        self.deleteOnClose = deleteOnClose
+        self.vfs = vfs
+    }
+
+    static func from(_ file: UnsafeMutablePointer<sqlite3_file>?) -> OpenFile {
+        let wrapper = UnsafeMutableRawPointer(file!).assumingMemoryBound(to: ps_sqlite_file.self)
+        return Unmanaged<OpenFile>.fromOpaque(wrapper.pointee.handle).takeUnretainedValue()
+    }
+
+    /// Runs an I/O method, turning a thrown error into `code` and remembering it for the store.
+    func run(_ code: Int32, _ body: () throws -> Void) -> Int32 {
+        do {
+            try body()
+            return SQLITE_OK
+        } catch {
+            return vfs.fail(error, code: code)
+        }
+    }
+}
+
+// MARK: VFS methods
+
+private let vfsOpen: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafePointer<CChar>?, UnsafeMutablePointer<sqlite3_file>?, Int32, UnsafeMutablePointer<Int32>?) -> Int32 = { vfs, name, file, flags, outFlags in
+    let context = ContainerVFS.from(vfs)
+    let wrapper = UnsafeMutableRawPointer(file!).assumingMemoryBound(to: ps_sqlite_file.self)
+    wrapper.pointee.base.pMethods = nil
+    // SQLite's own temporary files (statement journals that spill, sorts) go to the container's tmp folder.
+    let path = name.map { String(cString: $0) } ?? "tmp/sqlite-\(UUID().uuidString)"
+    let container = context.container
+    do {
+        let handle: ProtectedFileHandle
+        if flags & SQLITE_OPEN_READONLY != 0 {
+            handle = try container.fileHandle(forReadingAtPath: path)
+        } else if flags & SQLITE_OPEN_EXCLUSIVE != 0 || name == nil {
+            handle = try container.createFile(atPath: path)
+        } else if flags & SQLITE_OPEN_CREATE != 0 {
+            do {
+                handle = try container.fileHandle(forUpdatingAtPath: path)
+            } catch let error as CocoaError where error.protectedStoreError?.kind == .notFound {
+                // New files take their folder's class, as any file created in the container does.
+                handle = try container.createFile(atPath: path)
+            }
+        } else {
+            handle = try container.fileHandle(forUpdatingAtPath: path)
+        }
+        let opened = OpenFile(handle: handle, path: path, deleteOnClose: flags & SQLITE_OPEN_DELETEONCLOSE != 0 || name == nil, vfs: context)
+        wrapper.pointee.handle = Unmanaged.passRetained(opened).toOpaque()
+        wrapper.pointee.base.pMethods = UnsafePointer(ioMethods)
+        outFlags?.pointee = flags
+        return SQLITE_OK
+    } catch {
+        return context.fail(error, code: SQLITE_CANTOPEN)
+    }
+}
+
+private let vfsDelete: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafePointer<CChar>?, Int32) -> Int32 = { vfs, name, _ in
+    let context = ContainerVFS.from(vfs)
+    do {
+        // Removing makes the directory entry durable itself, so syncDir needs nothing more.
+        try context.container.removeItem(atPath: String(cString: name!))
+        return SQLITE_OK
+    } catch let error as CocoaError where error.protectedStoreError?.kind == .notFound {
+        return PS_SQLITE_IOERR_DELETE_NOENT
+    } catch {
+        return context.fail(error, code: PS_SQLITE_IOERR_DELETE)
+    }
+}
+
+private let vfsAccess: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafePointer<CChar>?, Int32, UnsafeMutablePointer<Int32>?) -> Int32 = { vfs, name, _, result in
+    let context = ContainerVFS.from(vfs)
+    do {
+        // Listing needs no key: existence is answered even while locked, as the file system's would be.
+        _ = try context.container.itemInfo(atPath: String(cString: name!))
+        result?.pointee = 1
+        return SQLITE_OK
+    } catch let error as CocoaError where error.protectedStoreError?.kind == .notFound {
+        result?.pointee = 0
+        return SQLITE_OK
+    } catch {
+        return context.fail(error, code: PS_SQLITE_IOERR_ACCESS)
+    }
+}
+
+private let vfsFullPathname: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafePointer<CChar>?, Int32, UnsafeMutablePointer<CChar>?) -> Int32 = { _, name, size, out in
+    // Container paths are already absolute within the container.
+    let length = strlen(name!)
+    guard length < Int(size) else { return SQLITE_CANTOPEN }
+    memcpy(out!, name!, length + 1)
+    return SQLITE_OK
+}
+
+private let vfsGetLastError: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, Int32, UnsafeMutablePointer<CChar>?) -> Int32 = { vfs, size, out in
+    guard let out, size > 0 else { return 0 }
+    let message = Array(ContainerVFS.from(vfs).lastFailureDescription.utf8CString.prefix(Int(size) - 1)) + [0]
+    message.withUnsafeBufferPointer { _ = memcpy(out, $0.baseAddress!, $0.count) }
+    return 0
+}
+
+// MARK: I/O methods
+
+/// The file methods, version 1: no shared memory (so no WAL) and no memory mapping, which would bypass encryption.
+nonisolated(unsafe) private let ioMethods: UnsafeMutablePointer<sqlite3_io_methods> = {
+    var methods = sqlite3_io_methods()
+    methods.iVersion = 1
+    methods.xClose = { file in
+        let wrapper = UnsafeMutableRawPointer(file!).assumingMemoryBound(to: ps_sqlite_file.self)
+        let opened = Unmanaged<OpenFile>.fromOpaque(wrapper.pointee.handle).takeRetainedValue()
+        wrapper.pointee.handle = nil
+        return opened.run(PS_SQLITE_IOERR_CLOSE) {
+            try opened.handle.close()
+            if opened.deleteOnClose { try opened.vfs.container.removeItem(atPath: opened.path) }
+        }
+    }
+    methods.xRead = { file, buffer, amount, offset in
+        let opened = OpenFile.from(file)
+        var read = 0
+        let status = opened.run(PS_SQLITE_IOERR_READ) {
+            let data = try opened.handle.read(upToCount: Int(amount), atOffset: UInt64(offset))
+            data.copyBytes(to: buffer!.assumingMemoryBound(to: UInt8.self), count: data.count)
+            read = data.count
+        }
+        guard status == SQLITE_OK else { return status }
+        guard read == Int(amount) else {
+            // SQLite requires the rest of a short read to be zeroed.
+            memset(buffer! + read, 0, Int(amount) - read)
+            return PS_SQLITE_IOERR_SHORT_READ
+        }
+        return SQLITE_OK
+    }
+    methods.xWrite = { file, buffer, amount, offset in
+        let opened = OpenFile.from(file)
+        return opened.run(PS_SQLITE_IOERR_WRITE) {
+            try opened.handle.write(contentsOf: Data(bytes: buffer!, count: Int(amount)), atOffset: UInt64(offset))
+        }
+    }
+    methods.xTruncate = { file, size in
+        let opened = OpenFile.from(file)
+        return opened.run(PS_SQLITE_IOERR_TRUNCATE) { try opened.handle.truncate(atOffset: UInt64(size)) }
+    }
+    methods.xSync = { file, _ in
+        let opened = OpenFile.from(file)
+        return opened.run(PS_SQLITE_IOERR_FSYNC) { try opened.handle.synchronize() }
+    }
+    methods.xFileSize = { file, size in
+        size?.pointee = sqlite3_int64(OpenFile.from(file).handle.size)
+        return SQLITE_OK
+    }
+    // One connection per database at a time (the store holds it): the lock levels need no bookkeeping.
+    methods.xLock = { _, _ in SQLITE_OK }
+    methods.xUnlock = { _, _ in SQLITE_OK }
+    methods.xCheckReservedLock = { _, result in
+        result?.pointee = 0
+        return SQLITE_OK
+    }
+    methods.xFileControl = { _, _, _ in SQLITE_NOTFOUND }
+    // A page of 4096 bytes is exactly one encrypted block, so SQLite never rewrites part of one.
+    methods.xSectorSize = { _ in Int32(EncryptedFile.defaultBlockSize) }
+    methods.xDeviceCharacteristics = { _ in 0 }
+    let pointer = UnsafeMutablePointer<sqlite3_io_methods>.allocate(capacity: 1)
+    pointer.initialize(to: methods)
+    return pointer
+}()
