@@ -77,6 +77,12 @@ let package = Package(
             dependencies: ["ProtectedStore", "CSQLite", .product(name: "Logging", package: "swift-log")],
             path: "Examples/Notes/Sources/Notes"
         ),
+        // notes-bench: the notes store against the same SQL on SQLite's own VFS (make bench).
+        .executableTarget(
+            name: "notes-bench",
+            dependencies: ["Notes", "ProtectedStore", "CSQLite"],
+            path: "Examples/Notes/Sources/NotesBenchmark"
+        ),
         .testTarget(
             name: "NotesTests",
             dependencies: ["Notes", "ProtectedStore", "ProtectedStoreTesting"],

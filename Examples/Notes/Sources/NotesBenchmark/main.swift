@@ -1,0 +1,112 @@
+import CSQLite
+import Foundation
+import Notes
+import ProtectedStore
+
+// What the container costs SQLite: the notes store against the same SQL on SQLite's own unix VFS, in one run, in
+// the same folder, with the same pragmas. Usage: notes-bench [--notes N] [--rounds R]
+
+func option(_ name: String, default value: Int) -> Int {
+    guard let index = CommandLine.arguments.firstIndex(of: name), index + 1 < CommandLine.arguments.count,
+          let parsed = Int(CommandLine.arguments[index + 1]), parsed > 0 else { return value }
+    return parsed
+}
+let noteCount = option("--notes", default: 300)
+let rounds = option("--rounds", default: 3)
+
+/// The same statements through SQLite's default VFS on a plain file: the baseline.
+final class PlainNotes {
+    private var db: OpaquePointer?
+    let path: String
+
+    init(path: String) {
+        self.path = path
+        open()
+    }
+
+    func open() {
+        precondition(sqlite3_open(path, &db) == SQLITE_OK)
+        exec("""
+            PRAGMA page_size = 4096; PRAGMA journal_mode = TRUNCATE; PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY;
+            CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, title TEXT NOT NULL, body TEXT NOT NULL, created REAL NOT NULL, imported_from TEXT);
+            """)
+    }
+
+    func close() { sqlite3_close(db) }
+
+    func exec(_ sql: String) { precondition(sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK, String(cString: sqlite3_errmsg(db))) }
+
+    func add(title: String, body: String) {
+        exec("BEGIN IMMEDIATE")
+        var statement: OpaquePointer?
+        sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO notes (id, title, body, created, imported_from) VALUES (?, ?, ?, ?, NULL)", -1, &statement, nil)
+        let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+        sqlite3_bind_text(statement, 1, UUID().uuidString, -1, transient)
+        sqlite3_bind_text(statement, 2, title, -1, transient)
+        sqlite3_bind_text(statement, 3, body, -1, transient)
+        sqlite3_bind_double(statement, 4, Date().timeIntervalSinceReferenceDate)
+        precondition(sqlite3_step(statement) == SQLITE_DONE)
+        sqlite3_finalize(statement)
+        exec("COMMIT")
+    }
+
+    func count() -> Int {
+        var statement: OpaquePointer?
+        sqlite3_prepare_v2(db, "SELECT id, title, body, created, imported_from FROM notes ORDER BY created, id", -1, &statement, nil)
+        var rows = 0
+        // Decoded into values as the store does, so both sides do the same work apart from the VFS.
+        while sqlite3_step(statement) == SQLITE_ROW {
+            let id = UUID(uuidString: String(cString: sqlite3_column_text(statement, 0)))
+            let title = String(cString: sqlite3_column_text(statement, 1)), text = String(cString: sqlite3_column_text(statement, 2))
+            let created = Date(timeIntervalSinceReferenceDate: sqlite3_column_double(statement, 3))
+            if id != nil && !title.isEmpty && !text.isEmpty && created.timeIntervalSince1970 > 0 { rows += 1 }
+        }
+        sqlite3_finalize(statement)
+        return rows
+    }
+}
+
+func seconds(_ body: () throws -> Void) rethrows -> Double {
+    let start = DispatchTime.now().uptimeNanoseconds
+    try body()
+    return Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+}
+
+func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
+
+let scratch = (NSTemporaryDirectory() as NSString).appendingPathComponent("notes-bench-\(UUID().uuidString)")
+try FileManager.default.createDirectory(atPath: scratch, withIntermediateDirectories: true)
+defer { try? FileManager.default.removeItem(atPath: scratch) }
+let device = try Device.create(root: "\(scratch)/root", deviceSecretPath: "\(scratch)/device.secret", passcode: try Passcode("bench"), kdf: .fast,
+                               notificationCenter: NotificationCenter())
+let container = try device.createContainer(bundleIdentifier: "com.example.notes")
+let store = try NotesStore(container: container)
+let plain = PlainNotes(path: "\(scratch)/plain.sqlite")
+let body = String(repeating: "a note of ordinary length. ", count: 8)
+
+var rows: [(String, [Double], [Double])] = [("add \(noteCount) notes, one transaction each", [], []), ("read all notes x20", [], []),
+                                            ("close and reopen x100", [], [])]
+for round in 0..<rounds {
+    // Alternate which goes first, so neither always meets a warmer disk cache.
+    let storeFirst = round % 2 == 1
+    func measure(_ index: Int, plain plainWork: () throws -> Void, store storeWork: () throws -> Void) throws {
+        if storeFirst { rows[index].2.append(try seconds(storeWork)); rows[index].1.append(try seconds(plainWork)) }
+        else { rows[index].1.append(try seconds(plainWork)); rows[index].2.append(try seconds(storeWork)) }
+    }
+    try measure(0, plain: { for index in 0..<noteCount { plain.add(title: "n\(index)", body: body) } },
+                store: { for index in 0..<noteCount { try store.add(title: "n\(index)", body: body) } })
+    try measure(1, plain: { for _ in 0..<20 { precondition(plain.count() > 0) } },
+                store: { for _ in 0..<20 { let notes = try store.notes(); precondition(!notes.isEmpty) } })
+    // What a lock and an unlock cost the app: its database closed and opened again (the lock's own work aside).
+    try measure(2, plain: { for _ in 0..<100 { plain.close(); plain.open() } },
+                store: { for _ in 0..<100 { store.protectedDataWillBecomeUnavailable(device); store.protectedDataDidBecomeAvailable(device) } })
+}
+plain.close()
+store.close()
+
+print("notes-bench: \(noteCount) notes, \(rounds) rounds, median seconds; synchronous = FULL on \(scratch)")
+print("operation".padding(toLength: 44, withPad: " ", startingAt: 0) + "plain SQLite   notes store   ratio")
+for (name, plainTimes, storeTimes) in rows {
+    let (p, s) = (median(plainTimes), median(storeTimes))
+    print(name.padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.3f   %11.3f   %5.2f", p, s, s / p))
+}
