@@ -7,7 +7,7 @@ import ProtectedStore
 ///
 /// It starts unlocked. `lock()`, `unlock()`, `reboot()` and `deliverToInbox(_:name:)` drive the device as a user and
 /// other apps would, and return once this process's observers have handled the events they caused, so the test can
-/// look at what the code under test did. Hand `device` and `container` to the code under test; after `reboot()` both
+/// look at what the code under test did (waiting at most the grace period plus 5 s for an observer that never finishes). Hand `device` and `container` to the code under test; after `reboot()` both
 /// are new, and objects made from the old ones are dead, as the processes of a rebooted phone are.
 public final class TestDevice: @unchecked Sendable {
     /// Who holds the class keys.
@@ -104,7 +104,7 @@ public final class TestDevice: @unchecked Sendable {
     /// Returns when the device is locked.
     public func lock(gracePeriod: TimeInterval? = nil) async {
         await device.lock(gracePeriod: gracePeriod)
-        await device.waitUntilObserversIdle()
+        await device.waitUntilObserversIdle(timeout: observerTimeout)
     }
 
     /// Unlocks with the passcode, and returns once this process's observers have handled *did become available* and
@@ -112,7 +112,7 @@ public final class TestDevice: @unchecked Sendable {
     public func unlock() async throws {
         let device = device
         try device.unlock(passcode: try Passcode(Self.passcode))
-        await device.waitUntilObserversIdle()
+        await device.waitUntilObserversIdle(timeout: observerTimeout)
     }
 
     /// Runs `body` with the device locked, and unlocks afterwards, also when `body` throws.
@@ -183,13 +183,18 @@ public final class TestDevice: @unchecked Sendable {
         let item = try container.deliverToInbox(fileAtPath: source, name: name, sourceApplication: sourceApplication, annotationJSON: annotationJSON)
         let device = device
         device.deliverPendingOpenURLs()
-        await device.waitUntilObserversIdle()
+        await device.waitUntilObserversIdle(timeout: observerTimeout)
         return item.path
     }
 
     /// Returns once this process's observers have handled every event so far (for events the test did not cause
-    /// through this type).
-    public func waitUntilEventsHandled() async { await device.waitUntilObserversIdle() }
+    /// through this type), or after `timeout` seconds; true if they had.
+    @discardableResult
+    public func waitUntilEventsHandled(timeout: TimeInterval = 10) async -> Bool { await device.waitUntilObserversIdle(timeout: timeout) }
+
+    /// How long the calls above wait for observers before returning anyway: one that never finishes (a stuck
+    /// delegate, an event sequence nobody iterates) must not hang the test.
+    private var observerTimeout: TimeInterval { max(gracePeriod, 1) + 5 }
 
     /// A recorder of the protected-data events of `device` and the open-URL events of `container`, from now on and
     /// across reboots. Recording open-URL events makes this process a receiver of the container's events, as the

@@ -90,6 +90,9 @@ extension Device {
 
     /// Called on the link's reader thread, in order: state changes here, observers are served on `daemonEvents`.
     func receive(_ notice: DaemonLink.Notice) {
+        // Counted from before the state changes, so nobody sees the new state with the delivery not yet counted.
+        pendingDelivery.enter()
+        defer { pendingDelivery.leave() }
         switch notice {
         case .event(.willBecomeUnavailable, let seq, let grace, let connection):
             mutex.withLock {
@@ -125,7 +128,6 @@ extension Device {
         if case .daemon(let link) = holder { link.acknowledge(seq: seq, connection: connection) }
     }
 
-    /// The daemon went away: this process can unwrap nothing until one is back, so it locks itself.
     /// Runs `work` on the daemon events queue, counted as a delivery still to come until it has run.
     private func serveDaemonEvent(_ work: @escaping @Sendable () -> Void) {
         pendingDelivery.enter()
@@ -135,6 +137,7 @@ extension Device {
         }
     }
 
+    /// The daemon went away: this process can unwrap nothing until one is back, so it locks itself.
     private func daemonLost() {
         let wasAvailable: Bool = mutex.withLock {
             openURLsAllowed = false

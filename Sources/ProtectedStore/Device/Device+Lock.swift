@@ -160,11 +160,15 @@ extension Device {
     }
 
     /// Returns once this process's observers have handled every event handed to them so far, including the open-URL
-    /// events an unlock released: what a test waits for before looking at what the code under test did.
-    package func waitUntilObserversIdle() async {
-        await pendingDelivery.settled()
-        await dispatcher.waitUntilIdle()
-        for receiver in inboxReceivers.members { await receiver.waitUntilIdle() }
+    /// events an unlock released: what a test waits for before looking at what the code under test did. Gives up
+    /// after `timeout` seconds (an observer that never finishes, a sequence nobody iterates); true if they were idle.
+    @discardableResult
+    package func waitUntilObserversIdle(timeout: TimeInterval) async -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        func remaining() -> TimeInterval { max(0, deadline.timeIntervalSinceNow) }
+        guard await pendingDelivery.settled(timeout: remaining()), await dispatcher.waitUntilIdle(timeout: remaining()) else { return false }
+        for receiver in inboxReceivers.members where await !receiver.waitUntilIdle(timeout: remaining()) { return false }
+        return true
     }
 
     /// Blocks until the events already received from a daemon have been handed to this process's observers.

@@ -54,10 +54,15 @@ final class InboxReceiver: @unchecked Sendable {
         drains.async { [weak self] in self?.drain() }
     }
 
-    /// Returns once the drains queued so far have run, and the events they handed out were handled.
-    func waitUntilIdle() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in drains.async { continuation.resume() } }
-        await dispatcher.waitUntilIdle()
+    /// Returns once the drains queued so far have run and the events they handed out were handled (a drain waits for
+    /// its observers), or after `timeout` seconds; true if they were. Retries scheduled for later are not waited for.
+    func waitUntilIdle(timeout: TimeInterval) async -> Bool {
+        let drained = DispatchGroup()
+        drained.enter()
+        drains.async { drained.leave() }
+        let start = Date()
+        guard await drained.settled(timeout: timeout) else { return false }
+        return await dispatcher.waitUntilIdle(timeout: max(0, timeout - Date().timeIntervalSince(start)))
     }
 
     private func startWatching() {

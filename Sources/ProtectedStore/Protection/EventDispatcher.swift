@@ -79,8 +79,9 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
         }
     }
 
-    /// Returns once every event delivered so far has been handled by every observer.
-    func waitUntilIdle() async { await inFlight.settled() }
+    /// Returns once every event delivered so far has been handled by every observer, or after `timeout` seconds;
+    /// true if they were.
+    func waitUntilIdle(timeout: TimeInterval) async -> Bool { await inFlight.settled(timeout: timeout) }
 
     func subscribe() -> EventSubscription<Event> {
         let token: UInt64 = mutex.withLock {
@@ -167,9 +168,16 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
 }
 
 extension DispatchGroup {
-    /// Returns once the group is empty (at once if it already is).
-    func settled() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in notify(queue: .global()) { continuation.resume() } }
+    /// Returns once the group is empty (at once if it already is), or after `timeout` seconds; true if it emptied.
+    @discardableResult
+    func settled(timeout: TimeInterval = .infinity) async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let once = OnceFlag()
+            notify(queue: .global()) { if once.claim() { continuation.resume(returning: true) } }
+            if timeout.isFinite {
+                DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { if once.claim() { continuation.resume(returning: false) } }
+            }
+        }
     }
 }
 

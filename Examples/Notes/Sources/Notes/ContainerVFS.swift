@@ -7,7 +7,8 @@ import ProtectedStore
 /// denies any class A file. File names are container paths (`Library/Application Support/<bundle>/Notes.sqlite`).
 ///
 /// It serves one connection at a time per database (the notes store serialises its own), so locks are kept in
-/// memory only; it has no shared memory, so the database uses a rollback journal, not WAL.
+/// memory only (`NotesStore` refuses a second store on one database); it has no shared memory, so the database uses a
+/// rollback journal, not WAL.
 final class ContainerVFS: @unchecked Sendable {
     /// The name to pass to `sqlite3_open_v2`.
     let name: String
@@ -71,12 +72,15 @@ private final class OpenFile {
     let handle: ProtectedFileHandle
     let path: String
     let deleteOnClose: Bool
+    /// A rollback journal: a block of it that fails authentication was torn by a crash before SQLite synced it.
+    let isJournal: Bool
     let vfs: ContainerVFS
 
-    init(handle: ProtectedFileHandle, path: String, deleteOnClose: Bool, vfs: ContainerVFS) {
+    init(handle: ProtectedFileHandle, path: String, deleteOnClose: Bool, isJournal: Bool, vfs: ContainerVFS) {
         self.handle = handle
         self.path = path
         self.deleteOnClose = deleteOnClose
+        self.isJournal = isJournal
         self.vfs = vfs
     }
 
@@ -105,8 +109,9 @@ private let vfsOpen: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafeP
     // SQLite's own temporary files (statement journals that spill, sorts) go to the container's tmp folder.
     let path = name.map { String(cString: $0) } ?? "tmp/sqlite-\(UUID().uuidString)"
     let container = context.container
+    let isJournal = flags & SQLITE_OPEN_MAIN_JOURNAL != 0
     do {
-        let handle: ProtectedFileHandle
+        var handle: ProtectedFileHandle
         if flags & SQLITE_OPEN_READONLY != 0 {
             handle = try container.fileHandle(forReadingAtPath: path)
         } else if flags & SQLITE_OPEN_EXCLUSIVE != 0 || name == nil {
@@ -121,11 +126,27 @@ private let vfsOpen: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafeP
         } else {
             handle = try container.fileHandle(forUpdatingAtPath: path)
         }
-        let opened = OpenFile(handle: handle, path: path, deleteOnClose: flags & SQLITE_OPEN_DELETEONCLOSE != 0 || name == nil, vfs: context)
+        let opened = OpenFile(handle: handle, path: path, deleteOnClose: flags & SQLITE_OPEN_DELETEONCLOSE != 0 || name == nil,
+                              isJournal: isJournal, vfs: context)
         wrapper.pointee.handle = Unmanaged.passRetained(opened).toOpaque()
         wrapper.pointee.base.pMethods = UnsafePointer(ioMethods)
         outFlags?.pointee = flags
         return SQLITE_OK
+    } catch let error as CocoaError where isJournal && error.code == .fileReadCorruptFile && name != nil {
+        // A journal whose header was torn by a crash was never synced whole, and SQLite writes the database only after
+        // syncing it: nothing in it is needed. An empty journal in its place is what SQLite sees after such a crash on
+        // a plain file system (it then ignores and removes it).
+        do {
+            try container.removeItem(atPath: path)
+            let handle = try container.createFile(atPath: path)
+            let opened = OpenFile(handle: handle, path: path, deleteOnClose: false, isJournal: true, vfs: context)
+            wrapper.pointee.handle = Unmanaged.passRetained(opened).toOpaque()
+            wrapper.pointee.base.pMethods = UnsafePointer(ioMethods)
+            outFlags?.pointee = flags
+            return SQLITE_OK
+        } catch {
+            return context.fail(error, code: SQLITE_CANTOPEN)
+        }
     } catch {
         return context.fail(error, code: SQLITE_CANTOPEN)
     }
@@ -144,12 +165,13 @@ private let vfsDelete: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, Unsaf
     }
 }
 
-private let vfsAccess: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafePointer<CChar>?, Int32, UnsafeMutablePointer<Int32>?) -> Int32 = { vfs, name, _, result in
+private let vfsAccess: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafePointer<CChar>?, Int32, UnsafeMutablePointer<Int32>?) -> Int32 = { vfs, name, flags, result in
     let context = ContainerVFS.from(vfs)
     do {
-        // Listing needs no key: existence is answered even while locked, as the file system's would be.
-        _ = try context.container.itemInfo(atPath: String(cString: name!))
-        result?.pointee = 1
+        // Listing needs no key: existence is answered even while locked, as the file system's would be. An empty
+        // file does not count, as in SQLite's unix VFS: an empty journal is no journal.
+        let item = try context.container.itemInfo(atPath: String(cString: name!))
+        result?.pointee = flags == SQLITE_ACCESS_EXISTS && item.size == 0 ? 0 : 1
         return SQLITE_OK
     } catch let error as CocoaError where error.protectedStoreError?.kind == .notFound {
         result?.pointee = 0
@@ -193,9 +215,15 @@ nonisolated(unsafe) private let ioMethods: UnsafeMutablePointer<sqlite3_io_metho
         let opened = OpenFile.from(file)
         var read = 0
         let status = opened.run(PS_SQLITE_IOERR_READ) {
-            let data = try opened.handle.read(upToCount: Int(amount), atOffset: UInt64(offset))
-            data.copyBytes(to: buffer!.assumingMemoryBound(to: UInt8.self), count: data.count)
-            read = data.count
+            do {
+                let data = try opened.handle.read(upToCount: Int(amount), atOffset: UInt64(offset))
+                data.copyBytes(to: buffer!.assumingMemoryBound(to: UInt8.self), count: data.count)
+                read = data.count
+            } catch let error as CocoaError where opened.isJournal && error.code == .fileReadCorruptFile {
+                // Torn by a crash before SQLite synced it (see xOpen): zeros, as a plain file system could show,
+                // which SQLite's own checksums then reject.
+                read = 0
+            }
         }
         guard status == SQLITE_OK else { return status }
         guard read == Int(amount) else {
@@ -231,7 +259,7 @@ nonisolated(unsafe) private let ioMethods: UnsafeMutablePointer<sqlite3_io_metho
         return SQLITE_OK
     }
     methods.xFileControl = { _, _, _ in SQLITE_NOTFOUND }
-    // A page of 4096 bytes is exactly one encrypted block, so SQLite never rewrites part of one.
+    // A page of 4096 bytes is exactly one encrypted block, so a page write replaces whole blocks.
     methods.xSectorSize = { _ in Int32(EncryptedFile.defaultBlockSize) }
     methods.xDeviceCharacteristics = { _ in 0 }
     let pointer = UnsafeMutablePointer<sqlite3_io_methods>.allocate(capacity: 1)

@@ -5,7 +5,7 @@ public struct Note: Codable, Equatable, Sendable, Identifiable {
     public let id: UUID
     public var title: String
     public var body: String
-    /// When the note was accepted by the store (or, for an import, when it was moved out of the Inbox).
+    /// When the note was accepted by the store; for an import, when it was imported.
     public let created: Date
     /// Where it came from: nil when written by the app, the Inbox item's name when imported.
     public let importedFrom: String?

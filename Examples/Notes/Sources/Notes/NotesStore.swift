@@ -45,23 +45,36 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
         try container.createDirectory(atPath: pendingFolder, withIntermediateDirectories: true,
                                       attributes: [.protectionKey: FileProtectionType.completeUnlessOpen])
         try container.createDirectory(atPath: importsFolder, withIntermediateDirectories: true)
-        vfs = try ContainerVFS(container: container)
-        lastPendingSequence = try pendingEntries().last?.sequence ?? 0
-        container.device.addDelegate(self)
-        container.addOpenURLDelegate(self)
-        try mutex.withLock { try openIfAvailable() }
+        try OpenDatabases.claim("\(container.dataPath)/\(databasePath)")
+        do {
+            vfs = try ContainerVFS(container: container)
+        } catch {
+            OpenDatabases.release("\(container.dataPath)/\(databasePath)")
+            throw error
+        }
+        do {
+            lastPendingSequence = try pendingEntries().last?.sequence ?? 0
+            container.device.addDelegate(self)
+            container.addOpenURLDelegate(self)
+            try mutex.withLock { try openIfAvailable() }
+        } catch {
+            close()
+            throw error
+        }
     }
 
-    deinit { connection?.close() }
+    deinit { close() }
 
-    /// Stops observing and closes the database. Later calls throw.
+    /// Stops observing and closes the database; later calls throw. Another store can then open it.
     public func close() {
         container.device.removeDelegate(self)
         container.removeOpenURLDelegate(self)
-        mutex.withLock {
+        let wasOpen: Bool = mutex.withLock {
+            defer { isClosed = true }
             dropConnection()
-            isClosed = true
+            return !isClosed
         }
+        if wasOpen { OpenDatabases.release("\(container.dataPath)/\(databasePath)") }
     }
 
     // MARK: Writing
@@ -87,6 +100,7 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
             try checkOpen()
             try openIfAvailable()
             let transaction = NotesTransaction(database: try beginTransaction())
+            defer { transaction.finish() }
             do {
                 try body(transaction)
                 if let failure = transaction.failure { throw failure }
@@ -168,6 +182,8 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
 
     public func protectedDataDidBecomeAvailable(_ device: Device) {
         mutex.withLock {
+            // An event already queued when the store was closed must not open it again.
+            guard !isClosed else { return }
             do {
                 try openIfAvailable()
             } catch {
@@ -197,9 +213,9 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
                     return
                 }
                 try openIfAvailable()
-                try importStaged()
+                if let connection { try importStaged(into: connection) }
             } catch {
-                logger.error("cannot import \(path): \(error)")
+                logger.error("cannot import \(path) now; it waits in \(importsFolder) for the next unlock: \(error)")
             }
         }
     }
@@ -209,20 +225,26 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
     /// Opens the database if it is closed and the device unlocked, then folds in the pending journal and the staged
     /// imports. A lock racing with it leaves the database closed, for the next unlock. Caller holds `mutex`.
     private func openIfAvailable() throws {
-        guard connection == nil, container.device.state == .unlocked else { return }
+        guard connection == nil, !isClosed, container.device.state == .unlocked else { return }
+        var opened: SQLiteConnection?
         do {
-            let opened = try SQLiteConnection(path: databasePath, vfs: vfs)
-            // One page is one encrypted block; TRUNCATE keeps the journal file, so a transaction creates no file.
-            try opened.execute("""
-                PRAGMA page_size = 4096; PRAGMA journal_mode = TRUNCATE; PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY;
+            let connection = try SQLiteConnection(path: databasePath, vfs: vfs)
+            opened = connection
+            // One page is one encrypted block. DELETE, because its commit point (removing the journal) is one atomic
+            // step; truncating an encrypted journal is two (rewrite its first block, then cut the file).
+            try connection.execute("""
+                PRAGMA page_size = 4096; PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY;
                 CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, title TEXT NOT NULL, body TEXT NOT NULL,
                                                   created REAL NOT NULL /* seconds since 2001, Date's own reference: exact round trips */, imported_from TEXT);
                 """)
-            connection = opened
-            try foldPending(into: opened)
-            try importStaged()
-        } catch where Self.isDataProtectionDenial(error) {
-            dropConnection()
+            // In use only once everything accepted while it was closed is in: a direct write before that could be
+            // overtaken by an older journal entry replayed later.
+            try foldPending(into: connection)
+            try importStaged(into: connection)
+            self.connection = connection
+        } catch {
+            opened?.close()
+            if !Self.isDataProtectionDenial(error) { throw error }
         }
     }
 
@@ -281,11 +303,18 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
     }
 
     private func appendPending(_ changes: [NoteChange]) throws {
-        let sequence = lastPendingSequence + 1
-        let path = "\(pendingFolder)/\(String(format: "%016llu", sequence)).json"
-        try container.write(try JSONEncoder().encode(PendingEntry(changes: changes)), toPath: path,
-                            options: [.completeFileProtectionUnlessOpen, .withoutOverwriting])
-        lastPendingSequence = sequence
+        // Taken before writing, so a failed write never leaves later ones colliding with its name.
+        lastPendingSequence += 1
+        let path = "\(pendingFolder)/\(String(format: "%016llu", lastPendingSequence)).json"
+        do {
+            try container.write(try JSONEncoder().encode(PendingEntry(changes: changes)), toPath: path,
+                                options: [.completeFileProtectionUnlessOpen, .withoutOverwriting])
+        } catch {
+            // Renamed into place but not made durable (the directory fsync failed): undone, so the caller's error
+            // means "not accepted" and a retry can't add the note twice.
+            try? container.removeItem(atPath: path)
+            throw error
+        }
     }
 
     private func pendingEntries() throws -> [(sequence: UInt64, path: String)] {
@@ -302,7 +331,7 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
             let changes: [NoteChange]
             do {
                 changes = try JSONDecoder().decode(PendingEntry.self, from: container.contents(atPath: entry.path)).changes
-            } catch where !Self.isDataProtectionDenial(error) {
+            } catch where Self.isUnreadableContent(error) {
                 try setAside(entry.path, because: error)
                 continue
             }
@@ -315,8 +344,7 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
 
     /// Imports every item staged in `Imported/<id>/<name>`: the id becomes the note's, so an import interrupted by a
     /// crash and run again adds the note once. Caller holds `mutex`.
-    private func importStaged() throws {
-        guard let connection else { return }
+    private func importStaged(into connection: SQLiteConnection) throws {
         for folder in try container.contentsOfDirectory(atPath: importsFolder) {
             let folderPath = "\(importsFolder)/\(folder.name)"
             guard let id = UUID(uuidString: folder.name), folder.type == .typeDirectory else { continue }
@@ -328,10 +356,11 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
             let text: String
             do {
                 guard let decoded = String(data: try container.contents(atPath: itemPath), encoding: .utf8) else {
-                    throw NotesStoreError(problem: "the item is not UTF-8 text", path: itemPath, remedy: "Deliver notes as UTF-8 text files")
+                    try setAside(folderPath, because: NotesStoreError(problem: "the item is not UTF-8 text", path: itemPath, remedy: "Deliver notes as UTF-8 text files"))
+                    continue
                 }
                 text = decoded
-            } catch where !Self.isDataProtectionDenial(error) {
+            } catch where Self.isUnreadableContent(error) {
                 try setAside(folderPath, because: error)
                 continue
             }
@@ -351,6 +380,12 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
 
     // MARK: Errors
 
+    /// Content that will never read (it fails authentication, or does not decode), as opposed to a passing failure
+    /// such as a full disk or a lock, which must not send an accepted change aside.
+    static func isUnreadableContent(_ error: any Error) -> Bool {
+        error is DecodingError || (error as? CocoaError)?.code == .fileReadCorruptFile
+    }
+
     static func isDataProtectionDenial(_ error: any Error) -> Bool {
         (error as? CocoaError)?.isProtectedDataUnavailable == true || (error as? ProtectedStoreError)?.kind == .protectedDataUnavailable
     }
@@ -366,7 +401,7 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
 }
 
 /// The changes of one `NotesStore.transaction`: applied to the database as they are made while it is open, and
-/// kept, so they can go to the pending journal if a lock takes the database away part-way.
+/// kept, so they can go to the pending journal if a lock takes the database away part-way. Valid only inside its closure.
 public final class NotesTransaction {
     private(set) var changes: [NoteChange] = []
     /// The connection the changes are applied to; nil once unavailable.
@@ -387,7 +422,12 @@ public final class NotesTransaction {
     /// Deletes a note.
     public func delete(id: UUID) { record(.delete(id)) }
 
+    /// Ends its use: a transaction kept past its closure would write outside the store's lock.
+    func finish() { isFinished = true }
+    private var isFinished = false
+
     private func record(_ change: NoteChange) {
+        precondition(!isFinished, "a NotesTransaction is used only inside the closure passed to NotesStore.transaction")
         changes.append(change)
         guard let database, failure == nil else { return }
         do {
@@ -398,4 +438,22 @@ public final class NotesTransaction {
             if !NotesStore.isDataProtectionDenial(error) { failure = error }
         }
     }
+}
+
+/// The databases open in this process: the VFS keeps its locks in memory, so a second connection to the same file
+/// (a second store on one container) would not be excluded by SQLite and could overwrite the first's pages.
+private enum OpenDatabases {
+    nonisolated(unsafe) private static var paths: Set<String> = []
+    private static let mutex = NSLock()
+
+    static func claim(_ path: String) throws {
+        try mutex.withLock {
+            guard paths.insert(path).inserted else {
+                throw NotesStoreError(problem: "another NotesStore of this process has this database open", path: path,
+                                      remedy: "Use that store, or close() it before opening a new one")
+            }
+        }
+    }
+
+    static func release(_ path: String) { _ = mutex.withLock { paths.remove(path) } }
 }

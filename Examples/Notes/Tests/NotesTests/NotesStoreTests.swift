@@ -125,14 +125,15 @@ struct NotesStoreTests {
     @Test("after a reboot the store starts before first unlock, accepts writes, and folds everything in at the first unlock")
     func rebootBeforeFirstUnlock() async throws {
         let device = try TestDevice()
-        var store = try NotesStore(container: device.container)
-        try store.add(title: "unlocked", body: "1")
+        var beforeReboot: NotesStore? = try NotesStore(container: device.container)
+        try beforeReboot?.add(title: "unlocked", body: "1")
         await device.lock()
-        try store.add(title: "locked", body: "2")
+        try beforeReboot?.add(title: "locked", body: "2")
         try device.reboot()
         #expect(device.device.state == .beforeFirstUnlock)
-        // The app is launched again, before the user has unlocked once.
-        store = try NotesStore(container: device.container)
+        // The app died with the device, and is launched again before the user has unlocked once.
+        beforeReboot = nil
+        let store = try NotesStore(container: device.container)
         #expect(!store.isDatabaseOpen)
         #expect(throws: CocoaError.self) { try store.notes() }
         try store.add(title: "before first unlock", body: "3")
@@ -162,6 +163,35 @@ struct NotesStoreTests {
         // Moved out of the Inbox, and the staging folder is empty again.
         #expect(try device.container.contentsOfDirectory(atPath: "Documents/Inbox").isEmpty)
         #expect(try device.container.contentsOfDirectory(atPath: "Library/Application Support/\(TestDevice.defaultBundleIdentifier)/Imported").isEmpty)
+    }
+
+    @Test("a journal torn by a crash before SQLite synced it is ignored, as on a plain file system")
+    func tornJournal() throws {
+        let device = try TestDevice()
+        var store = try NotesStore(container: device.container)
+        let note = try store.add(title: "kept", body: "1")
+        store.close()
+        let journal = "\(store.databasePath)-journal"
+        // Two blocks of non-zero bytes, the first of which (the journal header) fails authentication.
+        try device.container.write(Data(repeating: 0xD9, count: 8192), toPath: journal)
+        let raw = URL(fileURLWithPath: "\(device.container.dataPath)/\(journal)")
+        var bytes = try Data(contentsOf: raw)
+        bytes[bytes.count - (4096 + 40) - 1] ^= 0x01
+        try bytes.write(to: raw)
+        store = try NotesStore(container: device.container)
+        #expect(try store.notes() == [note])
+        try store.verifyIntegrity()
+    }
+
+    @Test("a second store on the same database is refused until the first is closed")
+    func oneStorePerDatabase() throws {
+        let device = try TestDevice()
+        let first = try NotesStore(container: device.container)
+        let error = #expect(throws: NotesStoreError.self) { try NotesStore(container: device.container) }
+        #expect(error?.problem.contains("another NotesStore") == true)
+        first.close()
+        #expect(throws: NotesStoreError.self) { try first.notes() }
+        _ = try NotesStore(container: device.container)
     }
 
     @Test("an Inbox item delivered while unlocked is imported at once; one that is not text is set aside, not lost")
