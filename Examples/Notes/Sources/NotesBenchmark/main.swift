@@ -27,7 +27,7 @@ final class PlainNotes {
     func open() {
         precondition(sqlite3_open(path, &db) == SQLITE_OK)
         exec("""
-            PRAGMA page_size = 4096; PRAGMA journal_mode = TRUNCATE; PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY;
+            PRAGMA page_size = 4096; PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY;
             CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, title TEXT NOT NULL, body TEXT NOT NULL, created REAL NOT NULL, imported_from TEXT);
             """)
     }
