@@ -75,7 +75,7 @@ struct NotesStoreTests {
             }
             recorder.mark("transaction returned")
         }
-        gate.waitForArrival()
+        await gate.arrival()
         let locking = Task { await device.lock() }
         try await recorder.waitUntil { $0.contains(.willBecomeUnavailable) }
         try await Task.sleep(nanoseconds: 300_000_000)
@@ -83,7 +83,7 @@ struct NotesStoreTests {
         #expect(device.device.state == .locking)
         gate.release()
         await locking.value
-        try writer.wait()
+        try await writer.finished()
         #expect(device.device.state == .locked)
         try recorder.expectOrder(.willBecomeUnavailable, .mark("transaction returned"))
         // Committed to the database before it closed, not journaled.
@@ -106,14 +106,14 @@ struct NotesStoreTests {
                 transaction.add(title: "second", body: "2")
             }
         }
-        gate.waitForArrival()
+        await gate.arrival()
         let locking = Task { await device.lock() }
         // The grace period ends while the store is still in its transaction: the keys are discarded under it.
         let deadline = Date().addingTimeInterval(10)
         while device.device.state != .locked && Date() < deadline { try await Task.sleep(nanoseconds: 5_000_000) }
         #expect(device.device.state == .locked)
         gate.release()
-        try writer.wait()
+        try await writer.finished()
         await locking.value
         #expect(try store.pendingChangeCount() == 1)
         try await device.unlock()
@@ -253,7 +253,7 @@ struct NotesStoreTests {
             try await device.unlock()
         }
         stop.set()
-        for writer in writers { try writer.wait() }
+        for writer in writers { try await writer.finished() }
         let elapsed = Date().timeIntervalSince(started)
 
         let bodies = try store.notes().map(\.body)
@@ -285,9 +285,9 @@ final class Writer: @unchecked Sendable {
         }
     }
 
-    /// Waits for the thread and rethrows its error.
-    func wait() throws {
-        done.wait()
+    /// Waits for the thread, without blocking a thread of the cooperative pool, and rethrows its error.
+    func finished() async throws {
+        await waitOffPool(done)
         if let failure { throw failure }
     }
 }
@@ -298,9 +298,20 @@ final class Gate: @unchecked Sendable {
     private let released = DispatchSemaphore(value: 0)
 
     func arrive() { arrived.signal() }
-    func waitForArrival() { arrived.wait() }
+    func arrival() async { await waitOffPool(arrived) }
     func release() { released.signal() }
     func waitForRelease() { released.wait() }
+}
+
+/// Waits for a semaphore on a dispatch thread: tests run in parallel on the cooperative pool, which a blocked
+/// thread would starve (the lock the test is waiting for needs it too).
+func waitOffPool(_ semaphore: DispatchSemaphore) async {
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        DispatchQueue.global().async {
+            semaphore.wait()
+            continuation.resume()
+        }
+    }
 }
 
 final class Flag: @unchecked Sendable {
