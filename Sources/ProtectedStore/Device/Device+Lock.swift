@@ -171,8 +171,9 @@ extension Device {
         return true
     }
 
-    /// Blocks until the events already received from a daemon have been handed to this process's observers.
-    package func waitUntilDaemonEventsServed() { pendingDelivery.wait() }
+    /// Blocks until the events already received from a daemon have been handed to this process's observers (at most
+    /// the grace period plus 5 s).
+    package func waitUntilDaemonEventsServed() { _ = pendingDelivery.wait(timeout: .now() + max(gracePeriod, 1) + 5) }
 
     /// Wakes this process's receiving containers now, rather than when the kernel reports the delivery.
     package func deliverPendingOpenURLs() { inboxReceivers.members.forEach { $0.deliverPending() } }

@@ -61,7 +61,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// Attached to a daemon: serves its events to this process's observers, one at a time, in order.
     let daemonEvents = DispatchQueue(label: "ProtectedStore.daemon-events")
     /// Entered for work that will hand events to observers but has not yet (a daemon event queued, open-URL events
-    /// waiting for *did* to be handled), so `waitUntilObserversIdle()` does not return in the gap.
+    /// waiting for *did* to be handled), so `waitUntilObserversIdle(timeout:)` does not return in the gap.
     let pendingDelivery = DispatchGroup()
 
     init(root: String, deviceSecretPath: String, keybagID: [UInt8], classBPublicKey: [UInt8], holder: KeyHolder, state: State,
