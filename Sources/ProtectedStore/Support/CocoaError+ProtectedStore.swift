@@ -21,7 +21,8 @@ extension ProtectedStoreError {
 
     /// The error as Foundation would report it for a read or a write, so iOS-style code handles it unchanged:
     /// data-protection denials are `.fileReadNoPermission` / `.fileWriteNoPermission` over `POSIXError(.EPERM)`.
-    func cocoaError(writing: Bool) -> CocoaError {
+    /// Code built on the library uses it to report its own denials the same way.
+    public func cocoaError(writing: Bool) -> CocoaError {
         let code: CocoaError.Code
         switch kind {
         case .protectedDataUnavailable, .wrongPasscode, .throttled, .daemonUnavailable:

@@ -110,21 +110,27 @@ private let vfsOpen: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafeP
     let path = name.map { String(cString: $0) } ?? "tmp/sqlite-\(UUID().uuidString)"
     let container = context.container
     let isJournal = flags & SQLITE_OPEN_MAIN_JOURNAL != 0
+    func openHandle() throws -> ProtectedFileHandle {
+        if flags & SQLITE_OPEN_READONLY != 0 { return try container.fileHandle(forReadingAtPath: path) }
+        if flags & SQLITE_OPEN_EXCLUSIVE != 0 || name == nil { return try container.createFile(atPath: path) }
+        guard flags & SQLITE_OPEN_CREATE != 0 else { return try container.fileHandle(forUpdatingAtPath: path) }
+        do {
+            return try container.fileHandle(forUpdatingAtPath: path)
+        } catch let error as CocoaError where error.protectedStoreError?.kind == .notFound {
+            // New files take their folder's class, as any file created in the container does.
+            return try container.createFile(atPath: path)
+        }
+    }
     do {
-        var handle: ProtectedFileHandle
-        if flags & SQLITE_OPEN_READONLY != 0 {
-            handle = try container.fileHandle(forReadingAtPath: path)
-        } else if flags & SQLITE_OPEN_EXCLUSIVE != 0 || name == nil {
+        let handle: ProtectedFileHandle
+        do {
+            handle = try openHandle()
+        } catch let error as CocoaError where isJournal && error.code == .fileReadCorruptFile && name != nil {
+            // A journal whose header was torn by a crash was never synced whole, and SQLite writes the database only
+            // after syncing it: nothing in it is needed. An empty journal in its place is what SQLite sees after such a
+            // crash on a plain file system (it then ignores and removes it).
+            try container.removeItem(atPath: path)
             handle = try container.createFile(atPath: path)
-        } else if flags & SQLITE_OPEN_CREATE != 0 {
-            do {
-                handle = try container.fileHandle(forUpdatingAtPath: path)
-            } catch let error as CocoaError where error.protectedStoreError?.kind == .notFound {
-                // New files take their folder's class, as any file created in the container does.
-                handle = try container.createFile(atPath: path)
-            }
-        } else {
-            handle = try container.fileHandle(forUpdatingAtPath: path)
         }
         let opened = OpenFile(handle: handle, path: path, deleteOnClose: flags & SQLITE_OPEN_DELETEONCLOSE != 0 || name == nil,
                               isJournal: isJournal, vfs: context)
@@ -132,21 +138,6 @@ private let vfsOpen: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafeP
         wrapper.pointee.base.pMethods = UnsafePointer(ioMethods)
         outFlags?.pointee = flags
         return SQLITE_OK
-    } catch let error as CocoaError where isJournal && error.code == .fileReadCorruptFile && name != nil {
-        // A journal whose header was torn by a crash was never synced whole, and SQLite writes the database only after
-        // syncing it: nothing in it is needed. An empty journal in its place is what SQLite sees after such a crash on
-        // a plain file system (it then ignores and removes it).
-        do {
-            try container.removeItem(atPath: path)
-            let handle = try container.createFile(atPath: path)
-            let opened = OpenFile(handle: handle, path: path, deleteOnClose: false, isJournal: true, vfs: context)
-            wrapper.pointee.handle = Unmanaged.passRetained(opened).toOpaque()
-            wrapper.pointee.base.pMethods = UnsafePointer(ioMethods)
-            outFlags?.pointee = flags
-            return SQLITE_OK
-        } catch {
-            return context.fail(error, code: SQLITE_CANTOPEN)
-        }
     } catch {
         return context.fail(error, code: SQLITE_CANTOPEN)
     }

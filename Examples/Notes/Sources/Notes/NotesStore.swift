@@ -393,10 +393,9 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
     /// The error reading a class A file gives while locked, for a read the closed database can't serve.
     private func unavailable() -> CocoaError {
         let reason = container.device.state == .beforeFirstUnlock ? "before first unlock" : "while the device is locked"
-        let detail = ProtectedStoreError(.protectedDataUnavailable, path: "\(container.bundleIdentifier):\(databasePath)",
-                                         problem: "the notes database (class A) can't be read \(reason)", remedy: "Unlock the device, then read again")
-        return CocoaError(.fileReadNoPermission, userInfo: [NSUnderlyingErrorKey: POSIXError(.EPERM), NSFilePathErrorKey: detail.path!,
-                                                            NSLocalizedDescriptionKey: detail.description, ProtectedStoreError.userInfoKey: detail])
+        return ProtectedStoreError(.protectedDataUnavailable, path: "\(container.bundleIdentifier):\(databasePath)",
+                                   problem: "the notes database (class A) can't be read \(reason)", remedy: "Unlock the device, then read again")
+            .cocoaError(writing: false)
     }
 }
 

@@ -66,15 +66,7 @@ struct NotesStoreTests {
         let recorder = device.recordEvents(openURLs: false)
         let store = try NotesStore(container: device.container)
         let gate = Gate()
-        let writer = Writer {
-            try store.transaction { transaction in
-                transaction.add(title: "first", body: "1")
-                gate.arrive()
-                gate.waitForRelease()
-                transaction.add(title: "second", body: "2")
-            }
-            recorder.mark("transaction returned")
-        }
+        let writer = transactionHeld(at: gate, in: store) { recorder.mark("transaction returned") }
         await gate.arrival()
         let locking = Task { await device.lock() }
         try await recorder.waitUntil { $0.contains(.willBecomeUnavailable) }
@@ -98,14 +90,7 @@ struct NotesStoreTests {
         let store = try NotesStore(container: device.container)
         let before = try store.add(title: "before", body: "0")
         let gate = Gate()
-        let writer = Writer {
-            try store.transaction { transaction in
-                transaction.add(title: "first", body: "1")
-                gate.arrive()
-                gate.waitForRelease()
-                transaction.add(title: "second", body: "2")
-            }
-        }
+        let writer = transactionHeld(at: gate, in: store)
         await gate.arrival()
         let locking = Task { await device.lock() }
         // The grace period ends while the store is still in its transaction: the keys are discarded under it.
@@ -289,6 +274,19 @@ final class Writer: @unchecked Sendable {
     func finished() async throws {
         await waitOffPool(done)
         if let failure { throw failure }
+    }
+}
+
+/// A writer whose transaction adds "first", waits at `gate`, adds "second", then calls `afterwards`.
+func transactionHeld(at gate: Gate, in store: NotesStore, afterwards: @escaping @Sendable () -> Void = {}) -> Writer {
+    Writer {
+        try store.transaction { transaction in
+            transaction.add(title: "first", body: "1")
+            gate.arrive()
+            gate.waitForRelease()
+            transaction.add(title: "second", body: "2")
+        }
+        afterwards()
     }
 }
 
