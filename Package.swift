@@ -8,6 +8,7 @@ let package = Package(
         .library(name: "ProtectedStore", targets: ["ProtectedStore"]),
         .library(name: "ProtectedStoreTesting", targets: ["ProtectedStoreTesting"]),
         .executable(name: "sandboxctl", targets: ["sandboxctl"]),
+        .executable(name: "ps-verify", targets: ["ps-verify"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -59,6 +60,11 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
+        ),
+        // make verify's crash harness and load test (docs/SECURITY.md): kills writers, loads the daemon, prints figures.
+        .executableTarget(
+            name: "ps-verify",
+            dependencies: ["ProtectedStore", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         // A second program for the daemon tests: attaches, keeps a file open, reports events.
         .executableTarget(

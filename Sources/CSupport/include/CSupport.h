@@ -32,4 +32,11 @@ int ps_accept(int listener);
 /// pipe2 with O_CLOEXEC | O_NONBLOCK; -1 with errno set.
 int ps_pipe(int ends[2]);
 
+/// No core file, and no ptrace attach or /proc/PID/mem read by other processes of the same user: RLIMIT_CORE 0 and
+/// prctl(PR_SET_DUMPABLE, 0). Returns 0, or -1 with errno set.
+int ps_disable_core_dumps(void);
+
+/// prctl(PR_GET_DUMPABLE): 1 if this process may be dumped or traced, 0 if not, -1 with errno set.
+int ps_is_dumpable(void);
+
 #endif

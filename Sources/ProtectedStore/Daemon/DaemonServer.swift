@@ -379,7 +379,16 @@ final class DaemonServer: @unchecked Sendable {
         reply.gracePeriod = device.gracePeriod
         reply.subscribers = registry.count
         reply.failedPasscodeAttempts = device.failedPasscodeAttempts
+        reply.coreDumpsDisabled = ps_is_dumpable() == 0
+        reply.lockedMemoryKiB = Self.lockedMemoryKiB()
         return reply
+    }
+
+    /// This process's mlocked memory (VmLck), where the keys live.
+    private static func lockedMemoryKiB() -> Int? {
+        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmLck:") }) else { return nil }
+        return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
     }
 
     /// Runs a passcode operation off the loop (Argon2id takes a while) and replies when it is done.

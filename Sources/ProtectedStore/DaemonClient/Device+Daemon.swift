@@ -15,6 +15,10 @@ public struct DaemonStatus: Sendable, Codable, Equatable {
     public var gracePeriod: TimeInterval
     /// Wrong passcodes in a row so far.
     public var failedPasscodeAttempts: Int
+    /// Whether the daemon's process is protected from core dumps and from other processes reading its memory.
+    public var coreDumpsDisabled: Bool
+    /// The daemon's mlocked memory in KiB (where its keys live), if the system reports it.
+    public var lockedMemoryKiB: Int?
 }
 
 extension Device.State: Codable {}
@@ -49,7 +53,8 @@ extension Device {
         let reply = try link.call(DaemonRequest(id: 0, op: .status)).reply
         return DaemonStatus(pid: reply.pid ?? 0, socketPath: link.socketPath, state: reply.state.flatMap(State.init(rawValue:)) ?? .locked,
                             subscribers: reply.subscribers ?? 0, gracePeriod: reply.gracePeriod ?? Self.defaultGracePeriod,
-                            failedPasscodeAttempts: reply.failedPasscodeAttempts ?? 0)
+                            failedPasscodeAttempts: reply.failedPasscodeAttempts ?? 0, coreDumpsDisabled: reply.coreDumpsDisabled ?? false,
+                            lockedMemoryKiB: reply.lockedMemoryKiB)
     }
 
     /// The daemon's state as this process starts from: a lock in progress already sent its event to others, so a

@@ -53,6 +53,8 @@ struct DaemonReply: Codable, Sendable {
     var gracePeriod: Double?
     var subscribers: Int?
     var failedPasscodeAttempts: Int?
+    var coreDumpsDisabled: Bool?
+    var lockedMemoryKiB: Int?
     var sealed: String?
 
     init(id: UInt64?) { self.id = id }

@@ -12,7 +12,8 @@ struct DaemonCommand: ParsableCommand {
             Starting the daemon is a reboot: the device is before first unlock until `sandboxctl unlock`. While it runs, \
             `lock`, `unlock`, `watch` and `status` talk to it, file commands use its state, and programs using the library \
             attach with Device.attach(root:). Only the root's owner (and root) may connect; the socket is mode 0600.
-            SIGINT or SIGTERM zeroes the keys, removes the socket and exits 0. Log lines go to standard error.
+            The daemon disables its core dumps and tracing by other processes (PR_SET_DUMPABLE 0) and keeps every key in \
+            mlocked memory. SIGINT or SIGTERM zeroes the keys, removes the socket and exits 0. Log lines go to standard error.
             """
     )
 
@@ -39,6 +40,7 @@ struct DaemonCommand: ParsableCommand {
             return handler
         }
         try reportingErrors {
+            try KeyDaemon.hardenProcess()
             let daemon = try KeyDaemon.start(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret, socketPath: socket, gracePeriod: grace)
             var sources: [any DispatchSourceSignal] = []
             for signalNumber in [SIGINT, SIGTERM] {

@@ -61,6 +61,7 @@ struct StatusCommand: ParsableCommand {
             if let daemon {
                 print("  state:          \(report.state) (held by the daemon, pid \(daemon.pid))")
                 print("  daemon:         socket \(daemon.socketPath), \(daemon.subscribers) subscriber(s) including this command, grace \(daemon.gracePeriod) s")
+                print("  daemon memory:  core dumps \(daemon.coreDumpsDisabled ? "disabled" : "ENABLED"), \(daemon.lockedMemoryKiB.map { "\($0) KiB" } ?? "unknown") locked")
             } else {
                 print("  state:          \(report.state) (no daemon: this command's own key holder)")
             }

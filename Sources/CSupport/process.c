@@ -1,0 +1,13 @@
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include "CSupport.h"
+
+int ps_disable_core_dumps(void) {
+    struct rlimit none = { 0, 0 };
+    if (setrlimit(RLIMIT_CORE, &none) != 0) return -1;
+    return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+int ps_is_dumpable(void) {
+    return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+}

@@ -1,0 +1,56 @@
+import ArgumentParser
+import Foundation
+import ProtectedStore
+
+/// The process the crash harness kills: opens the device, reports `ready`, then performs operations of one kind back
+/// to back, reporting `done N` the moment version N is complete, until it is killed (or `--limit` is reached).
+struct CrashWorkerCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "crash-worker", abstract: "Internal: the writer that `ps-verify crash` kills. Reads the passcode from standard input.",
+        shouldDisplay: false)
+
+    @Option(help: "Device root.") var root: String
+    @Option(help: "Device secret file.") var deviceSecret: String
+    @Option(help: "Operation kind.") var kind: CrashKind
+    @Option(help: "Trial number (names this run's files).") var trial: Int
+    @Option(help: "The version the device holds now; the first operation makes version+1.") var version: Int
+    @Option(help: "Stop after this many operations.") var limit = 10_000
+    @Flag(help: "Stay before first unlock (Inbox deliveries only).") var locked = false
+
+    func run() throws {
+        guard let passcode = readLine() else { throw ValidationError("the passcode is read from standard input") }
+        let device = try Device.open(root: root, deviceSecretPath: deviceSecret, notificationCenter: NotificationCenter())
+        if !locked { try device.unlock(passcode: try Passcode(passcode)) }
+        let container = try device.container(bundleIdentifier: ScratchDevice.bundleIdentifier)
+        let sources = FileManager.default.temporaryDirectory.appendingPathComponent("ps-verify-sources-\(getpid())").path
+        if kind == .inbox { try FileManager.default.createDirectory(atPath: sources, withIntermediateDirectories: true) }
+        defer { try? FileManager.default.removeItem(atPath: sources) }
+        emitLine("ready")
+        var current = version
+        var currentPasscode = passcode
+        for _ in 0..<limit {
+            let next = current + 1
+            switch kind {
+            case .write:
+                try container.write(CrashKind.writeContent(trial: trial, version: next),
+                                    toPath: "\(CrashKind.writeFolder)/\(CrashKind.writeName(trial: trial, version: next))")
+            case .overwrite:
+                try container.write(CrashKind.overwriteContent(version: next), toPath: CrashKind.overwritePath)
+            case .move:
+                try container.moveItem(atPath: CrashKind.movePaths[current % 2], toPath: CrashKind.movePaths[next % 2])
+            case .protection:
+                try container.setProtection(CrashKind.protectionCycle[next % 4], ofItemAtPath: CrashKind.protectionPath)
+            case .passcode:
+                let newPasscode = CrashKind.passcode(version: next)
+                try device.changePasscode(from: try Passcode(currentPasscode), to: try Passcode(newPasscode))
+                currentPasscode = newPasscode
+            case .inbox:
+                let source = "\(sources)/\(next)"
+                try CrashKind.inboxContent(trial: trial, version: next).write(to: URL(fileURLWithPath: source))
+                try container.deliverToInbox(fileAtPath: source, name: CrashKind.inboxName(trial: trial, version: next))
+            }
+            emitLine("done \(next)")
+            current = next
+        }
+    }
+}

@@ -1,0 +1,140 @@
+import Foundation
+import SystemPackage
+import Testing
+@testable import ProtectedStore
+
+/// After a lock, no copy of the class A key or of a closed file's key may be left anywhere in memory: not in a stray
+/// buffer, a stack, or a freed heap block. The scan reads every readable mapping through /proc/PID/mem.
+@Suite struct MemoryHygieneTests {
+    @Test func afterALockNoClassAKeyAndNoClosedFilesKeyIsLeftInThisProcess() async throws {
+        let test = try TestDevice()
+        let container = try test.makeContainer()
+        var secrets = [try MaskedSecret("the class A key", test.device.classKey(for: .complete))]
+        let files: [(String, Data.WritingOptions)] = [("a.bin", .completeFileProtection), ("b.bin", .completeFileProtectionUnlessOpen),
+                                                      ("c.bin", .completeFileProtectionUntilFirstUserAuthentication), ("d.bin", .noFileProtection)]
+        for (name, option) in files {
+            let path = "Documents/\(name)"
+            // Every way a file key is used: whole-file write and read, a handle's read, write past the end, and close.
+            try container.write(Data(repeating: 7, count: 300_000), toPath: path, options: option)
+            #expect(try container.contents(atPath: path).count == 300_000)
+            let handle = try container.fileHandle(forUpdatingAtPath: path)
+            _ = try handle.read(upToCount: 5000, atOffset: 4000)
+            try handle.write(contentsOf: Data(repeating: 9, count: 10_000), atOffset: 299_000)
+            try handle.close()
+            let header = try EncryptedFile.header(at: FileLocation(path: "\(container.dataPath)/\(path)"))
+            secrets.append(try MaskedSecret("the key of closed file \(name)", header.unwrapFileKey(keys: test.device, path: path)))
+        }
+
+        // A file still open keeps its key (class D: a lock leaves it), and the scan must see that one too.
+        try container.write(Data(repeating: 1, count: 100), toPath: "Documents/open.bin", options: .noFileProtection)
+        let open = try container.fileHandle(forReadingAtPath: "Documents/open.bin")
+        defer { try? open.close() }
+        let openKey = try MaskedSecret("the key of open file open.bin", EncryptedFile.header(at: FileLocation(path: "\(container.dataPath)/Documents/open.bin"))
+            .unwrapFileKey(keys: test.device, path: "open.bin"))
+
+        let unlocked = try MemoryScan(pid: getpid(), secrets: secrets + [openKey])
+        // The scan must find what is there, or finding nothing later would prove nothing.
+        #expect(unlocked.found.contains { $0.hasPrefix("the class A key") }, "the unlocked class A key was not found: the scan is blind")
+        #expect(unlocked.found.contains { $0.hasPrefix("the key of open file") }, "the open file's key was not found: the scan is blind")
+        #expect(!unlocked.found.contains { $0.contains("closed file") }, "closed files' keys while unlocked: \(unlocked.found)")
+
+        await test.device.lock(gracePeriod: 0)
+        let locked = try MemoryScan(pid: getpid(), secrets: secrets)
+        #expect(locked.found.isEmpty, "left in memory after the lock: \(locked.found)")
+        #expect(locked.scannedBytes > 10 << 20)
+        print("memory hygiene: scanned \(locked.scannedBytes >> 20) MiB of this process in \(locked.regions) mappings after the lock; found \(locked.found.count) of \(secrets.count) keys")
+    }
+
+    @Test func theDaemonCannotBeDumpedKeepsItsKeysLockedAndForgetsClassAOnLock() throws {
+        let test = try TestDevice()
+        _ = try test.makeContainer()
+        // The same keys, unwrapped here from the same keybag, to know what to look for.
+        let secret = try MaskedSecret("the class A key", test.device.classKey(for: .complete))
+        let daemon = try DaemonProcess(test, grace: 0)
+        let unlocked = try sandboxctl(test, ["unlock", "--passcode-stdin"], stdin: TestDevice.passcode + "\n")
+        #expect(unlocked.status == 0, "\(unlocked.stderr)")
+        let client = try Device.attach(root: test.root, notificationCenter: NotificationCenter())
+        defer { client.powerOff() }
+        let status = try #require(try client.daemonStatus())
+        #expect(status.coreDumpsDisabled, "the daemon can be dumped or traced")
+        #expect((status.lockedMemoryKiB ?? 0) > 0, "the daemon has no mlocked memory: \(String(describing: status.lockedMemoryKiB))")
+
+        #expect(try MemoryScan(pid: daemon.pid, secrets: [secret]).found.count == 1, "the daemon's unlocked class A key was not found: the scan is blind")
+        let locked = try sandboxctl(test, ["lock"])
+        #expect(locked.status == 0, "\(locked.stderr)")
+        let scan = try MemoryScan(pid: daemon.pid, secrets: [secret])
+        #expect(scan.found.isEmpty, "left in the daemon after the lock: \(scan.found)")
+        print("memory hygiene: scanned \(scan.scannedBytes >> 20) MiB of the daemon after the lock; core dumps disabled, \(status.lockedMemoryKiB ?? 0) KiB locked")
+    }
+}
+
+/// A secret kept only XOR-masked, so the test's own copy never matches the search.
+struct MaskedSecret {
+    static let mask: UInt8 = 0x5C
+    let label: String
+    let masked: [UInt8]
+
+    init(_ label: String, _ secret: SecureBytes) throws {
+        self.label = label
+        masked = try secret.withUnsafeBytes { $0.map { $0 ^ Self.mask } }
+    }
+
+    /// Whether `bytes` starts with the secret, unmasking one byte at a time.
+    func matches(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        guard bytes.count >= masked.count else { return false }
+        for index in masked.indices where bytes[index] != masked[index] ^ Self.mask { return false }
+        return true
+    }
+}
+
+/// Every readable mapping of a process, read through /proc/PID/mem and searched for secrets.
+struct MemoryScan {
+    /// "label at 0x… (mapping)" for every secret found.
+    private(set) var found: [String] = []
+    private(set) var scannedBytes = 0
+    private(set) var regions = 0
+
+    init(pid: Int32, secrets: [MaskedSecret]) throws {
+        // Read to the end by hand: /proc files report size 0, and a one-shot read stops at the first page.
+        guard let mapsFile = FileHandle(forReadingAtPath: "/proc/\(pid)/maps"), let mapsData = try mapsFile.readToEnd() else {
+            throw POSIXError(.ENOENT)
+        }
+        let maps = String(decoding: mapsData, as: UTF8.self)
+        let memory = try FileDescriptor.open("/proc/\(pid)/mem", .readOnly)
+        defer { try? memory.close() }
+        let chunk = 1 << 20, overlap = 64
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunk, alignment: 16)
+        defer { buffer.deallocate() }
+        var labels: Set<String> = []
+        for line in maps.split(separator: "\n") {
+            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+            guard fields.count >= 5, fields[1].hasPrefix("r") else { continue }
+            let name = fields.count > 5 ? String(fields[5]) : "anonymous"
+            if name == "[vvar]" || name == "[vsyscall]" || name == "[vvar_vclock]" { continue }
+            let bounds = fields[0].split(separator: "-").compactMap { UInt64($0, radix: 16) }
+            guard bounds.count == 2 else { continue }
+            regions += 1
+            var position = bounds[0]
+            while position < bounds[1] {
+                let wanted = Int(min(UInt64(chunk), bounds[1] - position))
+                // A mapping can vanish or be unreadable (a device, a guard page): skip it, it holds nothing to find.
+                guard let read = try? memory.read(fromAbsoluteOffset: Int64(bitPattern: position),
+                                                  into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<wanted])), read > 0 else { break }
+                scannedBytes += read
+                for secret in secrets {
+                    let first = secret.masked[0] ^ MaskedSecret.mask
+                    var offset = 0
+                    while offset < read, let hit = memchr(buffer.baseAddress! + offset, Int32(first), read - offset) {
+                        let index = buffer.baseAddress!.distance(to: hit)
+                        if secret.matches(UnsafeRawBufferPointer(rebasing: buffer[index..<read])) && labels.insert(secret.label).inserted {
+                            found.append("\(secret.label) at 0x\(String(position + UInt64(index), radix: 16)) (\(name))")
+                        }
+                        offset = index + 1
+                    }
+                }
+                // Step back a little so a secret straddling two chunks is seen whole.
+                position += UInt64(read == wanted && position + UInt64(read) < bounds[1] ? read - overlap : read)
+            }
+        }
+    }
+}
