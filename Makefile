@@ -1,7 +1,7 @@
 # Quick start: `make demo` and `make test`. Both install missing system packages when run as root.
 SWIFT ?= swift
 
-.PHONY: deps demo test bench
+.PHONY: deps demo test test-tsan bench fuzz verify
 
 deps:
 	@./scripts/ensure-deps.sh
@@ -12,6 +12,26 @@ demo: deps
 
 test: deps
 	$(SWIFT) test
+	@$(MAKE) --no-print-directory test-tsan
+
+# The lock and event tests under ThreadSanitizer, in their own build folder (docs/SECURITY.md).
+test-tsan: deps
+	$(SWIFT) test --sanitize=thread --scratch-path .build-tsan --filter 'LockEventTests|ConcurrencyTests|DaemonProtocolTests|TestDeviceTests'
+
+# libFuzzer smoke run: FUZZ_SECONDS per target (default 60), from the committed seeds; a crash input lands in Fuzz/Crashes.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@$(SWIFT) build --package-path Fuzz -Xswiftc -sanitize=fuzzer,address -Xswiftc -parse-as-library --quiet
+	@./scripts/fuzz-smoke.sh $(FUZZ_SECONDS)
+
+# The reliability and security campaign's quick run: crash harness (quick), fuzz smoke, memory hygiene, load.
+verify: deps
+	@$(SWIFT) build --product sandboxctl --quiet
+	@$(SWIFT) build --product ps-verify --quiet
+	@$$($(SWIFT) build --show-bin-path)/ps-verify crash --quick
+	@$(MAKE) --no-print-directory fuzz
+	@$(SWIFT) test --filter MemoryHygieneTests 2>&1 | grep -E "memory hygiene|✔ Test run|✘" 
+	@$$($(SWIFT) build --show-bin-path)/ps-verify load
 
 bench: deps
 	@$(SWIFT) build -c release --product sandboxctl --quiet

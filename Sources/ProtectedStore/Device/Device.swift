@@ -405,15 +405,28 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
 
     public func wrapFileKey(_ fileKey: SecureBytes, for protectionClass: ProtectionClass, associatedData: [UInt8]) throws -> [UInt8] {
         switch holder {
-        case .embedded: return try FileKeySeal.seal(fileKey, classKey: classKey(for: protectionClass), associatedData: associatedData)
+        case .embedded: return try usingClassKey(protectionClass) { try FileKeySeal.seal(fileKey, classKey: $0, associatedData: associatedData) }
         case .daemon(let link): return try link.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData)
         }
     }
 
     public func unwrapFileKey(_ wrapped: WrappedFileKey) throws -> SecureBytes? {
         switch holder {
-        case .embedded: return try FileKeySeal.open(wrapped, classKey: classKey(for: wrapped.protectionClass), classBPublicKey: classBPublicKey)
+        case .embedded:
+            return try usingClassKey(wrapped.protectionClass) { try FileKeySeal.open(wrapped, classKey: $0, classBPublicKey: classBPublicKey) }
         case .daemon(let link): return try link.unwrapFileKey(wrapped)
+        }
+    }
+
+    /// Runs `body` with a class key. A lock that zeroes the key while `body` runs is the same refusal as a key already
+    /// gone: without this, the daemon reported it to its clients as an I/O error (found by `ps-verify load`).
+    private func usingClassKey<R>(_ protectionClass: ProtectionClass, _ body: (SecureBytes) throws -> R) throws -> R {
+        let key = try classKey(for: protectionClass)
+        do {
+            return try body(key)
+        } catch let error as SecureBytes.Discarded {
+            guard key.isDiscarded else { throw error }
+            throw Self.unavailableError(protectionClass, state: state)
         }
     }
 

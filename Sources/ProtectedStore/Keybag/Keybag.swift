@@ -150,7 +150,7 @@ struct Keybag: Sendable {
         return body + (try Self.mac(body, keybagID: keybagID, deviceSecret: deviceSecret))
     }
 
-    private static func mac(_ body: [UInt8], keybagID: [UInt8], deviceSecret: DeviceSecret) throws -> [UInt8] {
+    static func mac(_ body: [UInt8], keybagID: [UInt8], deviceSecret: DeviceSecret) throws -> [UInt8] {
         let macKey = try deviceSecret.derive(macKeyLabel, keybagID: keybagID)
         defer { macKey.discard() }
         return try body.withUnsafeBytes { try Blake2b.mac(key: macKey, message: $0) }
