@@ -101,7 +101,7 @@ let package = Package(
         .testTarget(
             name: "ProtectedStoreTests",
             dependencies: [
-                "ProtectedStore", "ProtectedStoreMount", "CSupport", "sandboxctl", "ProtectedStoreProbe",
+                "ProtectedStore", "ProtectedStoreMount", "CSupport", "sandboxctl", "ProtectedStoreProbe", "ps-verify",
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),

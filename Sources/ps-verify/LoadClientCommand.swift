@@ -33,7 +33,9 @@ struct LoadClientCommand: ParsableCommand {
         var report = LoadClientReport()
         for _ in 0..<operations {
             let existing = report.files.keys.sorted()
-            let roll = existing.isEmpty ? 0 : Int.random(in: 0..<100, using: &random)
+            var roll = existing.isEmpty ? 0 : Int.random(in: 0..<100, using: &random)
+            let free = Self.names.filter { report.files[$0] == nil }.randomElement(using: &random)
+            if (70..<80).contains(roll) && free == nil { roll = 85 }  // every name taken: delete instead of move
             let name = roll < 30 ? Self.names.randomElement(using: &random)! : existing.randomElement(using: &random)!
             let path = "\(folder)/\(name)"
             let piece = Segment(seed: random.next(), size: Int.random(in: 0...16_384, using: &random))
@@ -61,7 +63,7 @@ struct LoadClientCommand: ParsableCommand {
                     if report.lastSucceeded { report.files[name]!.append(piece) }
                 case ..<80:
                     operation = "move"
-                    guard let free = Self.names.filter({ report.files[$0] == nil }).randomElement(using: &random) else { continue }
+                    let free = free!
                     try attempt(operation, &report) { try container.moveItem(atPath: path, toPath: "\(folder)/\(free)") }
                     if report.lastSucceeded { report.files[free] = report.files.removeValue(forKey: name) }
                 case ..<90:

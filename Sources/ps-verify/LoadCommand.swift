@@ -12,7 +12,8 @@ struct LoadCommand: AsyncParsableCommand {
             Starts `sandboxctl daemon` (built beside this program) on a throwaway device, then CLIENTS processes, each doing \
             OPERATIONS random operations on its own files in all four classes: whole-file writes, reads checked against what \
             it wrote, appends through a handle, moves, deletes, listings and class changes. Meanwhile the device locks and \
-            unlocks every TOGGLE milliseconds. Passes when no process crashes, every failure is a data-protection refusal, \
+            unlocks every TOGGLE milliseconds. The same clients first run once on a device that never locks, as the \
+            baseline the throughput is compared with. Passes when no process crashes, every failure is a data-protection refusal, \
             no read returns wrong bytes, and after a last unlock every file holds exactly what its client last wrote.
             """)
 
@@ -32,7 +33,7 @@ struct LoadCommand: AsyncParsableCommand {
         let passcode = "load-passcode"
         let (scratch, device, container) = try ScratchDevice.create(label: "load", passcode: passcode)
         defer { scratch.remove() }
-        for client in 0..<clients { try container.createDirectory(atPath: LoadClientCommand.folder(client)) }
+        for folder in 0..<2 * clients { try container.createDirectory(atPath: LoadClientCommand.folder(folder)) }
         device.powerOff()
 
         let daemon = try startDaemon(scratch)
@@ -40,9 +41,30 @@ struct LoadCommand: AsyncParsableCommand {
         let controller = try Device.attach(root: scratch.root, notificationCenter: NotificationCenter())
         try controller.unlock(passcode: try Passcode(passcode))
 
+        // The same clients with the same seeds on an unlocked device first: the baseline the toggling run is compared with.
+        let baseline = try await round(scratch: scratch, controller: controller, passcode: passcode, firstFolder: clients, toggling: false)
+        let loaded = try await round(scratch: scratch, controller: controller, passcode: passcode, firstFolder: 0, toggling: true)
+        var result = loaded
+        result.baselineSeconds = baseline.seconds
+        result.baselineOperationsPerSecond = baseline.operationsPerSecond
+        result.violations += baseline.violations.map { "baseline: \($0)" }
+        if baseline.refusals.values.reduce(0, +) > 0 { result.violations.append("baseline: refusals on an unlocked device: \(baseline.refusals)") }
+        controller.powerOff()
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            emitLine(String(decoding: try encoder.encode(result), as: UTF8.self))
+        } else {
+            emitLine(result.text)
+        }
+        if !result.violations.isEmpty { throw ExitCode(1) }
+    }
+
+    /// One run of every client, on folders `firstFolder…`, with the device toggling or not; checks their files after.
+    private func round(scratch: ScratchDevice, controller: Device, passcode: String, firstFolder: Int, toggling: Bool) async throws -> LoadResult {
         let started = Date()
         let children = try (0..<clients).map { client in
-            try ChildProcess(arguments: ["load-client", "--root", scratch.root, "--client", String(client), "--operations", String(operations),
+            try ChildProcess(arguments: ["load-client", "--root", scratch.root, "--client", String(firstFolder + client), "--operations", String(operations),
                                          "--seed", String(seed &+ UInt64(client))], firstLine: "")
         }
         let outcomes = ClientOutcomes(count: clients)
@@ -56,11 +78,12 @@ struct LoadCommand: AsyncParsableCommand {
             }
         }
         var toggles = 0
-        while finished.wait(timeout: .now()) == .timedOut {
+        while toggling && finished.wait(timeout: .now()) == .timedOut {
             try await Task.sleep(nanoseconds: UInt64(toggleMs) * 1_000_000)
             if toggles % 2 == 0 { await controller.lock() } else { try controller.unlock(passcode: try Passcode(passcode)) }
             toggles += 1
         }
+        finished.wait()
         let elapsed = Date().timeIntervalSince(started)
         try controller.unlock(passcode: try Passcode(passcode))
 
@@ -70,22 +93,14 @@ struct LoadCommand: AsyncParsableCommand {
         for client in 0..<clients {
             let (status, line) = outcomes.get(client)
             guard status == "exit 0", let line, let report = try? JSONDecoder().decode(LoadClientReport.self, from: Data(line.utf8)) else {
-                result.violations.append("client \(client) ended with \(status) and no report")
+                result.violations.append("client \(firstFolder + client) ended with \(status) and no report")
                 continue
             }
             result.add(report)
             result.violations += report.violations.map { "client \(client): \($0)" }
-            result.violations += verify(report, client: client, in: checker)
+            result.violations += verify(report, client: firstFolder + client, in: checker)
         }
-        controller.powerOff()
-        if json {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-            emitLine(String(decoding: try encoder.encode(result), as: UTF8.self))
-        } else {
-            emitLine(result.text)
-        }
-        if !result.violations.isEmpty { throw ExitCode(1) }
+        return result
     }
 
     private func startDaemon(_ scratch: ScratchDevice) throws -> ChildProcess {
@@ -145,6 +160,9 @@ struct LoadResult: Codable {
     var seconds: Double
     var lockCycles: Int
     var operationsPerSecond: Double
+    /// The same operations with no lock at all, measured in the same run.
+    var baselineSeconds = 0.0
+    var baselineOperationsPerSecond = 0.0
     var succeeded = 0
     /// Refusals by operation and Cocoa code; every one must be a data-protection refusal.
     var refusals: [String: Int] = [:]
@@ -161,6 +179,8 @@ struct LoadResult: Codable {
         let refused = refusals.values.reduce(0, +)
         var lines = ["load: \(clients) clients × \(operationsPerClient) operations through the daemon, lock/unlock every \(toggleMilliseconds) ms (seed \(seed))",
                      String(format: "  %d operations in %.2f s: %.0f operations/s; %d lock/unlock cycles", total, seconds, operationsPerSecond, lockCycles),
+                     String(format: "  baseline, never locked: %.2f s, %.0f operations/s (toggling/baseline throughput %.2f)",
+                            baselineSeconds, baselineOperationsPerSecond, operationsPerSecond / max(baselineOperationsPerSecond, 1)),
                      "  succeeded \(succeeded), refused \(refused) (\(String(format: "%.1f", 100 * Double(refused) / Double(max(total, 1))))%)"]
         for (label, count) in refusals.sorted(by: { $0.key < $1.key }) { lines.append("    \(label): \(count)") }
         lines += violations.prefix(20).map { "  violation: \($0)" }

@@ -112,7 +112,8 @@ struct MemoryScan {
             let name = fields.count > 5 ? String(fields[5]) : "anonymous"
             if name == "[vvar]" || name == "[vsyscall]" || name == "[vvar_vclock]" { continue }
             let bounds = fields[0].split(separator: "-").compactMap { UInt64($0, radix: 16) }
-            guard bounds.count == 2 else { continue }
+            // Sanitizer shadow memory is reserved by the terabyte and holds no program data: leave mappings over 4 GiB.
+            guard bounds.count == 2, bounds[1] - bounds[0] <= 4 << 30 else { continue }
             regions += 1
             var position = bounds[0]
             while position < bounds[1] {

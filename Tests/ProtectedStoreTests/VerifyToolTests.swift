@@ -1,0 +1,30 @@
+import Foundation
+import Testing
+@testable import ProtectedStore
+
+/// `ps-verify`, the campaign's harness, in short runs: it must pass on this code, and its checks must be live.
+@Suite struct VerifyToolTests {
+    private func run(_ arguments: [String]) throws -> (status: Int32, output: String) {
+        let spawned = try SpawnedProcess(SpawnedProcess.builtExecutable("ps-verify"), arguments)
+        let status = spawned.waitForExit(timeout: 240)
+        var lines: [String] = []
+        while let line = spawned.nextLine(timeout: 0.5) { lines.append(line) }
+        return (status ?? -1, lines.joined(separator: "\n") + spawned.standardError)
+    }
+
+    @Test func crashHarnessFindsNoViolationInAFewKillsOfEveryKind() throws {
+        let (status, output) = try run(["crash", "--trials", "4"])
+        #expect(status == 0, "\(output)")
+        for kind in ["write", "overwrite", "move", "protection", "passcode", "inbox"] {
+            #expect(output.contains("\(kind) ") && output.contains("4 kills"), "no tally for \(kind): \(output)")
+        }
+    }
+
+    /// Also the regression test of the daemon reporting a class key zeroed mid-use as I/O instead of data protection.
+    @Test func loadThroughTheDaemonLosesNothingAndRefusesOnlyForDataProtection() throws {
+        let (status, output) = try run(["load", "--clients", "3", "--operations", "300", "--toggle-ms", "5"])
+        #expect(status == 0, "\(output)")
+        #expect(output.contains("every refusal a data-protection error"), "\(output)")
+        #expect(output.contains("lock/unlock cycles"), "\(output)")
+    }
+}
