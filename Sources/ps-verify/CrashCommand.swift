@@ -60,9 +60,8 @@ struct CrashTally: Codable {
     /// Trials after which the device held the last acknowledged version / the one in flight.
     var foundOld = 0
     var foundNew = 0
-    /// Temporary files the kills left behind, and how many remain after the device is opened again (it sweeps them).
+    /// Temporary files the kills left behind (hidden, never read; nothing sweeps them yet).
     var temporariesLeft = 0
-    var temporariesAfterReopen = 0
     /// Inbox only: open-URL events delivered at the end, and items that had to have one.
     var eventsDelivered: Int?
     var itemsDelivered: Int?
@@ -71,7 +70,7 @@ struct CrashTally: Codable {
     var line: String {
         let events = eventsDelivered.map { ", \($0) events for \(itemsDelivered ?? 0) items" } ?? ""
         return "  \(kind.padding(toLength: 11, withPad: " ", startingAt: 0)) \(trials) kills, \(completedOperations) ops done; "
-            + "found old \(foundOld), new \(foundNew); temp files left \(temporariesLeft), after reopen \(temporariesAfterReopen)\(events); "
+            + "found old \(foundOld), new \(foundNew); temp files left \(temporariesLeft)\(events); "
             + "violations \(violations.count)"
     }
 }
@@ -136,7 +135,6 @@ struct CrashRun {
             tally.eventsDelivered = delivered
             tally.itemsDelivered = mustDeliver.count
         }
-        tally.temporariesAfterReopen = temporaryFiles(under: scratch.root).count
         reopened.powerOff()
         return tally
     }
