@@ -211,6 +211,14 @@ struct MountTests {
             print("child", os.WTERMSIG(status) if os.WIFSIGNALED(status) else "exited")
             subprocess.run([sandboxctl, "unlock", "--passcode-stdin", "--root", root, "--device-secret", secret],
                            input=sys.argv[5].encode() + b"\\n", check=True, stdout=subprocess.DEVNULL)
+            # The mount hears of the unlock as an event, a moment after `sandboxctl unlock` returns: wait for it.
+            import time
+            for _ in range(500):
+                try:
+                    with open(path, "rb") as f: f.read(13)
+                    break
+                except PermissionError:
+                    time.sleep(0.01)
             print("after unlock", mapping[:13].decode())
             """
         let result = try python(script, [path, SpawnedProcess.builtExecutable("sandboxctl").path, mounted.test.root, mounted.test.secretPath, TestDevice.passcode])
