@@ -23,8 +23,12 @@ enum CrashKind: String, CaseIterable, ExpressibleByArgument, Sendable {
     static let movePaths = ["Documents/crash-move.bin", "\(Container.applicationSupport(ScratchDevice.bundleIdentifier))/crash-move.bin"]
     static let protectionPath = "Documents/crash-class.bin"
     static let protectionCycle: [FileProtectionType] = [.complete, .completeUnlessOpen, .completeUntilFirstUserAuthentication, .none]
-    /// A class A file the passcode trials read back, to show the keys survived every change.
-    static let passcodeCheckPath = "Documents/passcode-check.bin"
+    /// Files of classes A, B and C (the ones the passcode wraps) that passcode trials read back after every change.
+    static let passcodeChecks: [(path: String, option: Data.WritingOptions)] = [
+        ("Documents/passcode-check-a.bin", .completeFileProtection),
+        ("Documents/passcode-check-b.bin", .completeFileProtectionUnlessOpen),
+        ("Documents/passcode-check-c.bin", .completeFileProtectionUntilFirstUserAuthentication),
+    ]
     static let writeFolder = "Documents/crash-write"
     static let fixedContent = generatedContent(seed: 0xC0FFEE, size: 20_000)
 

@@ -22,7 +22,8 @@ struct CrashWorkerCommand: ParsableCommand {
         let device = try Device.open(root: root, deviceSecretPath: deviceSecret, notificationCenter: NotificationCenter())
         if !locked { try device.unlock(passcode: try Passcode(passcode)) }
         let container = try device.container(bundleIdentifier: ScratchDevice.bundleIdentifier)
-        let sources = FileManager.default.temporaryDirectory.appendingPathComponent("ps-verify-sources-\(getpid())").path
+        // Beside the device, so the harness removes it with the device even though this process is killed.
+        let sources = ((root as NSString).deletingLastPathComponent as NSString).appendingPathComponent("sources-\(getpid())")
         if kind == .inbox { try FileManager.default.createDirectory(atPath: sources, withIntermediateDirectories: true) }
         defer { try? FileManager.default.removeItem(atPath: sources) }
         emitLine("ready")

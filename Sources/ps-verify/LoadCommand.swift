@@ -20,7 +20,7 @@ struct LoadCommand: AsyncParsableCommand {
     @Option(help: "Client processes.") var clients = 8
     @Option(help: "Operations per client.") var operations = 1000
     @Option(help: "Milliseconds between a lock and the next unlock, and back.") var toggleMs = 50
-    @Option(help: "Seed of the clients' choices, to replay a run.") var seed = UInt64.random(in: 1...UInt64.max)
+    @Option(help: "Seed of the clients' choices and contents (the interleaving with locks still varies).") var seed = UInt64.random(in: 1...UInt64.max)
     @Flag(help: "Print the results as JSON.") var json = false
 
     func validate() throws {
@@ -30,6 +30,7 @@ struct LoadCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
+        signal(SIGPIPE, SIG_IGN)  // a client that dies early must not take the test with it
         let passcode = "load-passcode"
         let (scratch, device, container) = try ScratchDevice.create(label: "load", passcode: passcode)
         defer { scratch.remove() }
@@ -48,6 +49,9 @@ struct LoadCommand: AsyncParsableCommand {
         result.baselineSeconds = baseline.seconds
         result.baselineOperationsPerSecond = baseline.operationsPerSecond
         result.violations += baseline.violations.map { "baseline: \($0)" }
+        if !daemon.process.isRunning {
+            result.violations.append("the daemon ended during the test (\(daemon.wait())): \((try? String(contentsOfFile: scratch.folder + "/daemon.log", encoding: .utf8)) ?? "no log")")
+        }
         if baseline.refusals.values.reduce(0, +) > 0 { result.violations.append("baseline: refusals on an unlocked device: \(baseline.refusals)") }
         controller.powerOff()
         if json {
@@ -108,14 +112,18 @@ struct LoadCommand: AsyncParsableCommand {
         guard FileManager.default.isExecutableFile(atPath: sandboxctl.path) else {
             throw ValidationError("\(sandboxctl.path) is missing: build it first (`swift build --product sandboxctl`; `make verify` does)")
         }
-        // Its log (a line per lock and unlock) goes to a file beside the device, shown if it fails.
+        // Its log (a line per lock and unlock) goes to a file beside the device, shown if it fails to start or dies.
         let logPath = scratch.folder + "/daemon.log"
         _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         let daemon = try ChildProcess(executable: sandboxctl, arguments: ["daemon", "--root", scratch.root, "--device-secret", scratch.secretPath, "--grace", "0.02"],
                                       errors: FileHandle(forWritingAtPath: logPath))
         let deadline = Date().addingTimeInterval(20)
         while !Device.isDaemonRunning(root: scratch.root) {
-            guard daemon.process.isRunning, Date() < deadline else { throw ValidationError("the daemon did not start: \((try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "no log")") }
+            guard daemon.process.isRunning, Date() < deadline else {
+                daemon.kill(SIGKILL)
+                daemon.wait()
+                throw ValidationError("the daemon did not start: \((try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "no log")")
+            }
             usleep(20_000)
         }
         return daemon

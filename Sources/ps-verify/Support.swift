@@ -72,7 +72,8 @@ final class ChildProcess: @unchecked Sendable {
         process.standardOutput = output
         if let errors { process.standardError = errors }
         try process.run()
-        if let firstLine { input.fileHandleForWriting.write(Data((firstLine + "\n").utf8)) }
+        if let firstLine { try? input.fileHandleForWriting.write(contentsOf: Data((firstLine + "\n").utf8)) }
+        try? input.fileHandleForWriting.close()
     }
 
     var pid: Int32 { process.processIdentifier }

@@ -94,7 +94,7 @@ public final class KeyDaemon: Sendable {
 
     /// Hardens the process that will hold the keys: no core dumps, and no other process of the same user may trace it or
     /// read its memory (`PR_SET_DUMPABLE` 0). `sandboxctl daemon` calls it first; a test hosting a daemon need not.
-    /// The keys themselves are always in mlocked memory (`SecureBytes`), so they are never written to swap.
+    /// The keys themselves are in `SecureBytes`, which libsodium mlocks on a best-effort basis (within `ulimit -l`).
     public static func hardenProcess() throws {
         guard ps_disable_core_dumps() == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: errno), path: "/proc/self", doing: "disable core dumps (prctl PR_SET_DUMPABLE)")
