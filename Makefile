@@ -31,7 +31,7 @@ verify: deps
 	@$$($(SWIFT) build --show-bin-path)/ps-verify crash --quick
 	@$(MAKE) --no-print-directory fuzz
 	@$(SWIFT) test --filter MemoryHygieneTests > .build/memory-hygiene.log 2>&1; status=$$?; \
-		grep -E "memory hygiene|Test run with|✘|↳" .build/memory-hygiene.log; exit $$status
+		grep -E "memory hygiene|Test run with|✘" .build/memory-hygiene.log; exit $$status
 	@$$($(SWIFT) build --show-bin-path)/ps-verify load
 
 bench: deps
