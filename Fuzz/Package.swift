@@ -11,8 +11,8 @@ let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingL
 let package = Package(
     name: "ProtectedStoreFuzz",
     dependencies: [.package(path: "..")],
-    targets: ["FuzzKeybag", "FuzzFileHeader", "FuzzFrame"].map { name in
-        .executableTarget(name: name, dependencies: [.product(name: "ProtectedStore", package: root)])
+    targets: [.target(name: "FuzzDriver")] + ["FuzzKeybag", "FuzzFileHeader", "FuzzFrame"].map { name in
+        .executableTarget(name: name, dependencies: ["FuzzDriver", .product(name: "ProtectedStore", package: root)])
     },
     swiftLanguageModes: [.v6]
 )

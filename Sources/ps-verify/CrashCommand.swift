@@ -83,7 +83,7 @@ struct CrashRun {
     let trials: Int
     let maxDelayMicroseconds: Int
 
-    /// The passcode the device has now (changes only in passcode trials).
+    /// The version the device holds now, and the passcode's (it changes only in passcode trials).
     private final class State { var version = 0; var passcodeVersion = 0 }
 
     func run(random: inout SplitMix64) throws -> CrashTally {
@@ -130,15 +130,14 @@ struct CrashRun {
             }
         }
         tally.temporariesLeft = temporaryFiles(under: scratch.root).count
-        let reopened = try scratch.open()
-        try reopened.unlock(passcode: try Passcode(CrashKind.passcode(version: state.passcodeVersion)))
-        let container2 = try reopened.container(bundleIdentifier: ScratchDevice.bundleIdentifier)
         if kind == .inbox {
-            let delivered = try deliverEvents(container2, mustDeliver: mustDeliver, mayDeliver: mayDeliver, violations: &tally.violations)
-            tally.eventsDelivered = delivered
+            let receiver = try scratch.open()
+            defer { receiver.powerOff() }
+            try receiver.unlock(passcode: try Passcode(CrashKind.passcode(version: state.passcodeVersion)))
+            let container = try receiver.container(bundleIdentifier: ScratchDevice.bundleIdentifier)
+            tally.eventsDelivered = try deliverEvents(container, mustDeliver: mustDeliver, mayDeliver: mayDeliver, violations: &tally.violations)
             tally.itemsDelivered = mustDeliver.count
         }
-        reopened.powerOff()
         return tally
     }
 

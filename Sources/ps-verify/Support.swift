@@ -128,19 +128,13 @@ func temporaryFiles(under folder: String) -> [String] {
     return walker.compactMap { $0 as? String }.filter { ($0 as NSString).lastPathComponent.hasPrefix(".sandboxctl-tmp-") }
 }
 
-extension Error {
-    /// A short label for the error breakdown: the Cocoa code and, for data protection, "(data protection)".
+extension CocoaError {
+    /// The code's name in the load test's breakdown of data-protection refusals (any other error is a violation).
     var breakdownLabel: String {
-        guard let cocoa = self as? CocoaError else { return "\(type(of: self))" }
-        let name: String
-        switch cocoa.code {
-        case .fileReadNoPermission: name = "fileReadNoPermission"
-        case .fileWriteNoPermission: name = "fileWriteNoPermission"
-        case .fileNoSuchFile, .fileReadNoSuchFile: name = "fileNoSuchFile"
-        case .fileWriteFileExists: name = "fileWriteFileExists"
-        case .fileReadCorruptFile: name = "fileReadCorruptFile"
-        default: name = "CocoaError \(cocoa.code.rawValue)"
+        switch code {
+        case .fileReadNoPermission: "fileReadNoPermission"
+        case .fileWriteNoPermission: "fileWriteNoPermission"
+        default: "CocoaError \(code.rawValue)"
         }
-        return name
     }
 }
