@@ -7,6 +7,8 @@ let package = Package(
     products: [
         .library(name: "ProtectedStore", targets: ["ProtectedStore"]),
         .library(name: "ProtectedStoreTesting", targets: ["ProtectedStoreTesting"]),
+        // Only for the fuzz package beside this one (Fuzz/); the leading underscore marks it as no API.
+        .library(name: "_ProtectedStoreFuzzing", targets: ["ProtectedStoreFuzzing"]),
         .executable(name: "sandboxctl", targets: ["sandboxctl"]),
         .executable(name: "ps-verify", targets: ["ps-verify"]),
     ],
@@ -28,10 +30,32 @@ let package = Package(
         ),
         // The few Linux calls Swift's Glibc module does not expose.
         .target(name: "CSupport"),
+        // Layers, lowest first; each imports only those above it (docs/ARCHITECTURE.md).
+        // Cryptography, secure memory, the keybag, the device secret and the encrypted file format: nothing about
+        // containers, events or processes.
+        .target(
+            name: "ProtectedStoreCore",
+            dependencies: [
+                "CSodium",
+                "CSupport",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        // What an app imports: the device and its lock, containers, events, the Inbox, and the key daemon's client.
         .target(
             name: "ProtectedStore",
             dependencies: [
-                "CSodium",
+                "ProtectedStoreCore",
+                "CSupport",
+                .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The key daemon's server (`sandboxctl daemon`).
+        .target(
+            name: "ProtectedStoreDaemon",
+            dependencies: [
+                "ProtectedStore",
                 "CSupport",
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
@@ -40,9 +64,9 @@ let package = Package(
         // Throwaway devices, lock/unlock/reboot, Inbox delivery and an event recorder, for users' own test suites.
         .target(
             name: "ProtectedStoreTesting",
-            dependencies: ["ProtectedStore"]
+            dependencies: ["ProtectedStore", "ProtectedStoreDaemon"]
         ),
-        // The FUSE front end of `sandboxctl mount`: translates libfuse's calls to ContainerFileSystem.
+        // `sandboxctl mount`: the errno file-system view of a container and the FUSE front end that serves it.
         .target(
             name: "ProtectedStoreMount",
             dependencies: [
@@ -52,11 +76,23 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // `sandboxctl bench`: throughput and lock-latency measurements, linked by the command only.
+        .target(
+            name: "ProtectedStoreBenchmarks",
+            dependencies: ["ProtectedStore", "ProtectedStoreDaemon"]
+        ),
+        // The bodies of the libFuzzer targets in Fuzz/, shared with the suite's regression test. Not for apps.
+        .target(
+            name: "ProtectedStoreFuzzing",
+            dependencies: ["ProtectedStore"]
+        ),
         .executableTarget(
             name: "sandboxctl",
             dependencies: [
                 "ProtectedStore",
+                "ProtectedStoreDaemon",
                 "ProtectedStoreMount",
+                "ProtectedStoreBenchmarks",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -69,7 +105,8 @@ let package = Package(
         // A second program for the daemon tests: attaches, keeps a file open, reports events.
         .executableTarget(
             name: "ProtectedStoreProbe",
-            dependencies: ["ProtectedStore"]
+            dependencies: ["ProtectedStore"],
+            path: "Tests/ProtectedStoreProbe"
         ),
         // The reference storage layer: a notes store on SQLite inside a container (Examples/Notes/README.md).
         .systemLibrary(
@@ -101,7 +138,8 @@ let package = Package(
         .testTarget(
             name: "ProtectedStoreTests",
             dependencies: [
-                "ProtectedStore", "ProtectedStoreMount", "CSupport", "sandboxctl", "ProtectedStoreProbe", "ps-verify",
+                "ProtectedStoreCore", "ProtectedStore", "ProtectedStoreDaemon", "ProtectedStoreMount", "ProtectedStoreBenchmarks",
+                "ProtectedStoreFuzzing", "CSupport", "sandboxctl", "ProtectedStoreProbe", "ps-verify",
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),

@@ -1,7 +1,7 @@
 // swift-tools-version:6.0
 // libFuzzer targets for the parsers that read untrusted bytes (docs/SECURITY.md). Built by `make fuzz`:
 //   swift build --package-path Fuzz -Xswiftc -sanitize=fuzzer,address -Xswiftc -parse-as-library
-// Each target calls the library's FuzzHarness, which the suite's regression test also runs over Corpus/ and Regressions/.
+// Each target calls FuzzHarness (the root package's _ProtectedStoreFuzzing product), which the suite's regression test also runs over Corpus/ and Regressions/.
 import Foundation
 import PackageDescription
 
@@ -12,7 +12,7 @@ let package = Package(
     name: "ProtectedStoreFuzz",
     dependencies: [.package(path: "..")],
     targets: [.target(name: "FuzzDriver")] + ["FuzzKeybag", "FuzzFileHeader", "FuzzFrame"].map { name in
-        .executableTarget(name: name, dependencies: ["FuzzDriver", .product(name: "ProtectedStore", package: root)])
+        .executableTarget(name: name, dependencies: ["FuzzDriver", .product(name: "_ProtectedStoreFuzzing", package: root)])
     },
     swiftLanguageModes: [.v6]
 )

@@ -2,6 +2,7 @@ import CFuse
 import Foundation
 import Logging
 import ProtectedStore
+import ProtectedStoreCore
 import SystemPackage
 
 /// Serves a container's decrypted view at a mount point through libfuse3 (high-level API, multithreaded), until

@@ -1,5 +1,6 @@
 import Foundation
 import ProtectedStore
+import ProtectedStoreCore
 import SystemPackage
 
 /// Checks a mount point before mounting, so a stale, busy or unsuitable one gets a clear error instead of libfuse's.

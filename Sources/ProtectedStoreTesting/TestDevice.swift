@@ -1,5 +1,6 @@
 import Foundation
 import ProtectedStore
+import ProtectedStoreDaemon
 
 /// A throwaway device with one app container, for testing storage code against data protection: real encryption,
 /// a real lock, a fast passcode KDF, all in a temporary folder removed when the value is released, even when the

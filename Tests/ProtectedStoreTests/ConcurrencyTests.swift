@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 @Suite("concurrency")
 struct ConcurrencyTests {

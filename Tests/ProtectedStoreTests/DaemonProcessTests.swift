@@ -1,6 +1,8 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+@testable import ProtectedStoreDaemon
+import Testing
 
 /// The daemon as users run it: `sandboxctl daemon` and client programs, each a real process.
 @Suite("key daemon across processes", .serialized)

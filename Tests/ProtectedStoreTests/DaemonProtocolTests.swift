@@ -1,6 +1,8 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+@testable import ProtectedStoreDaemon
+import Testing
 
 /// A raw client socket speaking the frame format directly, to send what a well-behaved client never would.
 final class RawConnection {

@@ -1,6 +1,8 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import ProtectedStoreFuzzing
+import Testing
 
 /// Every committed fuzz seed and every input a fuzzer ever crashed on (Fuzz/Corpus, Fuzz/Regressions) goes through the
 /// fuzz targets' own code: each must be refused or accepted, never crash or hang.

@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 /// `sandboxctl watch BUNDLE --json` on a test device: the app, as far as these tests are concerned.
 final class Watcher {

@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 /// Records protection and open-URL events in one ordered log, as an app delegate implementing both would see them.
 final class AppRecorder: ProtectedDataDelegate, OpenURLDelegate, @unchecked Sendable {

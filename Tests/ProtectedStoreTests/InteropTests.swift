@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 /// tools/independent_decrypt.py was written from docs/FORMAT.md alone (Python, PyNaCl); if it reads what we write,
 /// the spec is complete and the code matches it.

@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 /// What one observer saw: each event, and whether class A's key was still (or already) usable at that moment.
 final class ObservationLog: @unchecked Sendable {

@@ -1,7 +1,8 @@
 import Foundation
+@testable import ProtectedStore
+@testable import ProtectedStoreCore
 import SystemPackage
 import Testing
-@testable import ProtectedStore
 
 /// After a lock, no copy of the class A key or of a closed file's key may be left anywhere in memory: not in a stray
 /// buffer, a stack, or a freed heap block. The scan reads every readable mapping through /proc/PID/mem.

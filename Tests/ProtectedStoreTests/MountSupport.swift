@@ -1,7 +1,8 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
 @testable import ProtectedStoreMount
+import Testing
 
 /// Whether this machine can mount FUSE file systems, and why not.
 enum FUSEAvailability {

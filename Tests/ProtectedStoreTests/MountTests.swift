@@ -1,9 +1,10 @@
 import CSupport
 import Foundation
+@testable import ProtectedStore
+@testable import ProtectedStoreCore
+@testable import ProtectedStoreMount
 import SystemPackage
 import Testing
-@testable import ProtectedStore
-@testable import ProtectedStoreMount
 
 /// `sandboxctl mount` through the kernel: real programs (sqlite3, cp, tar, python) and this process's own system calls.
 @Suite("FUSE mount", .serialized, .enabled(if: FUSEAvailability.isAvailable, "needs /dev/fuse and fusermount3"))

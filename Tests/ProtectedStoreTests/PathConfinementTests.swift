@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 /// Every path is confined to its container: hostile paths are refused with a clear error, and symlinks planted on
 /// disk never lead an operation outside.

@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 /// A spawned program whose standard output is read line by line as it arrives, with timeouts.
 final class SpawnedProcess: @unchecked Sendable {

@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 /// The reference table (DATA-PROTECTION.md §2) as one table: every class, every state, every operation.
 @Suite("classes in force")

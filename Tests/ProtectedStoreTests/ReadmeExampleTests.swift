@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 import ProtectedStore
+@testable import ProtectedStoreDaemon
+import Testing
 
 /// The README's library example, kept compiling and true.
 @Suite("README")

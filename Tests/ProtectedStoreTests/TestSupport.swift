@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 /// A temporary directory removed when the value is released, even when a test fails.
 final class TemporaryDirectory: @unchecked Sendable {

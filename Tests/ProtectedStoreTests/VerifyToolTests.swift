@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 @testable import ProtectedStore
+@testable import ProtectedStoreCore
+import Testing
 
 /// `ps-verify`, the campaign's harness, in short runs: it must pass on this code, and its checks must be live.
 @Suite struct VerifyToolTests {

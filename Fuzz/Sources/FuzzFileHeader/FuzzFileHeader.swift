@@ -1,5 +1,5 @@
 import FuzzDriver
-@testable import ProtectedStore
+import ProtectedStoreFuzzing
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ data: UnsafePointer<UInt8>?, _ count: Int) -> Int32 {

@@ -1,13 +1,14 @@
 import Foundation
+import ProtectedStoreCore
 import SystemPackage
 
 /// An open directory descriptor, closed when released.
-final class OpenDirectory: @unchecked Sendable {
-    let descriptor: FileDescriptor
+package final class OpenDirectory: @unchecked Sendable {
+    package let descriptor: FileDescriptor
     /// Its path inside the container, after symlinks.
     let path: ContainerPath
 
-    init(descriptor: FileDescriptor, path: ContainerPath) {
+    package init(descriptor: FileDescriptor, path: ContainerPath) {
         self.descriptor = descriptor
         self.path = path
     }
@@ -20,7 +21,7 @@ final class OpenDirectory: @unchecked Sendable {
     }
 
     /// Opens the subdirectory `name` relative to this descriptor, refusing a symlink: what was checked is what is opened.
-    func subdirectory(_ name: String, displayPath: String) throws -> OpenDirectory {
+    package func subdirectory(_ name: String, displayPath: String) throws -> OpenDirectory {
         let fd = try location(name, displayPath: displayPath).open(.readOnly, options: [.directory], doing: "open the directory")
         return OpenDirectory(descriptor: fd, path: path.appending(name))
     }
@@ -32,24 +33,30 @@ final class OpenDirectory: @unchecked Sendable {
 }
 
 /// Where a container path leads: the opened parent directory and the final name in it.
-struct ResolvedItem {
-    let parent: OpenDirectory
-    let name: String
+package struct ResolvedItem {
+    package let parent: OpenDirectory
+    package let name: String
     /// The path as the caller wrote it, prefixed with the container, for errors.
-    let displayPath: String
+    package let displayPath: String
 
-    var location: FileLocation { parent.location(name, displayPath: displayPath) }
+    package init(parent: OpenDirectory, name: String, displayPath: String) {
+        self.parent = parent
+        self.name = name
+        self.displayPath = displayPath
+    }
+
+    package var location: FileLocation { parent.location(name, displayPath: displayPath) }
     var path: ContainerPath { parent.path.appending(name) }
 }
 
 /// A container's data directory, through which every path is resolved one component at a time with
 /// `openat(O_NOFOLLOW)`. Symlinks found on the way are followed only while they stay inside the container;
 /// absolute targets, targets climbing above the root, and loops are refused.
-final class ConfinedDirectory: @unchecked Sendable {
+package final class ConfinedDirectory: @unchecked Sendable {
     /// Same bound as the kernel's (MAXSYMLINKS).
     static let maximumSymlinks = 40
 
-    let root: FileDescriptor
+    package let root: FileDescriptor
     /// Names the container in errors ("com.example.app:Documents/x").
     let containerName: String
 
@@ -61,7 +68,7 @@ final class ConfinedDirectory: @unchecked Sendable {
 
     deinit { try? root.close() }
 
-    func displayPath(_ path: ContainerPath) -> String { "\(containerName):\(path)" }
+    package func displayPath(_ path: ContainerPath) -> String { "\(containerName):\(path)" }
 
     /// The parent of `path`, opened, and its final name. With `followingFinalSymlink`, a symlink in the last place
     /// is resolved (inside the container) too, so the item reached is the link's target.
@@ -144,7 +151,7 @@ final class ConfinedDirectory: @unchecked Sendable {
     }
 
     /// Opens the directory at `path` (the root for an empty path), following symlinks inside the container.
-    func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
+    package func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
         guard !path.isRoot else { return OpenDirectory(descriptor: try duplicateRoot(), path: .root) }
         let item = try resolve(path, followingFinalSymlink: true)
         guard let info = try item.location.status() else {

@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 import SystemPackage
 
 /// The file API, shaped after FileManager and Data so iOS code ports with few changes.
@@ -251,7 +252,7 @@ extension Container {
     // MARK: Classes
 
     /// Marks a directory's class for new items in it: a small file with the class name, hidden from listings.
-    static let directoryClassName = "\(ContainerPath.reservedPrefix)-class"
+    package static let directoryClassName = "\(ContainerPath.reservedPrefix)-class"
 
     static func protectionClass(of protection: FileProtectionType) throws -> ProtectionClass {
         guard let protectionClass = ProtectionClass(protection) else {
@@ -287,13 +288,13 @@ extension Container {
     }
 
     /// Re-wraps a file's key for `newClass`; handles opened before a change to class A lose their key at the next lock too.
-    func changeClass(of file: EncryptedFile, to newClass: ProtectionClass) throws {
+    package func changeClass(of file: EncryptedFile, to newClass: ProtectionClass) throws {
         if newClass == .complete { device.fileBecomesComplete(fileID: file.fileID) }
         try file.changeProtectionClass(to: newClass, keys: device)
     }
 
     /// The class set on a directory, if any.
-    func directoryClass(of opened: OpenDirectory) throws -> ProtectionClass? {
+    package func directoryClass(of opened: OpenDirectory) throws -> ProtectionClass? {
         let marker = opened.location(Self.directoryClassName, displayPath: directory.displayPath(opened.path))
         guard try marker.status() != nil else { return nil }
         let bytes = try marker.readPrefix(count: 128, what: "directory class")
@@ -306,7 +307,7 @@ extension Container {
     }
 
     /// The class of a new item in `parent`: the directory's if set, else the container default.
-    func inheritedClass(in parent: OpenDirectory) throws -> ProtectionClass { try directoryClass(of: parent) ?? defaultClass }
+    package func inheritedClass(in parent: OpenDirectory) throws -> ProtectionClass { try directoryClass(of: parent) ?? defaultClass }
 
     // MARK: Helpers
 
@@ -328,7 +329,7 @@ extension Container {
         try item.location.synchronizeDirectory()
     }
 
-    func writeDirectoryClass(_ protectionClass: ProtectionClass, in opened: OpenDirectory, displayPath: String) throws {
+    package func writeDirectoryClass(_ protectionClass: ProtectionClass, in opened: OpenDirectory, displayPath: String) throws {
         try FileSystem.writeAtomically(Array("\(protectionClass.name)\n".utf8), to: opened.location(Self.directoryClassName, displayPath: displayPath), replacing: true)
     }
 
@@ -340,7 +341,7 @@ extension Container {
     }
 
     /// Every name in a directory, including ProtectedStore's own files when `includingReserved`.
-    func names(in opened: OpenDirectory, includingReserved: Bool = false) throws -> [String] {
+    package func names(in opened: OpenDirectory, includingReserved: Bool = false) throws -> [String] {
         let copy = try opened.reopened()
         guard let stream = fdopendir(copy.rawValue) else {
             let errno = Errno(rawValue: Foundation.errno)
@@ -392,7 +393,7 @@ extension Container {
     }
 
     /// A regular file's header and plaintext size, read without any key; or why they can't be read.
-    static func fileDetails(at location: FileLocation, info: stat) -> (header: FileHeader?, size: UInt64, problem: String?) {
+    package static func fileDetails(at location: FileLocation, info: stat) -> (header: FileHeader?, size: UInt64, problem: String?) {
         do {
             let header = try EncryptedFile.header(at: location)
             guard let plaintext = header.layout.plaintextSize(storedSize: Int64(info.st_size)) else {
@@ -428,5 +429,5 @@ extension Container {
 }
 
 extension ContainerPath {
-    func appendingComponents(_ names: some Sequence<String>) -> ContainerPath { names.reduce(self) { $0.appending($1) } }
+    package func appendingComponents(_ names: some Sequence<String>) -> ContainerPath { names.reduce(self) { $0.appending($1) } }
 }

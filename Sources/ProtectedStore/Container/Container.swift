@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 import SystemPackage
 
 /// An app container on a device: the iOS layout, every path confined to it, every file encrypted under its class.
@@ -15,7 +16,7 @@ public final class Container: @unchecked Sendable {
     /// The data directory on disk; every path the API takes is relative to it.
     public let dataPath: String
 
-    let directory: ConfinedDirectory
+    package let directory: ConfinedDirectory
     let defaultClass: ProtectionClass
 
     /// The container's own folders, created with it and never removed or moved.
@@ -33,8 +34,8 @@ public final class Container: @unchecked Sendable {
     /// The app's data folder in this container, `Library/Application Support/<bundle id>`.
     public var applicationSupportPath: String { Self.applicationSupport(bundleIdentifier) }
 
-    let layoutPaths: Set<ContainerPath>
-    let inboxPath: ContainerPath
+    package let layoutPaths: Set<ContainerPath>
+    package let inboxPath: ContainerPath
     /// The record of Inbox deliveries and their events, beside the data directory.
     let inboxQueue: InboxQueue
     let receiverLock = NSLock()

@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 
 /// One item of a container listing: what `ls -l` shows, read without any key.
 public struct ContainerItem: Sendable {

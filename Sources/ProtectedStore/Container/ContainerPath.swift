@@ -1,19 +1,21 @@
+import ProtectedStoreCore
+
 /// A path relative to a container, checked lexically: no `..`, no absolute path, no NUL, no empty or over-long
 /// component, and none of the names ProtectedStore reserves for its own files. Symlinks are checked when resolving.
-struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
+package struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
     /// Longest component, in UTF-8 bytes (Linux's NAME_MAX).
     static let maximumNameBytes = 255
     /// Longest path, in UTF-8 bytes; leaves room under PATH_MAX for the root above the container.
     static let maximumPathBytes = 1024
     /// Names starting with this are ProtectedStore's own (directory classes, files being written), hidden from listings.
-    static let reservedPrefix = ".sandboxctl"
+    package static let reservedPrefix = ".sandboxctl"
 
     /// The components; empty for the container's root.
-    let components: [String]
+    package let components: [String]
     /// The path was written with a trailing "/": it must name a directory.
     let mustBeDirectory: Bool
 
-    static let root = ContainerPath(components: [])
+    package static let root = ContainerPath(components: [])
 
     private init(components: [String], mustBeDirectory: Bool = false) {
         self.components = components
@@ -66,17 +68,17 @@ struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
             && name.utf8.count <= maximumNameBytes && !name.hasPrefix(reservedPrefix)
     }
 
-    var isRoot: Bool { components.isEmpty }
-    var name: String? { components.last }
-    var parent: ContainerPath { ContainerPath(components: Array(components.dropLast())) }
-    var description: String { components.joined(separator: "/") }
+    package var isRoot: Bool { components.isEmpty }
+    package var name: String? { components.last }
+    package var parent: ContainerPath { ContainerPath(components: Array(components.dropLast())) }
+    package var description: String { components.joined(separator: "/") }
 
     func appending(_ name: String) -> ContainerPath { ContainerPath(components: components + [name]) }
 
     // Identity is the components: a trailing slash is a constraint on what the path names, not another path.
-    static func == (lhs: ContainerPath, rhs: ContainerPath) -> Bool { lhs.components == rhs.components }
-    func hash(into hasher: inout Hasher) { hasher.combine(components) }
+    package static func == (lhs: ContainerPath, rhs: ContainerPath) -> Bool { lhs.components == rhs.components }
+    package func hash(into hasher: inout Hasher) { hasher.combine(components) }
 
     /// Whether `self` is `other` or lies inside it.
-    func isWithin(_ other: ContainerPath) -> Bool { components.starts(with: other.components) }
+    package func isWithin(_ other: ContainerPath) -> Bool { components.starts(with: other.components) }
 }

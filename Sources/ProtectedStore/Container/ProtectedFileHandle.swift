@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 
 /// A random-access handle on one file of a container, like `FileHandle` with explicit offsets.
 ///

@@ -1,11 +1,12 @@
 import CSupport
 import Foundation
+import ProtectedStoreCore
 import SystemPackage
 
 /// A connection to the key daemon serving a device root: requests that wait for their reply, and the events of the
 /// subscription every attached device holds. When the daemon goes away it reports `.lost`, then reconnects in the
 /// background and reports `.restored` once a daemon serves the root again.
-final class DaemonLink: @unchecked Sendable {
+package final class DaemonLink: @unchecked Sendable {
     /// What the link tells its device, in the order it happened. `connection` numbers the connections, so an
     /// acknowledgement never reaches a newer daemon whose event numbers started again.
     enum Notice: Sendable {
@@ -36,7 +37,7 @@ final class DaemonLink: @unchecked Sendable {
 
     /// The socket of the daemon serving `root`: the one its running daemon recorded, else the default.
     static func socketPath(root: String) -> String {
-        DaemonInfo.load(root: Device.absolute(root))?.socketPath ?? KeyDaemon.defaultSocketPath(root: root)
+        DaemonInfo.load(root: Device.absolute(root))?.socketPath ?? DaemonInfo.defaultSocketPath(root: root)
     }
 
     /// Whether a daemon answers on the socket of `root` now.
@@ -261,7 +262,7 @@ final class DaemonLink: @unchecked Sendable {
 
     /// One request and its reply on a blocking socket without a reader thread (handshakes, the lock benchmark).
     /// The hello every connection starts with.
-    static func greet(on fd: Int32, buffer: FrameBuffer) throws -> DaemonReply {
+    package static func greet(on fd: Int32, buffer: FrameBuffer) throws -> DaemonReply {
         var hello = DaemonRequest(id: 0, op: .hello)
         hello.version = daemonProtocolVersion
         return try exchange(hello, on: fd, buffer: buffer)
@@ -273,7 +274,7 @@ final class DaemonLink: @unchecked Sendable {
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
 
-    static func exchange(_ request: DaemonRequest, attachment: SecureBytes? = nil, on fd: Int32, buffer: FrameBuffer) throws -> DaemonReply {
+    package static func exchange(_ request: DaemonRequest, attachment: SecureBytes? = nil, on fd: Int32, buffer: FrameBuffer) throws -> DaemonReply {
         var bytes = try Frame.encode(request, attachment: attachment)
         defer { zeroize(&bytes) }
         guard bytes.withUnsafeBytes({ Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else {

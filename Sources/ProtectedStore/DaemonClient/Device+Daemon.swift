@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import ProtectedStoreCore
 
 /// A running daemon as its status request reports it.
 public struct DaemonStatus: Sendable, Codable, Equatable {
@@ -37,10 +38,12 @@ extension Device {
                                       remedy: "Use a daemon of this version")
         }
         let device = Device(root: root, deviceSecretPath: hello.deviceSecretPath ?? "", keybagID: keybagID, classBPublicKey: classBPublicKey,
-                            holder: .daemon(link), state: Self.attachedState(hello.state), passcodePolicy: (try? loadPasscodePolicy(root: root)) ?? .default,
+                            holder: DaemonKeyHolder(link: link), state: Self.attachedState(hello.state), passcodePolicy: (try? loadPasscodePolicy(root: root)) ?? .default,
                             notificationCenter: notificationCenter)
         if let grace = hello.gracePeriod { device.currentGracePeriod = grace }
-        link.start { [weak device] notice in device?.receive(notice) }
+        link.start { [weak device, weak link] notice in
+            if let link { device?.receive(notice, from: link) }
+        }
         return device
     }
 
@@ -48,14 +51,7 @@ extension Device {
     public static func isDaemonRunning(root: String) -> Bool { DaemonLink.isDaemonRunning(root: root) }
 
     /// The daemon's own view (state, subscribers), for a device attached to one; nil for an in-process device.
-    public func daemonStatus() throws -> DaemonStatus? {
-        guard case .daemon(let link) = holder else { return nil }
-        let reply = try link.call(DaemonRequest(id: 0, op: .status)).reply
-        return DaemonStatus(pid: reply.pid ?? 0, socketPath: link.socketPath, state: reply.state.flatMap(State.init(rawValue:)) ?? .locked,
-                            subscribers: reply.subscribers ?? 0, gracePeriod: reply.gracePeriod ?? Self.defaultGracePeriod,
-                            failedPasscodeAttempts: reply.failedPasscodeAttempts ?? 0, coreDumpsDisabled: reply.coreDumpsDisabled ?? false,
-                            lockedMemoryKiB: reply.lockedMemoryKiB)
-    }
+    public func daemonStatus() throws -> DaemonStatus? { try holder.daemonStatus() }
 
     /// The daemon's state as this process starts from: a lock in progress already sent its event to others, so a
     /// newcomer counts as locked (it must not open class A files the lock would not close).
@@ -67,34 +63,10 @@ extension Device {
         }
     }
 
-    // MARK: Requests
-
-    func lockThroughDaemon(_ link: DaemonLink, gracePeriod: TimeInterval?) {
-        var request = DaemonRequest(id: 0, op: .lock)
-        request.grace = gracePeriod.map { min($0, 3600) }
-        do {
-            // This process's own state follows the events the daemon sends, in order, not this reply.
-            _ = try link.call(request)
-        } catch let error as ProtectedStoreError where error.kind == .daemonUnavailable {
-            // No daemon: nothing can unwrap keys any more; what this process still holds goes now.
-            daemonLost()
-        } catch {
-            // Refused (a grace out of range): nothing changed.
-        }
-    }
-
-    /// Returns once this process has been told (*did become available*), so a class A file opened next works;
-    /// waits at most the grace period for an earlier event this process is still handling.
-    func unlockThroughDaemon(_ link: DaemonLink, passcode: Passcode) throws {
-        _ = try link.call(DaemonRequest(id: 0, op: .unlock), attachment: passcode.bytes)
-        let deadline = Date().addingTimeInterval(max(gracePeriod, 1))
-        while state != .unlocked && Date() < deadline { usleep(500) }
-    }
-
     // MARK: Events from the daemon
 
     /// Called on the link's reader thread, in order: state changes here, observers are served on `daemonEvents`.
-    func receive(_ notice: DaemonLink.Notice) {
+    func receive(_ notice: DaemonLink.Notice, from link: DaemonLink) {
         // Counted from before the state changes, so nobody sees the new state with the delivery not yet counted.
         pendingDelivery.enter()
         defer { pendingDelivery.leave() }
@@ -104,7 +76,7 @@ extension Device {
                 if currentState == .unlocked { currentState = .locking }
                 openURLsAllowed = false
             }
-            serveDaemonEvent { self.handleWillBecomeUnavailable(grace: grace) { self.acknowledge(seq, connection: connection) } }
+            serveDaemonEvent { self.handleWillBecomeUnavailable(grace: grace) { link.acknowledge(seq: seq, connection: connection) } }
         case .event(.didBecomeAvailable, let seq, _, let connection):
             mutex.withLock { currentState = .unlocked }
             serveDaemonEvent {
@@ -112,7 +84,7 @@ extension Device {
                 // Bounded as in-process: an observer stuck in an earlier callback must not stop this process
                 // from acknowledging, which would keep the next lock's event from reaching it.
                 _ = observers.handedOver.wait(timeout: .now() + max(self.gracePeriod, 1))
-                self.acknowledge(seq, connection: connection)
+                link.acknowledge(seq: seq, connection: connection)
             }
         case .lost:
             daemonLost()
@@ -129,10 +101,6 @@ extension Device {
         }
     }
 
-    private func acknowledge(_ seq: UInt64, connection: UInt64) {
-        if case .daemon(let link) = holder { link.acknowledge(seq: seq, connection: connection) }
-    }
-
     /// Runs `work` on the daemon events queue, counted as a delivery still to come until it has run.
     private func serveDaemonEvent(_ work: @escaping @Sendable () -> Void) {
         pendingDelivery.enter()
@@ -143,7 +111,7 @@ extension Device {
     }
 
     /// The daemon went away: this process can unwrap nothing until one is back, so it locks itself.
-    private func daemonLost() {
+    func daemonLost() {
         let wasAvailable: Bool = mutex.withLock {
             openURLsAllowed = false
             defer { currentState = .locked }

@@ -1,15 +1,16 @@
 import Foundation
+import ProtectedStoreCore
 
 /// One protocol frame (docs/PROTOCOL.md §2): a JSON message and, when a secret travels, a binary attachment that is
 /// decoded straight into guarded memory, so secrets never pass through JSON strings.
-struct Frame {
+package struct Frame {
     /// Largest payload (everything after the 4-byte length) either side accepts.
     static let maximumPayload = 64 * 1024
     static let lengthBytes = 4
     static let messageLengthBytes = 2
 
-    var message: [UInt8]
-    var attachment: SecureBytes?
+    package var message: [UInt8]
+    package var attachment: SecureBytes?
 
     /// A frame whose bytes break the framing rules; the connection is closed after one error reply.
     struct Malformed: Error, CustomStringConvertible {
@@ -20,7 +21,7 @@ struct Frame {
     struct TooLarge: Error {}
 
     /// Encodes `message` (with `attachment`) into the bytes to send; the caller zeroes them once sent when there is an attachment.
-    static func encode(_ message: some Encodable, attachment: SecureBytes? = nil) throws -> [UInt8] {
+    package static func encode(_ message: some Encodable, attachment: SecureBytes? = nil) throws -> [UInt8] {
         let json = Array(try JSONEncoder().encode(message))
         let attachmentCount = attachment?.count ?? 0
         let payload = messageLengthBytes + json.count + attachmentCount
@@ -39,7 +40,7 @@ struct Frame {
 
     /// Decodes the frame at the start of `buffer`: nil while it is incomplete, else the frame and the bytes it used.
     /// Throws `Malformed` for a length over the maximum or a message length that does not fit the payload.
-    static func decode(_ buffer: UnsafeRawBufferPointer) throws -> (frame: Frame, consumed: Int)? {
+    package static func decode(_ buffer: UnsafeRawBufferPointer) throws -> (frame: Frame, consumed: Int)? {
         guard buffer.count >= lengthBytes else { return nil }
         let payload = Int(buffer[0]) << 24 | Int(buffer[1]) << 16 | Int(buffer[2]) << 8 | Int(buffer[3])
         guard payload <= maximumPayload else {
@@ -70,13 +71,13 @@ struct Frame {
 /// A byte queue for frames in flight (received and not yet decoded, or encoded and not yet sent). Frames carry
 /// passcodes and per-file keys, so unlike an array it never leaves a copy behind: consumed bytes, storage given up
 /// when growing, and the whole capacity at the end are zeroed.
-final class FrameBuffer: @unchecked Sendable {
+package final class FrameBuffer: @unchecked Sendable {
     private var storage: UnsafeMutableRawPointer
     private var capacity: Int
     private var start = 0
     private var end = 0
 
-    init(capacity: Int = 4096) {
+    package init(capacity: Int = 4096) {
         self.capacity = capacity
         storage = .allocate(byteCount: capacity, alignment: 16)
         storage.initializeMemory(as: UInt8.self, repeating: 0, count: capacity)
@@ -88,11 +89,11 @@ final class FrameBuffer: @unchecked Sendable {
     }
 
     /// Bytes queued.
-    var count: Int { end - start }
+    package var count: Int { end - start }
 
-    var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: storage + start, count: end - start) }
+    package var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: storage + start, count: end - start) }
 
-    func append(_ chunk: UnsafeRawBufferPointer) {
+    package func append(_ chunk: UnsafeRawBufferPointer) {
         guard chunk.count > 0 else { return }
         if capacity - end < chunk.count {
             if capacity - count >= chunk.count && count <= capacity / 2 {
@@ -115,7 +116,7 @@ final class FrameBuffer: @unchecked Sendable {
     }
 
     /// Drops the first `n` queued bytes, zeroing them.
-    func consume(_ n: Int) {
+    package func consume(_ n: Int) {
         precondition(n <= count)
         zeroize(storage + start, count: n)
         start += n
@@ -123,12 +124,12 @@ final class FrameBuffer: @unchecked Sendable {
     }
 
     /// The next complete frame, if one has arrived; throws `Frame.Malformed`.
-    func nextFrame() throws -> Frame? {
+    package func nextFrame() throws -> Frame? {
         guard let (frame, consumed) = try Frame.decode(bytes) else { return nil }
         consume(consumed)
         return frame
     }
 
     /// Zeroes and drops everything queued.
-    func wipe() { consume(count) }
+    package func wipe() { consume(count) }
 }

@@ -1,36 +1,37 @@
 import Foundation
+import ProtectedStoreCore
 
 /// The protocol version this build speaks (docs/PROTOCOL.md); `hello` must name it.
-let daemonProtocolVersion = 1
+package let daemonProtocolVersion = 1
 
 /// A client's request. One flat shape for every operation keeps the decoder small; which fields an operation uses
 /// is in docs/PROTOCOL.md §3.
-struct DaemonRequest: Codable, Sendable {
-    enum Operation: String, Codable, Sendable {
+package struct DaemonRequest: Codable, Sendable {
+    package enum Operation: String, Codable, Sendable {
         case hello, status, unlock, lock, subscribe, ack, wrap, unwrap
         case changePasscode = "change-passcode"
     }
 
-    var id: UInt64
-    var op: String
-    var version: Int?
-    var grace: Double?
-    var protectionClass: String?
-    var associatedData: String?
-    var ephemeralPublicKey: String?
-    var sealed: String?
-    var seq: UInt64?
+    package var id: UInt64
+    package var op: String
+    package var version: Int?
+    package var grace: Double?
+    package var protectionClass: String?
+    package var associatedData: String?
+    package var ephemeralPublicKey: String?
+    package var sealed: String?
+    package var seq: UInt64?
 
-    init(id: UInt64, op: Operation) {
+    package init(id: UInt64, op: Operation) {
         self.id = id
         self.op = op.rawValue
     }
 
-    var operation: Operation? { Operation(rawValue: op) }
+    package var operation: Operation? { Operation(rawValue: op) }
 }
 
 /// A reply to a request (`id` set) or an event (`event` set).
-struct DaemonReply: Codable, Sendable {
+package struct DaemonReply: Codable, Sendable {
     struct Failure: Codable, Sendable {
         var code: String
         var message: String
@@ -38,34 +39,34 @@ struct DaemonReply: Codable, Sendable {
         var path: String?
     }
 
-    var id: UInt64?
+    package var id: UInt64?
     var error: Failure?
-    var event: String?
-    var seq: UInt64?
-    var grace: Double?
-    var version: Int?
-    var pid: Int32?
-    var state: String?
-    var keybagID: String?
-    var classBPublicKey: String?
-    var deviceSecretPath: String?
-    var socketPath: String?
-    var gracePeriod: Double?
-    var subscribers: Int?
-    var failedPasscodeAttempts: Int?
-    var coreDumpsDisabled: Bool?
-    var lockedMemoryKiB: Int?
-    var sealed: String?
+    package var event: String?
+    package var seq: UInt64?
+    package var grace: Double?
+    package var version: Int?
+    package var pid: Int32?
+    package var state: String?
+    package var keybagID: String?
+    package var classBPublicKey: String?
+    package var deviceSecretPath: String?
+    package var socketPath: String?
+    package var gracePeriod: Double?
+    package var subscribers: Int?
+    package var failedPasscodeAttempts: Int?
+    package var coreDumpsDisabled: Bool?
+    package var lockedMemoryKiB: Int?
+    package var sealed: String?
 
-    init(id: UInt64?) { self.id = id }
+    package init(id: UInt64?) { self.id = id }
 
-    static func failure(id: UInt64?, _ error: ProtectedStoreError) -> DaemonReply {
+    package static func failure(id: UInt64?, _ error: ProtectedStoreError) -> DaemonReply {
         var reply = DaemonReply(id: id)
         reply.error = Failure(code: DaemonErrorCode(error.kind).rawValue, message: error.problem, remedy: error.remedy, path: error.path)
         return reply
     }
 
-    static func failure(id: UInt64?, code: DaemonErrorCode, message: String, remedy: String) -> DaemonReply {
+    package static func failure(id: UInt64?, code: DaemonErrorCode, message: String, remedy: String) -> DaemonReply {
         var reply = DaemonReply(id: id)
         reply.error = Failure(code: code.rawValue, message: message, remedy: remedy)
         return reply
@@ -73,7 +74,7 @@ struct DaemonReply: Codable, Sendable {
 }
 
 /// Error codes on the wire: the library's error kinds, plus the protocol's own.
-enum DaemonErrorCode: String, Sendable {
+package enum DaemonErrorCode: String, Sendable {
     case protectedDataUnavailable = "protected-data-unavailable"
     case wrongPasscode = "wrong-passcode"
     case throttled
@@ -90,7 +91,7 @@ enum DaemonErrorCode: String, Sendable {
     case unsupportedVersion = "unsupported-version"
     case permissionDenied = "permission-denied"
 
-    init(_ kind: ProtectedStoreError.Kind) {
+    package init(_ kind: ProtectedStoreError.Kind) {
         switch kind {
         case .protectedDataUnavailable: self = .protectedDataUnavailable
         case .wrongPasscode: self = .wrongPasscode
@@ -126,14 +127,14 @@ enum DaemonErrorCode: String, Sendable {
 
 extension ProtectedDataEvent {
     /// The event's name on the wire.
-    var wireName: String {
+    package var wireName: String {
         switch self {
         case .willBecomeUnavailable: "will-become-unavailable"
         case .didBecomeAvailable: "did-become-available"
         }
     }
 
-    init?(wireName: String) {
+    package init?(wireName: String) {
         switch wireName {
         case "will-become-unavailable": self = .willBecomeUnavailable
         case "did-become-available": self = .didBecomeAvailable
@@ -143,9 +144,9 @@ extension ProtectedDataEvent {
 }
 
 extension Array where Element == UInt8 {
-    var base64: String { Data(self).base64EncodedString() }
+    package var base64: String { Data(self).base64EncodedString() }
 
-    init?(base64: String?) {
+    package init?(base64: String?) {
         guard let base64, let data = Data(base64Encoded: base64) else { return nil }
         self = Array(data)
     }

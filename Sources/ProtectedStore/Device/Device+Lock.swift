@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import ProtectedStoreCore
 
 /// The lock state machine: beforeFirstUnlock → unlocked → locking (grace) → locked, and unlock from either locked state.
 ///
@@ -48,15 +49,13 @@ extension Device {
     /// daemon's own); if the daemon can't be reached, this process drops its class A file keys and counts as locked.
     public func lock(gracePeriod: TimeInterval? = nil) async {
         precondition((gracePeriod ?? 0) >= 0 && (gracePeriod ?? 0).isFinite, "the grace period must be a finite number of seconds ≥ 0")
-        if case .daemon(let link) = holder {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                DispatchQueue.global().async {
-                    self.lockThroughDaemon(link, gracePeriod: gracePeriod)
-                    continuation.resume()
-                }
-            }
-            return
-        }
+        await holder.lock(self, gracePeriod: gracePeriod)
+    }
+
+    /// The lock state machine for keys held in this process: *will become unavailable* to every observer, then, once
+    /// all are done or the grace period has passed, `discardClassKeys` (under the mutex, as the state becomes locked)
+    /// and the per-file keys of open class A files.
+    func runLock(gracePeriod: TimeInterval?, discardClassKeys: @escaping @Sendable () -> Void) async {
         // The state change and the hand-off of its event happen under one lock, so every observer sees
         // will/did in the order the state changed, even when a lock and an unlock race.
         let (attempt, grace, observers): (LockAttempt?, TimeInterval, (handedOver: DispatchGroup, done: DispatchGroup, taken: Counter)?) = deliveryLock.withLock {
@@ -78,12 +77,12 @@ extension Device {
         }
         guard let attempt else { return }
         if let observers {
-            observers.done.notify(queue: .global()) { self.discardKeys(for: attempt) }
+            observers.done.notify(queue: .global()) { self.discardKeys(for: attempt, discardClassKeys) }
             // The grace period runs from the moment every observer has the event, so a grace of 0 still lets each
             // one be entered first; an observer stuck in an earlier callback is waited for at most max(grace, 1 s).
             let startGrace: @Sendable () -> Void = {
                 guard attempt.startGracePeriod() else { return }
-                DispatchQueue.global().asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt) }
+                DispatchQueue.global().asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt, discardClassKeys) }
             }
             observers.handedOver.notify(queue: .global(), execute: startGrace)
             DispatchQueue.global().asyncAfter(deadline: .now() + max(grace, 1), execute: startGrace)
@@ -92,12 +91,11 @@ extension Device {
     }
 
     /// The end of a lock: runs once per attempt, unless an unlock cancelled it first.
-    private func discardKeys(for attempt: LockAttempt) {
-        guard case .embedded(let keys) = holder else { return }
+    private func discardKeys(for attempt: LockAttempt, _ discardClassKeys: () -> Void) {
         let files: [EncryptedFile]? = mutex.withLock {
             guard pendingLock === attempt, currentState == .locking else { return nil }
             pendingLock = nil
-            keys.classKeys.discard([.complete, .completeUnlessOpen])
+            discardClassKeys()
             currentState = .locked
             return takeClassAFiles()
         }
@@ -111,28 +109,23 @@ extension Device {
     /// During a lock's grace period it cancels the lock. Wrong passcodes are counted and throttled (`passcodePolicy`):
     /// throws `.wrongPasscode`, or `.throttled` while a delay runs. Attached to a daemon, the daemon checks the passcode.
     public func unlock(passcode: Passcode) throws {
-        let embedded: EmbeddedKeys
-        switch holder {
-        case .daemon(let link): return try unlockThroughDaemon(link, passcode: passcode)
-        case .embedded(let keys): embedded = keys
-        }
-        try passcodeLock.withLock {
-            guard !isShutDown else {
-                throw ProtectedStoreError(.invalidArgument, path: root, problem: "the key holder has shut down", remedy: "Start it again")
+        try holder.unlock(self, passcode: passcode)
+    }
+
+    /// The unlock of keys held in this process, once the passcode is checked: `insertKeys` runs under the mutex as the
+    /// state becomes unlocked, *did become available* goes out unless it already was, and a pending lock is cancelled.
+    func becomeUnlocked(_ insertKeys: () -> Void) {
+        let cancelled: LockAttempt? = deliveryLock.withLock {
+            let (wasUnlocked, cancelled): (Bool, LockAttempt?) = mutex.withLock {
+                insertKeys()
+                let wasUnlocked = currentState == .unlocked
+                currentState = .unlocked
+                return (wasUnlocked, pendingLock.take())
             }
-            let keys = try unwrapPasscodeClassKeys(embedded, passcode: passcode)
-            let cancelled: LockAttempt? = deliveryLock.withLock {
-                let (wasUnlocked, cancelled): (Bool, LockAttempt?) = mutex.withLock {
-                    embedded.classKeys.insert(keys)
-                    let wasUnlocked = currentState == .unlocked
-                    currentState = .unlocked
-                    return (wasUnlocked, pendingLock.take())
-                }
-                if !wasUnlocked { deliverDidBecomeAvailable() }
-                return cancelled
-            }
-            cancelled?.complete()
+            if !wasUnlocked { deliverDidBecomeAvailable() }
+            return cancelled
         }
+        cancelled?.complete()
     }
 
     /// Hands *did become available* to this process's observers. Once they have handled it (or the grace period has
@@ -185,7 +178,7 @@ extension Device {
 
     /// Registers a file opened through a container, so a lock can discard its per-file key if it is class A.
     /// A class A file that raced with a lock and would outlive the class key is refused here.
-    func track(_ file: EncryptedFile) throws {
+    package func track(_ file: EncryptedFile) throws {
         // Read before taking the device mutex: nothing may take a file's mutex while holding the device's.
         let isComplete = file.protectionClass == .complete
         let fileID = file.fileID
@@ -199,7 +192,7 @@ extension Device {
 
     /// Registers a file whose class and id the caller read (it may hold the file's lock, which this never takes);
     /// refuses a class A file while its key is unavailable.
-    func admit(_ file: EncryptedFile, fileID: [UInt8], isComplete: Bool) throws {
+    package func admit(_ file: EncryptedFile, fileID: [UInt8], isComplete: Bool) throws {
         try mutex.withLock {
             if isComplete && !(currentState == .unlocked || currentState == .locking) {
                 throw Self.unavailableError(.complete, state: currentState, path: file.path)
@@ -222,7 +215,7 @@ extension Device {
     }
 
     /// Forgets a closed file.
-    func forget(_ file: EncryptedFile) {
+    package func forget(_ file: EncryptedFile) {
         _ = mutex.withLock { openFiles.removeValue(forKey: ObjectIdentifier(file)) }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 import SystemPackage
 
 /// A device root: its keybag, its device secret, its app containers, and the lock state of this process's key holder.
@@ -36,26 +37,21 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// Where the protected-data notifications are posted.
     public var notificationCenter: NotificationCenter { dispatcher.notificationCenter }
     /// Whether a key daemon holds the keys (`Device.attach`) rather than this process (`Device.open`, `Device.create`).
-    public var isAttachedToDaemon: Bool { if case .daemon = holder { true } else { false } }
+    public var isAttachedToDaemon: Bool { holder is DaemonKeyHolder }
 
-    let holder: KeyHolder
+    let holder: any KeyHolder
     let mutex = NSLock()
-    // Serialises passcode checks (unlock, passcode change) so the attempt counter is never raced,
-    // without holding `mutex` through Argon2id.
-    let passcodeLock = NSLock()
     var currentState: State
     var currentGracePeriod = Device.defaultGracePeriod
     var pendingLock: LockAttempt?
     /// Whether open-URL events may be delivered: unlocked, and this process's observers have handled *did become available*.
     var openURLsAllowed: Bool
-    /// Set by `shutDown()`, under `passcodeLock`.
-    var isShutDown = false
     // Taken around a state change and the hand-off of its event, so observers see events in state order.
     let deliveryLock = NSLock()
     var openFiles: [ObjectIdentifier: TrackedFile] = [:]
     /// Told which files lost their keys; guarded by `mutex`.
     var keysDiscardedHandlers: [@Sendable ([EncryptedFile]) -> Void] = []
-    let dispatcher: EventDispatcher<ProtectedDataEvent, Device>
+    package let dispatcher: EventDispatcher<ProtectedDataEvent, Device>
     /// Containers of this process receiving open-URL events, told when protected data becomes available.
     let inboxReceivers = WeakSet<InboxReceiver>()
     /// Attached to a daemon: serves its events to this process's observers, one at a time, in order.
@@ -64,7 +60,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// waiting for *did* to be handled), so `waitUntilObserversIdle(timeout:)` does not return in the gap.
     let pendingDelivery = DispatchGroup()
 
-    init(root: String, deviceSecretPath: String, keybagID: [UInt8], classBPublicKey: [UInt8], holder: KeyHolder, state: State,
+    init(root: String, deviceSecretPath: String, keybagID: [UInt8], classBPublicKey: [UInt8], holder: any KeyHolder, state: State,
          passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
         self.root = root
         self.deviceSecretPath = deviceSecretPath
@@ -86,13 +82,10 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         })
     }
 
-    deinit {
-        if case .daemon(let link) = holder { link.close() }
-    }
-
-    private convenience init(root: String, keys: EmbeddedKeys, state: State, passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
-        self.init(root: root, deviceSecretPath: keys.deviceSecret.path, keybagID: keys.keybag.keybagID, classBPublicKey: keys.keybag.classBPublicKey,
-                  holder: .embedded(keys), state: state, passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
+    private convenience init(root: String, keys: EmbeddedKeyHolder, state: State, passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
+        let keybag = keys.keybag
+        self.init(root: root, deviceSecretPath: keys.deviceSecret.path, keybagID: keybag.keybagID, classBPublicKey: keybag.classBPublicKey,
+                  holder: keys, state: state, passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
     }
 
     static func keybagPath(root: String) -> String { (root as NSString).appendingPathComponent("keybag") }
@@ -118,7 +111,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         do {
             let deviceSecret = try DeviceSecret.create(at: secretPath, keybagID: keybagID)
             let (keybag, classKeys) = try Keybag.create(keybagID: keybagID, passcode: passcode, preset: kdf, deviceSecret: deviceSecret)
-            let device = Device(root: root, keys: EmbeddedKeys(deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys), state: .unlocked,
+            let device = Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys), state: .unlocked,
                                 passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
             try FileSystem.createDirectories(device.containersPath)
             try FileSystem.writeAtomically(Array(try JSONEncoder().encode(passcodePolicy)), to: FileLocation(path: device.passcodePolicyPath), replacing: false)
@@ -201,7 +194,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         }
         let keybag = try Keybag.parse(bytes, path: keybagPath, deviceSecret: deviceSecret)
         let classD = try keybag.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
-        return Device(root: root, keys: EmbeddedKeys(deviceSecret: deviceSecret, keybag: keybag, classKeys: ClassKeys(keys: [.none: classD])),
+        return Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, classKeys: ClassKeys(keys: [.none: classD])),
                       state: .beforeFirstUnlock, passcodePolicy: try loadPasscodePolicy(root: root), notificationCenter: notificationCenter)
     }
 
@@ -216,7 +209,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         return stored
     }
 
-    static func absolute(_ path: String) -> String {
+    package static func absolute(_ path: String) -> String {
         let expanded = (path as NSString).expandingTildeInPath
         let joined = expanded.hasPrefix("/") ? expanded : (FileManager.default.currentDirectoryPath as NSString).appendingPathComponent(expanded)
         return (joined as NSString).standardizingPath
@@ -228,171 +221,40 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// so a crash at any instant leaves one that opens with either the old or the new passcode.
     /// A wrong `oldPasscode` counts as a failed attempt, as an unlock would.
     public func changePasscode(from oldPasscode: Passcode, to newPasscode: Passcode) throws {
-        let keys: EmbeddedKeys
-        switch holder {
-        case .daemon(let link): return try link.changePasscode(from: oldPasscode, to: newPasscode)
-        case .embedded(let embedded): keys = embedded
-        }
-        try passcodeLock.withLock {
-            let current = try currentKeybag(keys)
-            let unwrapped = try checkingPasscode { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: keys.deviceSecret, path: keybagPath) }
-            let classD = try current.unwrapDeviceClassKey(deviceSecret: keys.deviceSecret, path: keybagPath)
-            let allKeys = ClassKeys(keys: unwrapped.merging([.none: classD]) { current, _ in current })
-            defer { allKeys.discard(ProtectionClass.allCases) }
-            let newKeybag = try current.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: keys.deviceSecret)
-            let bytes = try newKeybag.serialized(deviceSecret: keys.deviceSecret)
-            do {
-                try FileSystem.writeAtomically(bytes, to: FileLocation(path: keybagPath), replacing: true)
-            } catch {
-                // If the rename happened and only the directory fsync failed, the new keybag is the one on disk.
-                if (try? FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")) == bytes {
-                    mutex.withLock { keys.keybag = newKeybag }
-                }
-                throw error
-            }
-            mutex.withLock { keys.keybag = newKeybag }
-        }
-    }
-
-    /// The keybag as on disk now: another process (the CLI beside a daemon) may have changed the passcode since this
-    /// device was opened. Falls back to the one in memory if the file can't be read; the passcode check then says why.
-    private func currentKeybag(_ keys: EmbeddedKeys) throws -> Keybag {
-        let inMemory = mutex.withLock { keys.keybag }
-        guard let bytes = try? FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag"),
-              let onDisk = try? Keybag.parse(bytes, path: keybagPath, deviceSecret: keys.deviceSecret),
-              onDisk.keybagID == inMemory.keybagID, onDisk.classBPublicKey == inMemory.classBPublicKey else { return inMemory }
-        mutex.withLock { keys.keybag = onDisk }
-        return onDisk
-    }
-
-    /// Unwraps classes A, B and C with the passcode (throttled), from the keybag as on disk. Caller holds `passcodeLock`.
-    func unwrapPasscodeClassKeys(_ keys: EmbeddedKeys, passcode: Passcode) throws -> [ProtectionClass: SecureBytes] {
-        let keybag = try currentKeybag(keys)
-        return try checkingPasscode { try keybag.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: keys.deviceSecret, path: keybagPath) }
+        try holder.changePasscode(self, from: oldPasscode, to: newPasscode)
     }
 
     /// Wrong passcodes in a row so far (persisted; reset by a right one).
     public var failedPasscodeAttempts: Int { (try? PasscodeAttempts.load(from: passcodeAttemptsPath).failedAttempts) ?? 0 }
 
-    /// Runs a passcode check under the throttle: refuses while a delay is running, counts a wrong passcode
-    /// (erasing the device if the policy says so), and resets the count on success. Caller holds `passcodeLock`;
-    /// an flock on a file beside the counter serialises checks across processes.
-    func checkingPasscode<R>(_ check: () throws -> R) throws -> R {
-        try requireNotErased()
-        // One check at a time across processes too, so parallel guesses are each counted.
-        let lockPath = passcodeAttemptsPath + ".lock"
-        let lockFile = try FileLocation(path: lockPath).open(.readWrite, options: [.create], permissions: [.ownerReadWrite], doing: "open the passcode attempt lock")
-        defer { try? lockFile.close() }
-        guard flock(lockFile.rawValue, LOCK_EX) == 0 else {
-            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: lockPath, doing: "lock the passcode attempt counter")
-        }
-        // Another process may have erased the device while this one waited for the lock.
-        try requireNotErased()
-        let before = try PasscodeAttempts.load(from: passcodeAttemptsPath)
-        let remaining = before.remainingDelay(policy: passcodePolicy, now: Date())
-        guard remaining <= 0 else {
-            throw ProtectedStoreError(.throttled, path: root, problem: "\(before.failedAttempts) wrong passcodes in a row; the next attempt is allowed in \(Int(remaining.rounded(.up))) s",
-                                      remedy: "Wait, then try again")
-        }
-        // Counted before the verdict: a process killed during Argon2id to dodge the count has still used its guess.
-        // The durable write runs alongside Argon2id (it takes far less), and the verdict is used only once it is done.
-        var attempts = before
-        attempts.failedAttempts += 1
-        attempts.lastFailure = Date().timeIntervalSince1970
-        let counted = DispatchGroup()
-        let counting = CountingOutcome()
-        DispatchQueue.global().async(group: counted) { [attempts, passcodeAttemptsPath] in
-            do { try attempts.save(to: passcodeAttemptsPath) } catch { counting.error = error }
-        }
-        let verdict = Result { try check() }
-        counted.wait()
-        if let error = counting.error { throw error }
-        let result: R
-        do {
-            result = try verdict.get()
-        } catch let error as ProtectedStoreError where error.kind == .wrongPasscode {
-            if let limit = passcodePolicy.eraseAfterFailedAttempts, attempts.failedAttempts >= limit, case .embedded(let keys) = holder {
-                try erase(keys)
-                throw ProtectedStoreError(.wrongPasscode, path: root, problem: "wrong passcode, \(attempts.failedAttempts) times in a row: the device has been erased, as its passcode policy requires",
-                                          remedy: "Its data is gone; create a new device with `sandboxctl init`")
-            }
-            let delay = passcodePolicy.delay(afterFailures: attempts.failedAttempts)
-            let next = delay > 0 ? "; the next attempt is allowed in \(Int(delay.rounded(.up))) s" : ""
-            let erasing = passcodePolicy.eraseAfterFailedAttempts.map { "; the device is erased after \($0) in a row" } ?? ""
-            throw ProtectedStoreError(.wrongPasscode, path: keybagPath, problem: "wrong passcode (\(attempts.failedAttempts) in a row\(next)\(erasing))",
-                                      remedy: "Try again with the device's passcode")
-        } catch {
-            // Not a passcode verdict (a damaged keybag, I/O): the attempt does not count.
-            try? before.save(to: passcodeAttemptsPath)
-            throw error
-        }
-        // The passcode was right: failing to reset the counter must not turn that into a failure. Not fsync'd: the
-        // page cache outlives this process, and a power cut that loses the reset only leaves one extra count.
-        try? PasscodeAttempts().save(to: passcodeAttemptsPath, durable: false)
-        return result
-    }
-
-    private func requireNotErased() throws {
-        guard try FileSystem.exists(keybagPath) else {
-            throw ProtectedStoreError(.notFound, path: root, problem: "the device has been erased (its keybag is gone)",
-                                      remedy: "Create a new device with `sandboxctl init`")
-        }
-    }
-
     /// Destroys the device secret and the keybag, which makes every file of this device unrecoverable at once,
     /// then removes the containers and settings, leaving an empty root.
     /// A device attached to a daemon, or one a daemon serves, can't be erased from here: the daemon holds its keys.
     public func erase() throws {
-        try requireNoDaemon()
-        guard case .embedded(let keys) = holder else { preconditionFailure("an attached device has a daemon") }
-        try erase(keys)
+        try holder.checkErasable(self)
+        try holder.erase(self)
     }
 
     /// Throws unless this process alone holds the device, as `erase()` requires (lets a CLI check before asking for a passcode).
-    public func requireNoDaemon() throws {
-        guard case .embedded = holder, !Self.isDaemonRunning(root: root) else {
-            throw ProtectedStoreError(.invalidArgument, path: root, problem: "a key daemon holds this device's keys, so it can't be erased from here",
-                                      remedy: "Stop the daemon (Ctrl-C or SIGTERM), then erase")
-        }
-    }
-
-    /// The erase itself; also what the passcode policy runs, in whichever process holds the keys (the daemon too).
-    private func erase(_ keys: EmbeddedKeys) throws {
-        // Every key in memory goes first, whatever fails afterwards.
-        discardAllKeys()
-        try keys.deviceSecret.destroy()
-        guard unlink(keybagPath) == 0 || Foundation.errno == ENOENT else {
-            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: keybagPath, doing: "remove the keybag")
-        }
-        try FileSystem.synchronizeDirectory(root)
-        let daemonFiles = [DaemonInfo.path(root: root), (root as NSString).appendingPathComponent("daemon.lock")]
-        for name in [containersPath, passcodePolicyPath, passcodeAttemptsPath, passcodeAttemptsPath + ".lock"] + daemonFiles where try FileSystem.exists(name) {
-            do {
-                try FileManager.default.removeItem(atPath: name)
-            } catch {
-                throw ProtectedStoreError(.io, path: name, problem: "the keys are destroyed, so the data is unreadable, but removing it failed (\(error.localizedDescription))",
-                                          remedy: "Remove the directory by hand")
-            }
-        }
-    }
+    public func requireNoDaemon() throws { try holder.checkErasable(self) }
 
     /// For good: waits for a passcode check in flight, refuses every later unlock, and zeroes every key (daemon shutdown).
-    func shutDown() {
-        passcodeLock.withLock { isShutDown = true }
+    package func shutDown() {
+        holder.shutDown()
         discardAllKeys()
     }
 
-    /// A test's reboot: zeroes every key as a power cut would, telling nobody, and ends the link to the daemon for
-    /// good, so this object never comes back to life when a new daemon starts on the same socket.
+    /// A test's reboot: zeroes every key as a power cut would, telling nobody, and ends the holder for good, so this
+    /// object never comes back to life when a new daemon starts on the same socket.
     package func powerOff() {
         discardAllKeys()
-        if case .daemon(let link) = holder { link.close() }
+        holder.shutDown()
     }
 
     /// Zeroes every class key and the per-file key of every open file, and counts as locked (erase, shutdown).
     func discardAllKeys() {
         let (files, lockToRelease): ([EncryptedFile], LockAttempt?) = mutex.withLock {
-            if case .embedded(let keys) = holder { keys.classKeys.discard(ProtectionClass.allCases) }
+            holder.discardClassKeys()
             currentState = .locked
             defer { openFiles = [:] }
             return (openFiles.values.compactMap(\.file), pendingLock.take())
@@ -404,72 +266,23 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     // MARK: ClassKeyProviding
 
     public func wrapFileKey(_ fileKey: SecureBytes, for protectionClass: ProtectionClass, associatedData: [UInt8]) throws -> [UInt8] {
-        switch holder {
-        case .embedded: return try usingClassKey(protectionClass) { try FileKeySeal.seal(fileKey, classKey: $0, associatedData: associatedData) }
-        case .daemon(let link): return try link.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData)
-        }
+        try holder.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData, device: self)
     }
 
     public func unwrapFileKey(_ wrapped: WrappedFileKey) throws -> SecureBytes? {
-        switch holder {
-        case .embedded:
-            return try usingClassKey(wrapped.protectionClass) { try FileKeySeal.open(wrapped, classKey: $0, classBPublicKey: classBPublicKey) }
-        case .daemon(let link): return try link.unwrapFileKey(wrapped)
-        }
+        try holder.unwrapFileKey(wrapped, device: self)
     }
 
-    /// Runs `body` with a class key. A lock that zeroes the key while `body` runs is the same refusal as a key already
-    /// gone: without this, the daemon reported it to its clients as an I/O error (found by `ps-verify load`).
-    private func usingClassKey<R>(_ protectionClass: ProtectionClass, _ body: (SecureBytes) throws -> R) throws -> R {
-        let key = try classKey(for: protectionClass)
-        do {
-            return try body(key)
-        } catch let error as SecureBytes.Discarded {
-            guard key.isDiscarded else { throw error }
-            throw Self.unavailableError(protectionClass, state: state)
-        }
-    }
-
-    /// A class key of the in-process holder, or the data-protection error for the current state.
-    func classKey(for protectionClass: ProtectionClass) throws -> SecureBytes {
-        guard case .embedded(let keys) = holder else { preconditionFailure("class keys stay in the daemon") }
-        do {
-            return try keys.classKeys.key(for: protectionClass)
-        } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
-            throw Self.unavailableError(protectionClass, state: state)
-        }
+    /// A class key of the in-process holder, or the data-protection error for the current state (tests look at it).
+    package func classKey(for protectionClass: ProtectionClass) throws -> SecureBytes {
+        guard let embedded = holder as? EmbeddedKeyHolder else { preconditionFailure("class keys stay in the daemon") }
+        return try embedded.classKey(for: protectionClass, device: self)
     }
 
     static func unavailableError(_ protectionClass: ProtectionClass, state: State, path: String? = nil) -> ProtectedStoreError {
         let reason = state == .beforeFirstUnlock ? "before first unlock" : "while the device is locked"
         return ProtectedStoreError(.protectedDataUnavailable, path: path, problem: "\(protectionClass.name) (class \(protectionClass.letter)) data is unavailable \(reason)",
                                    remedy: "Unlock the device with its passcode")
-    }
-}
-
-/// Where the attempt counter's write reports a failure; read only after its dispatch group is done.
-private final class CountingOutcome: @unchecked Sendable {
-    var error: (any Error)?
-}
-
-/// Who holds the class keys of a device.
-enum KeyHolder: Sendable {
-    /// This process: the keybag and the class keys unwrapped from it.
-    case embedded(EmbeddedKeys)
-    /// A key daemon, over its socket.
-    case daemon(DaemonLink)
-}
-
-/// The in-process key holder's state; `keybag` is guarded by the device's mutex.
-final class EmbeddedKeys: @unchecked Sendable {
-    let deviceSecret: DeviceSecret
-    var keybag: Keybag
-    let classKeys: ClassKeys
-
-    init(deviceSecret: DeviceSecret, keybag: Keybag, classKeys: ClassKeys) {
-        self.deviceSecret = deviceSecret
-        self.keybag = keybag
-        self.classKeys = classKeys
     }
 }
 

@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 
 /// How wrong passcodes are throttled, as on iOS: a few free attempts, then escalating delays, and optionally an erase.
 /// Chosen when the device is created and stored beside the keybag.

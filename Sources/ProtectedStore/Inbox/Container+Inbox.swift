@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 import SystemPackage
 
 /// One file in a container's Documents/Inbox, with what its delivery recorded.
@@ -223,7 +224,7 @@ extension Container {
 
     /// Documents/Inbox is read-and-delete only, as on iOS: creating, writing, truncating, renaming into it and changing a
     /// class there are refused whatever the lock state. Moving an item out is the way to edit it.
-    func refuseInboxChange(_ path: ContainerPath, displayPath: String, doing action: String) throws {
+    package func refuseInboxChange(_ path: ContainerPath, displayPath: String, doing action: String) throws {
         guard path.isWithin(inboxPath) else { return }
         throw ProtectedStoreError(.permissionDenied, path: displayPath, problem: "Documents/Inbox is read-and-delete only: nothing in it can be \(action)",
                                   remedy: "Move the item out of Documents/Inbox (for example to Documents) and change it there", errno: .permissionDenied)
@@ -231,7 +232,7 @@ extension Container {
 
     /// An item delivered while locked takes the class it would have had unlocked, the Inbox's (the container default),
     /// at its first open with the device unlocked, wherever it has been moved since.
-    func adoptDefaultClass(_ item: ResolvedItem) throws {
+    package func adoptDefaultClass(_ item: ResolvedItem) throws {
         let file = try EncryptedFile.open(at: item.location, keys: device, writable: true)
         defer { try? file.close() }
         // Another program may have done it since this one looked.

@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 import SystemPackage
 
 /// The durable record of a container's Inbox deliveries and their open-URL events (docs/FORMAT.md §6).

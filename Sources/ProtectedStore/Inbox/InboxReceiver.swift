@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Logging
+import ProtectedStoreCore
 
 /// A container's open-URL events in this program: it hands pending Inbox items to the container's observers, one at a
 /// time in delivery order, while protected data is available, and records each as delivered once handled.

@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 
 /// A file handed to the app through its Inbox: what UIKit passes to `application(_:open:sourceApplication:annotation:)`.
 public struct OpenURLRequest: Sendable, Equatable, CustomStringConvertible {

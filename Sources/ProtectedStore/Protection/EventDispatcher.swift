@@ -1,11 +1,12 @@
 import Dispatch
 import Foundation
+import ProtectedStoreCore
 
 /// Delivers events from `Source` (a device's protected-data events, a container's open-URL events) to the three kinds
 /// of observer (delegates, `AsyncSequence` subscriptions, notifications) and tells the caller when all are done.
 ///
 /// Every observer gets its events in order, each on its own queue, so one slow observer delays nobody else's delivery.
-final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unchecked Sendable {
+package final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unchecked Sendable {
     /// Calls the delegate method for an event.
     typealias DelegateCall = @Sendable (_ delegate: any AnyObject & Sendable, Event, Source) -> Void
     /// Posts the notification for an event.
@@ -70,9 +71,9 @@ final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendable>: @unc
     /// An in-library observer (the key daemon) that is handed each event synchronously and must not block. It calls
     /// `handedOver` once it has passed the event on (to every remote subscriber's socket) and `done` when it has
     /// finished with it (for a lock: when every remote subscriber has acknowledged).
-    typealias Handler = @Sendable (Event, _ handedOver: @escaping @Sendable () -> Void, _ done: @escaping @Sendable () -> Void) -> Void
+    package typealias Handler = @Sendable (Event, _ handedOver: @escaping @Sendable () -> Void, _ done: @escaping @Sendable () -> Void) -> Void
 
-    func addHandler(_ handler: @escaping Handler) {
+    package func addHandler(_ handler: @escaping Handler) {
         mutex.withLock {
             nextToken += 1
             handlers[nextToken] = handler
@@ -191,11 +192,13 @@ final class Counter: @unchecked Sendable {
 }
 
 /// True for the first caller of `claim()` only.
-final class OnceFlag: @unchecked Sendable {
+package final class OnceFlag: @unchecked Sendable {
     private let mutex = NSLock()
     private var claimed = false
 
-    func claim() -> Bool {
+    package init() {}
+
+    package func claim() -> Bool {
         mutex.withLock {
             defer { claimed = true }
             return !claimed

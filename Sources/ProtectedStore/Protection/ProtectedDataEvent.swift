@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 
 /// A change of protected-data availability, named after UIApplication's.
 public enum ProtectedDataEvent: String, Sendable, CustomStringConvertible {

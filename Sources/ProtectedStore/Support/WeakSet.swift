@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStoreCore
 
 /// Objects held weakly, for registries that must not keep their members alive.
 final class WeakSet<Element: AnyObject>: @unchecked Sendable {

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import ProtectedStore
+import ProtectedStoreBenchmarks
 
 struct BenchCommand: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -3,6 +3,7 @@ import Dispatch
 import Foundation
 import Logging
 import ProtectedStore
+import ProtectedStoreDaemon
 
 struct DaemonCommand: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -1,0 +1,223 @@
+import Foundation
+import ProtectedStoreCore
+import SystemPackage
+
+/// The key holder of a device opened in this process (`Device.create`, `Device.open`, and the daemon's own device):
+/// the device secret, the keybag, and the class keys unwrapped from it. It checks passcodes (counted and throttled
+/// across processes) and runs the device's lock state machine with its own key discards.
+final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
+    let deviceSecret: DeviceSecret
+    let classKeys: ClassKeys
+    private let mutex = NSLock()
+    private var storedKeybag: Keybag
+    // Serialises passcode checks (unlock, passcode change) so the attempt counter is never raced, without holding
+    // the device's mutex through Argon2id.
+    private let passcodeLock = NSLock()
+    /// Set by `shutDown()`, under `passcodeLock`.
+    private var isShutDown = false
+
+    init(deviceSecret: DeviceSecret, keybag: Keybag, classKeys: ClassKeys) {
+        self.deviceSecret = deviceSecret
+        self.storedKeybag = keybag
+        self.classKeys = classKeys
+    }
+
+    /// The keybag as last read or written by this process.
+    var keybag: Keybag { mutex.withLock { storedKeybag } }
+
+    // MARK: File keys
+
+    func wrapFileKey(_ fileKey: SecureBytes, for protectionClass: ProtectionClass, associatedData: [UInt8], device: Device) throws -> [UInt8] {
+        try usingClassKey(protectionClass, device: device) { try FileKeySeal.seal(fileKey, classKey: $0, associatedData: associatedData) }
+    }
+
+    func unwrapFileKey(_ wrapped: WrappedFileKey, device: Device) throws -> SecureBytes? {
+        try usingClassKey(wrapped.protectionClass, device: device) { try FileKeySeal.open(wrapped, classKey: $0, classBPublicKey: device.classBPublicKey) }
+    }
+
+    /// Runs `body` with a class key. A lock that zeroes the key while `body` runs is the same refusal as a key already
+    /// gone: without this, the daemon reported it to its clients as an I/O error (found by `ps-verify load`).
+    private func usingClassKey<R>(_ protectionClass: ProtectionClass, device: Device, _ body: (SecureBytes) throws -> R) throws -> R {
+        let key = try classKey(for: protectionClass, device: device)
+        do {
+            return try body(key)
+        } catch let error as SecureBytes.Discarded {
+            guard key.isDiscarded else { throw error }
+            throw Device.unavailableError(protectionClass, state: device.state)
+        }
+    }
+
+    /// A class key, or the data-protection error for the device's current state.
+    func classKey(for protectionClass: ProtectionClass, device: Device) throws -> SecureBytes {
+        do {
+            return try classKeys.key(for: protectionClass)
+        } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
+            throw Device.unavailableError(protectionClass, state: device.state)
+        }
+    }
+
+    // MARK: Lock and unlock
+
+    func lock(_ device: Device, gracePeriod: TimeInterval?) async {
+        await device.runLock(gracePeriod: gracePeriod) { [classKeys] in classKeys.discard([.complete, .completeUnlessOpen]) }
+    }
+
+    func unlock(_ device: Device, passcode: Passcode) throws {
+        try passcodeLock.withLock {
+            guard !isShutDown else {
+                throw ProtectedStoreError(.invalidArgument, path: device.root, problem: "the key holder has shut down", remedy: "Start it again")
+            }
+            let keys = try unwrapPasscodeClassKeys(device, passcode: passcode)
+            device.becomeUnlocked { classKeys.insert(keys) }
+        }
+    }
+
+    func discardClassKeys() { classKeys.discard(ProtectionClass.allCases) }
+
+    func shutDown() { passcodeLock.withLock { isShutDown = true } }
+
+    func daemonStatus() throws -> DaemonStatus? { nil }
+
+    // MARK: Passcode
+
+    func changePasscode(_ device: Device, from oldPasscode: Passcode, to newPasscode: Passcode) throws {
+        try passcodeLock.withLock {
+            let current = try currentKeybag(device)
+            let unwrapped = try checkingPasscode(device) { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: deviceSecret, path: device.keybagPath) }
+            let classD = try current.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: device.keybagPath)
+            let allKeys = ClassKeys(keys: unwrapped.merging([.none: classD]) { current, _ in current })
+            defer { allKeys.discard(ProtectionClass.allCases) }
+            let newKeybag = try current.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: deviceSecret)
+            let bytes = try newKeybag.serialized(deviceSecret: deviceSecret)
+            do {
+                try FileSystem.writeAtomically(bytes, to: FileLocation(path: device.keybagPath), replacing: true)
+            } catch {
+                // If the rename happened and only the directory fsync failed, the new keybag is the one on disk.
+                if (try? FileLocation(path: device.keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")) == bytes {
+                    mutex.withLock { storedKeybag = newKeybag }
+                }
+                throw error
+            }
+            mutex.withLock { storedKeybag = newKeybag }
+        }
+    }
+
+    /// The keybag as on disk now: another process (the CLI beside a daemon) may have changed the passcode since this
+    /// device was opened. Falls back to the one in memory if the file can't be read; the passcode check then says why.
+    private func currentKeybag(_ device: Device) throws -> Keybag {
+        let inMemory = keybag
+        guard let bytes = try? FileLocation(path: device.keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag"),
+              let onDisk = try? Keybag.parse(bytes, path: device.keybagPath, deviceSecret: deviceSecret),
+              onDisk.keybagID == inMemory.keybagID, onDisk.classBPublicKey == inMemory.classBPublicKey else { return inMemory }
+        mutex.withLock { storedKeybag = onDisk }
+        return onDisk
+    }
+
+    /// Unwraps classes A, B and C with the passcode (throttled), from the keybag as on disk. Caller holds `passcodeLock`.
+    private func unwrapPasscodeClassKeys(_ device: Device, passcode: Passcode) throws -> [ProtectionClass: SecureBytes] {
+        let keybag = try currentKeybag(device)
+        return try checkingPasscode(device) { try keybag.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: deviceSecret, path: device.keybagPath) }
+    }
+
+    /// Runs a passcode check under the throttle: refuses while a delay is running, counts a wrong passcode
+    /// (erasing the device if the policy says so), and resets the count on success. Caller holds `passcodeLock`;
+    /// an flock on a file beside the counter serialises checks across processes.
+    private func checkingPasscode<R>(_ device: Device, _ check: () throws -> R) throws -> R {
+        try requireNotErased(device)
+        // One check at a time across processes too, so parallel guesses are each counted.
+        let lockPath = device.passcodeAttemptsPath + ".lock"
+        let lockFile = try FileLocation(path: lockPath).open(.readWrite, options: [.create], permissions: [.ownerReadWrite], doing: "open the passcode attempt lock")
+        defer { try? lockFile.close() }
+        guard flock(lockFile.rawValue, LOCK_EX) == 0 else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: lockPath, doing: "lock the passcode attempt counter")
+        }
+        // Another process may have erased the device while this one waited for the lock.
+        try requireNotErased(device)
+        let passcodeAttemptsPath = device.passcodeAttemptsPath
+        let before = try PasscodeAttempts.load(from: passcodeAttemptsPath)
+        let remaining = before.remainingDelay(policy: device.passcodePolicy, now: Date())
+        guard remaining <= 0 else {
+            throw ProtectedStoreError(.throttled, path: device.root, problem: "\(before.failedAttempts) wrong passcodes in a row; the next attempt is allowed in \(Int(remaining.rounded(.up))) s",
+                                      remedy: "Wait, then try again")
+        }
+        // Counted before the verdict: a process killed during Argon2id to dodge the count has still used its guess.
+        // The durable write runs alongside Argon2id (it takes far less), and the verdict is used only once it is done.
+        var attempts = before
+        attempts.failedAttempts += 1
+        attempts.lastFailure = Date().timeIntervalSince1970
+        let counted = DispatchGroup()
+        let counting = CountingOutcome()
+        DispatchQueue.global().async(group: counted) { [attempts] in
+            do { try attempts.save(to: passcodeAttemptsPath) } catch { counting.error = error }
+        }
+        let verdict = Result { try check() }
+        counted.wait()
+        if let error = counting.error { throw error }
+        let result: R
+        do {
+            result = try verdict.get()
+        } catch let error as ProtectedStoreError where error.kind == .wrongPasscode {
+            if let limit = device.passcodePolicy.eraseAfterFailedAttempts, attempts.failedAttempts >= limit {
+                try erase(device)
+                throw ProtectedStoreError(.wrongPasscode, path: device.root, problem: "wrong passcode, \(attempts.failedAttempts) times in a row: the device has been erased, as its passcode policy requires",
+                                          remedy: "Its data is gone; create a new device with `sandboxctl init`")
+            }
+            let delay = device.passcodePolicy.delay(afterFailures: attempts.failedAttempts)
+            let next = delay > 0 ? "; the next attempt is allowed in \(Int(delay.rounded(.up))) s" : ""
+            let erasing = device.passcodePolicy.eraseAfterFailedAttempts.map { "; the device is erased after \($0) in a row" } ?? ""
+            throw ProtectedStoreError(.wrongPasscode, path: device.keybagPath, problem: "wrong passcode (\(attempts.failedAttempts) in a row\(next)\(erasing))",
+                                      remedy: "Try again with the device's passcode")
+        } catch {
+            // Not a passcode verdict (a damaged keybag, I/O): the attempt does not count.
+            try? before.save(to: passcodeAttemptsPath)
+            throw error
+        }
+        // The passcode was right: failing to reset the counter must not turn that into a failure. Not fsync'd: the
+        // page cache outlives this process, and a power cut that loses the reset only leaves one extra count.
+        try? PasscodeAttempts().save(to: passcodeAttemptsPath, durable: false)
+        return result
+    }
+
+    private func requireNotErased(_ device: Device) throws {
+        guard try FileSystem.exists(device.keybagPath) else {
+            throw ProtectedStoreError(.notFound, path: device.root, problem: "the device has been erased (its keybag is gone)",
+                                      remedy: "Create a new device with `sandboxctl init`")
+        }
+    }
+
+    // MARK: Erasing
+
+    func checkErasable(_ device: Device) throws {
+        guard !Device.isDaemonRunning(root: device.root) else {
+            throw ProtectedStoreError(.invalidArgument, path: device.root, problem: "a key daemon holds this device's keys, so it can't be erased from here",
+                                      remedy: "Stop the daemon (Ctrl-C or SIGTERM), then erase")
+        }
+    }
+
+    /// The erase itself; also what the passcode policy runs, in whichever process holds the keys (the daemon too).
+    func erase(_ device: Device) throws {
+        // Every key in memory goes first, whatever fails afterwards.
+        device.discardAllKeys()
+        try deviceSecret.destroy()
+        let keybagPath = device.keybagPath
+        guard unlink(keybagPath) == 0 || Foundation.errno == ENOENT else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: keybagPath, doing: "remove the keybag")
+        }
+        try FileSystem.synchronizeDirectory(device.root)
+        let daemonFiles = [DaemonInfo.path(root: device.root), (device.root as NSString).appendingPathComponent("daemon.lock")]
+        let settings = [device.passcodePolicyPath, device.passcodeAttemptsPath, device.passcodeAttemptsPath + ".lock"]
+        for name in [device.containersPath] + settings + daemonFiles where try FileSystem.exists(name) {
+            do {
+                try FileManager.default.removeItem(atPath: name)
+            } catch {
+                throw ProtectedStoreError(.io, path: name, problem: "the keys are destroyed, so the data is unreadable, but removing it failed (\(error.localizedDescription))",
+                                          remedy: "Remove the directory by hand")
+            }
+        }
+    }
+}
+
+/// Where the attempt counter's write reports a failure; read only after its dispatch group is done.
+private final class CountingOutcome: @unchecked Sendable {
+    var error: (any Error)?
+}

@@ -1,0 +1,52 @@
+import CSodium
+
+/// libsodium must be initialised once per process before any other call; every entry point goes through here.
+enum Sodium {
+    private static let initialised: Bool = sodium_init() >= 0
+
+    static func ensureInitialised() {
+        precondition(initialised, "libsodium failed to initialise (sodium_init() < 0)")
+    }
+}
+
+/// Random bytes from libsodium's CSPRNG (getrandom(2) underneath).
+package enum Random {
+    static func fill(_ buffer: UnsafeMutableRawBufferPointer) {
+        Sodium.ensureInitialised()
+        guard let base = buffer.baseAddress, buffer.count > 0 else { return }
+        randombytes_buf(base, buffer.count)
+    }
+
+    package static func bytes(_ count: Int) -> [UInt8] {
+        var result = [UInt8](repeating: 0, count: count)
+        result.withUnsafeMutableBytes { fill($0) }
+        return result
+    }
+}
+
+/// Constant-time comparison, for anything an attacker could probe byte by byte.
+func constantTimeEqual(_ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Bool {
+    Sodium.ensureInitialised()
+    guard a.count == b.count else { return false }
+    guard a.count > 0 else { return true }
+    return sodium_memcmp(a.baseAddress!, b.baseAddress!, a.count) == 0
+}
+
+/// Zeroes a transient ordinary-memory copy of secret bytes (e.g. a file buffer) in a way the optimiser keeps.
+package func zeroize(_ bytes: inout [UInt8]) {
+    bytes.withUnsafeMutableBytes { buffer in
+        if let base = buffer.baseAddress { sodium_memzero(base, buffer.count) }
+    }
+}
+
+/// Zeroes the first `count` bytes of `bytes`.
+package func zeroize(_ bytes: inout [UInt8], count: Int) {
+    bytes.withUnsafeMutableBytes { buffer in
+        if let base = buffer.baseAddress, count > 0 { sodium_memzero(base, min(count, buffer.count)) }
+    }
+}
+
+/// Zeroes `count` bytes at `pointer`.
+package func zeroize(_ pointer: UnsafeMutableRawPointer, count: Int) {
+    if count > 0 { sodium_memzero(pointer, count) }
+}

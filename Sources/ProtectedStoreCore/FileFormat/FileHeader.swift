@@ -1,0 +1,118 @@
+/// The fixed-size header of an encrypted file: identity, class and the wrapped per-file key (docs/FORMAT.md §3).
+package struct FileHeader: Sendable {
+    static let magic: [UInt8] = Array("PSEF".utf8)
+    static let version: UInt16 = 1
+    package static let size = 148
+    package static let idBytes = 16
+    package static let fileKeyBytes = AEAD.keyBytes
+    /// Bytes before the wrap nonce; they are the associated data of the key wrap, so all of them are authenticated.
+    static let authenticatedPrefixSize = 76
+    static let minimumBlockSize = 512
+    static let maximumBlockSize = 1 << 20
+
+    /// Header byte 7. Bit 0: sealed for class B because the device was locked when the file was delivered to an
+    /// Inbox; it takes its directory's class the first time it is opened with the device unlocked.
+    package struct Flags: OptionSet, Sendable {
+        package let rawValue: UInt8
+        package init(rawValue: UInt8) { self.rawValue = rawValue }
+        package static let awaitsDefaultClass = Flags(rawValue: 1)
+    }
+
+    package var protectionClass: ProtectionClass
+    package var flags: Flags
+    var blockSize: Int
+    var keybagID: [UInt8]
+    var fileID: [UInt8]
+    /// Class B only: the ephemeral X25519 public key; zeros for the other classes.
+    var ephemeralPublicKey: [UInt8]
+    /// nonce (24) ‖ encrypted per-file key (32) ‖ tag (16).
+    var wrappedFileKey: [UInt8]
+
+    package var layout: BlockLayout { BlockLayout(headerSize: Self.size, blockSize: blockSize) }
+
+    /// The prefix that the key wrap authenticates.
+    var authenticatedPrefix: [UInt8] {
+        var writer = ByteWriter(capacity: Self.authenticatedPrefixSize)
+        writer.append(Self.magic)
+        writer.append(Self.version)
+        writer.append(protectionClass.rawValue)
+        writer.append(flags.rawValue)
+        writer.append(UInt32(blockSize))
+        writer.append(keybagID)
+        writer.append(fileID)
+        writer.append(ephemeralPublicKey)
+        return writer.bytes
+    }
+
+    var serialized: [UInt8] { authenticatedPrefix + wrappedFileKey }
+
+    /// A header for a new file (or a class change of an existing one) with `fileKey` wrapped for `protectionClass`.
+    static func sealing(fileKey: SecureBytes, fileID: [UInt8], protectionClass: ProtectionClass, flags: Flags = [], blockSize: Int,
+                        keys: any ClassKeyProviding) throws -> FileHeader {
+        var header = FileHeader(protectionClass: protectionClass, flags: flags, blockSize: blockSize, keybagID: keys.keybagID, fileID: fileID,
+                                ephemeralPublicKey: [UInt8](repeating: 0, count: X25519.keyBytes), wrappedFileKey: [])
+        if protectionClass == .completeUnlessOpen {
+            // One-pass key agreement: only the public class key is needed, so this works while locked.
+            let agreement = try FileKeySeal.sealForClassB(classBPublicKey: keys.classBPublicKey)
+            defer { agreement.wrappingKey.discard() }
+            header.ephemeralPublicKey = agreement.ephemeralPublicKey
+            header.wrappedFileKey = try FileKeySeal.seal(fileKey, classKey: agreement.wrappingKey, associatedData: header.authenticatedPrefix)
+        } else {
+            header.wrappedFileKey = try keys.wrapFileKey(fileKey, for: protectionClass, associatedData: header.authenticatedPrefix)
+        }
+        return header
+    }
+
+    /// Parses the header bytes; `path` only names the file in errors.
+    package static func parse(_ bytes: [UInt8], path: String) throws -> FileHeader {
+        guard bytes.count >= size else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "the file is too short to be a ProtectedStore encrypted file (\(bytes.count) bytes)",
+                                      remedy: "It was truncated or is not ours; restore it from a backup")
+        }
+        var reader = ByteReader(bytes)
+        guard reader.take(4) == magic else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "not a ProtectedStore encrypted file (bad magic)",
+                                      remedy: "Only files written by ProtectedStore can be read; restore it from a backup if it was one")
+        }
+        let version = reader.uint16()
+        guard version == Self.version else {
+            throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "encrypted file format version \(version) is not supported (this build reads version \(Self.version))",
+                                      remedy: "Use the ProtectedStore version that wrote it")
+        }
+        guard let protectionClass = ProtectionClass(rawValue: reader.uint8()) else { throw headerAuthenticationError(path: path) }
+        let flags = Flags(rawValue: reader.uint8())
+        // Only class B files can await their class: other combinations are not written by any version.
+        guard Flags.awaitsDefaultClass.isSuperset(of: flags), flags.isEmpty || protectionClass == .completeUnlessOpen else {
+            throw headerAuthenticationError(path: path)
+        }
+        let blockSize = Int(reader.uint32())
+        guard blockSize >= minimumBlockSize, blockSize <= maximumBlockSize, blockSize & (blockSize - 1) == 0 else {
+            throw headerAuthenticationError(path: path)
+        }
+        return FileHeader(protectionClass: protectionClass, flags: flags, blockSize: blockSize, keybagID: reader.take(idBytes), fileID: reader.take(idBytes),
+                          ephemeralPublicKey: reader.take(X25519.keyBytes),
+                          wrappedFileKey: reader.take(AEAD.nonceBytes + fileKeyBytes + AEAD.tagBytes))
+    }
+
+    /// The sealed per-file key, as a key holder opens it.
+    var wrappedKey: WrappedFileKey {
+        WrappedFileKey(protectionClass: protectionClass, associatedData: authenticatedPrefix, ephemeralPublicKey: ephemeralPublicKey, sealed: wrappedFileKey)
+    }
+
+    /// Unwraps the per-file key through the key holder.
+    package func unwrapFileKey(keys: any ClassKeyProviding, path: String) throws -> SecureBytes {
+        guard keybagID == keys.keybagID else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "the file belongs to another device (keybag \(keybagID.hex), this device's is \(keys.keybagID.hex)), or its header was modified",
+                                      remedy: "Open it with the device root it was written on")
+        }
+        guard let fileKey = try keys.unwrapFileKey(wrappedKey) else {
+            throw Self.headerAuthenticationError(path: path)
+        }
+        return fileKey
+    }
+
+    private static func headerAuthenticationError(path: String) -> ProtectedStoreError {
+        ProtectedStoreError(.integrity, path: path, problem: "the file header failed authentication: it was modified or corrupted",
+                            remedy: "Restore the file from a backup")
+    }
+}

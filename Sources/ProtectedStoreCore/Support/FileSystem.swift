@@ -1,0 +1,80 @@
+import Foundation
+import SystemPackage
+
+/// Small POSIX helpers with errors that name the path; every durable write goes through `writeAtomically`.
+package enum FileSystem {
+    /// Writes `bytes` so that a crash at any instant leaves either the old file or the new one: temporary file in
+    /// the same directory, fsync, rename (with `replacing` false, one that refuses an existing file), fsync of the directory.
+    /// `durable: false` skips the fsyncs: still all-or-nothing for other processes and after a crash of this one,
+    /// but a power cut may lose the new version.
+    package static func writeAtomically(_ bytes: [UInt8], to location: FileLocation, replacing: Bool, permissions: FilePermissions = [.ownerReadWrite],
+                                durable: Bool = true) throws {
+        let temporary = location.temporarySibling()
+        let fd = try temporary.open(.writeOnly, options: [.create, .exclusiveCreate], permissions: permissions, doing: "create a temporary file")
+        do {
+            try mappingErrno(path: location.displayPath, doing: "write") {
+                try fd.closeAfter {
+                    _ = try bytes.withUnsafeBytes { try fd.writeAll(toAbsoluteOffset: 0, $0) }
+                    if durable { try synchronize(fd, path: location.displayPath) }
+                }
+            }
+            try temporary.rename(to: location, replacing: replacing)
+        } catch {
+            temporary.unlink()
+            throw error
+        }
+        if durable { try location.synchronizeDirectory() }
+    }
+
+    /// Names starting with this are files being written, hidden from container listings.
+    package static let temporaryPrefix = ".sandboxctl-tmp-"
+
+    package static func fileSize(_ fd: FileDescriptor, path: String) throws -> Int {
+        var info = stat()
+        guard fstat(fd.rawValue, &info) == 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "stat") }
+        return Int(info.st_size)
+    }
+
+    static func synchronize(_ fd: FileDescriptor, path: String) throws {
+        guard fsync(fd.rawValue) == 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "fsync") }
+    }
+
+    /// Makes a rename or unlink in `directory` durable.
+    package static func synchronizeDirectory(_ directory: String) throws {
+        let fd = try FileLocation(path: directory).open(.readOnly, options: [.directory], doing: "open the directory")
+        try fd.closeAfter { try synchronize(fd, path: directory) }
+    }
+
+    /// Whether anything is at `path`; any answer other than "no such file" (e.g. permission denied) is an error.
+    package static func exists(_ path: String) throws -> Bool {
+        var info = stat()
+        if lstat(path, &info) == 0 { return true }
+        let errno = Errno(rawValue: Foundation.errno)
+        if errno == .noSuchFileOrDirectory { return false }
+        throw ProtectedStoreError.io(errno, path: path, doing: "look up")
+    }
+
+    /// Creates `path` and missing parents with mode 0700.
+    package static func createDirectories(_ path: String) throws {
+        do {
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw ProtectedStoreError(.io, path: path, problem: "cannot create the directory (\(error.localizedDescription))",
+                                      remedy: "Check the permissions of its parent directories")
+        }
+    }
+
+    /// Runs `body`, turning a thrown `Errno` into an error that names `path`.
+    package static func mappingErrno<R>(path: String, doing action: String, _ body: () throws -> R) throws -> R {
+        do {
+            return try body()
+        } catch let errno as Errno {
+            throw ProtectedStoreError.io(errno, path: path, doing: action)
+        }
+    }
+}
+
+extension Collection<UInt8> {
+    /// Lowercase hexadecimal, for ids in names and messages (never for secrets).
+    package var hex: String { map { String(format: "%02x", $0) }.joined() }
+}

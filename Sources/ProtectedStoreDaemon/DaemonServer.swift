@@ -1,0 +1,484 @@
+import CSupport
+import Dispatch
+import Foundation
+import Logging
+import ProtectedStore
+import ProtectedStoreCore
+import SystemPackage
+
+/// The daemon's socket server: one thread polling the listener and every connection, so all connection and
+/// subscriber state is touched by that thread only. Slow work (Argon2id, waiting for a lock) runs elsewhere and
+/// posts its reply back with `execute`.
+final class DaemonServer: @unchecked Sendable {
+    /// Replies a client has not read beyond this are a client that stopped reading: it is disconnected.
+    static let maximumPendingOutput = 1 << 20
+
+    let device: Device
+    let socketPath: String
+    private let listener: Int32
+    private let allowedUIDs: Set<uid_t>
+    private let logger: Logger
+    private let wakeRead: Int32
+    private let wakeWrite: Int32
+
+    // Loop thread only.
+    private var connections: [UInt64: Connection] = [:]
+    private var nextConnectionID: UInt64 = 0
+    private var registry = SubscriberRegistry()
+    private var lockDone: (@Sendable () -> Void)?
+    /// Receive scratch space, reused and zeroed after each read.
+    private var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+
+    // Shared with other threads.
+    private let mutex = NSLock()
+    private var tasks: [() -> Void] = []
+    private var stopping = false
+    private var loopEnded = false
+    private var lockGrace: TimeInterval
+    /// Called once if the device erases itself (too many wrong passcodes under an erase policy).
+    private let onErased: @Sendable () -> Void
+    // Loop thread only: accept paused after running out of descriptors, so poll doesn't spin on the listener.
+    private var acceptPausedUntil: ContinuousClock.Instant?
+
+    private final class Connection {
+        let id: UInt64
+        let fd: Int32
+        let pid: Int32
+        let received = FrameBuffer()
+        let output = FrameBuffer()
+        var greeted = false
+        var subscribed = false
+        /// An unlock or passcode change of this connection is running: one at a time, so a peer can't pile up work.
+        var passcodeOperationRunning = false
+        /// A protocol error was replied: no more requests are read; once the reply is out, the write side is shut.
+        var closing = false
+        /// Set when the write side is shut: input is read and dropped until the peer closes or this passes.
+        /// (Closing a socket with unread input resets it, and the peer would lose the error reply.)
+        var drainDeadline: ContinuousClock.Instant?
+
+        init(id: UInt64, fd: Int32, pid: Int32) {
+            self.id = id
+            self.fd = fd
+            self.pid = pid
+        }
+    }
+
+    init(device: Device, listener: Int32, socketPath: String, allowedUIDs: Set<uid_t>, gracePeriod: TimeInterval, logger: Logger,
+         onErased: @escaping @Sendable () -> Void) throws {
+        var pipeEnds: [Int32] = [0, 0]
+        guard ps_pipe(&pipeEnds) == 0 else {
+            throw ProtectedStoreError.io(Errno(rawValue: errno), path: socketPath, doing: "create the daemon's wake-up pipe")
+        }
+        self.device = device
+        self.listener = listener
+        self.socketPath = socketPath
+        self.allowedUIDs = allowedUIDs
+        self.lockGrace = gracePeriod
+        self.logger = logger
+        self.wakeRead = pipeEnds[0]
+        self.wakeWrite = pipeEnds[1]
+        self.onErased = onErased
+        device.dispatcher.addHandler { [weak self] event, handedOver, done in
+            guard let self, self.execute({ self.broadcast(event, handedOver: handedOver, done: done) }) else {
+                handedOver()
+                return done()
+            }
+        }
+    }
+
+    /// Runs `task` on the loop thread; `ahead` puts it before the tasks already waiting. False once the loop has
+    /// ended: the task is dropped.
+    @discardableResult
+    func execute(ahead: Bool = false, _ task: @escaping () -> Void) -> Bool {
+        mutex.withLock {
+            guard !loopEnded else { return false }
+            ahead ? tasks.insert(task, at: 0) : tasks.append(task)
+            // Under the mutex, so the pipe can't be closed (and its number reused) in between.
+            var byte: UInt8 = 1
+            _ = write(wakeWrite, &byte, 1)
+            return true
+        }
+    }
+
+    /// Makes `run()` return after closing every connection.
+    func stop() {
+        mutex.withLock { stopping = true }
+        execute {}
+    }
+
+    /// Serves until `stop()`.
+    func run() {
+        while !mutex.withLock({ stopping }) {
+            let now = ContinuousClock.now
+            for connection in connections.values where connection.drainDeadline.map({ $0 <= now }) == true { close(connection, reason: nil) }
+            if let paused = acceptPausedUntil, paused <= now { acceptPausedUntil = nil }
+            let ordered = Array(connections.values)
+            let listenerEvents = acceptPausedUntil == nil ? Int16(POLLIN) : 0
+            var polled = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0), pollfd(fd: listener, events: listenerEvents, revents: 0)]
+            for connection in ordered {
+                let wantsOutput = connection.output.count > 0
+                let wantsInput = !connection.closing || connection.drainDeadline != nil
+                polled.append(pollfd(fd: connection.fd, events: Int16((wantsInput ? POLLIN : 0) | (wantsOutput ? POLLOUT : 0)), revents: 0))
+            }
+            let nextDeadline = (ordered.compactMap(\.drainDeadline) + [acceptPausedUntil].compactMap { $0 }).min()
+            let timeout = nextDeadline.map { Int32(max(1, (($0 - now) / .milliseconds(1)).rounded(.up))) } ?? -1
+            let ready = poll(&polled, nfds_t(polled.count), timeout)
+            if ready < 0 {
+                if errno == EINTR { continue }
+                logger.critical("poll failed: \(String(cString: strerror(errno)))")
+                break
+            }
+            if polled[0].revents != 0 { runTasks() }
+            if polled[1].revents & Int16(POLLIN) != 0 { acceptConnections() }
+            for (index, connection) in ordered.enumerated() where connections[connection.id] != nil {
+                let events = polled[index + 2].revents
+                if events & Int16(POLLOUT) != 0 { flush(connection) }
+                if events & Int16(POLLIN | POLLHUP | POLLERR) != 0, connections[connection.id] != nil { readAvailable(connection) }
+            }
+        }
+        runTasks()
+        for connection in Array(connections.values) { close(connection, reason: nil) }
+        lockDone.take()?()
+        Glibc.close(listener)
+        mutex.withLock {
+            loopEnded = true
+            tasks = []
+            Glibc.close(wakeRead)
+            Glibc.close(wakeWrite)
+        }
+    }
+
+    private func runTasks() {
+        var drain = [UInt8](repeating: 0, count: 256)
+        while read(wakeRead, &drain, drain.count) > 0 {}
+        let pending = mutex.withLock { () -> [() -> Void] in
+            defer { tasks = [] }
+            return tasks
+        }
+        pending.forEach { $0() }
+    }
+
+    // MARK: Connections
+
+    private func acceptConnections() {
+        while true {
+            let fd = ps_accept(listener)
+            if fd < 0 {
+                if errno == EINTR { continue }
+                if errno == EMFILE || errno == ENFILE {
+                    logger.warning("out of file descriptors with \(connections.count) connections; not accepting for 100 ms")
+                    acceptPausedUntil = .now + .milliseconds(100)
+                } else if errno != EAGAIN && errno != EWOULDBLOCK {
+                    logger.warning("accept failed: \(String(cString: strerror(errno)))")
+                }
+                return
+            }
+            var pid: Int32 = 0
+            var uid: UInt32 = UInt32.max
+            let knownPeer = ps_peer_credentials(fd, &pid, &uid) == 0
+            nextConnectionID += 1
+            let connection = Connection(id: nextConnectionID, fd: fd, pid: pid)
+            connections[connection.id] = connection
+            guard knownPeer, allowedUIDs.contains(uid) else {
+                logger.warning("refused a connection from uid \(uid) (pid \(pid)): this daemon serves uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and ")) only")
+                fail(connection, code: .permissionDenied, message: "this daemon serves the device's owner only (uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and "))); your uid is \(uid)",
+                     remedy: "Run as the user who owns the device root")
+                continue
+            }
+            logger.debug("connection \(connection.id) from pid \(pid)")
+        }
+    }
+
+    private func readAvailable(_ connection: Connection) {
+        let count = chunk.withUnsafeMutableBytes { recv(connection.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        defer { if count > 0 { chunk.withUnsafeMutableBytes { zeroize($0.baseAddress!, count: count) } } }
+        if count < 0 {
+            if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { return }
+            return close(connection, reason: "receive failed: \(String(cString: strerror(errno)))")
+        }
+        if count == 0 { return close(connection, reason: nil) }
+        guard !connection.closing else { return }
+        chunk.withUnsafeBytes { connection.received.append(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+        do {
+            while !connection.closing, connections[connection.id] != nil, let frame = try connection.received.nextFrame() {
+                handle(frame, on: connection)
+            }
+        } catch {
+            logger.warning("connection \(connection.id): \(error); closing it")
+            fail(connection, code: .badFrame, message: "\(error)", remedy: "Send frames as docs/PROTOCOL.md describes")
+        }
+    }
+
+
+    private func send(_ reply: DaemonReply, attachment: SecureBytes? = nil, to connection: Connection) {
+        guard connections[connection.id] != nil else { return }
+        var bytes: [UInt8]
+        do {
+            bytes = try Frame.encode(reply, attachment: attachment)
+        } catch {
+            logger.error("connection \(connection.id): a reply did not fit a frame (\(error)); closing it")
+            connection.closing = true
+            bytes = (try? Frame.encode(DaemonReply.failure(id: reply.id, code: .io, message: "the reply did not fit a frame", remedy: "Report this as a bug"))) ?? []
+        }
+        bytes.withUnsafeBytes { connection.output.append($0) }
+        zeroize(&bytes)
+        flush(connection)
+        if connection.output.count > Self.maximumPendingOutput {
+            close(connection, reason: "it stopped reading its replies (\(connection.output.count) bytes pending)")
+        }
+    }
+
+    /// Replies to a connection by id, from work that finished off the loop; nothing if it has gone meanwhile.
+    private func send(_ reply: DaemonReply, toConnection id: UInt64) {
+        if let connection = connections[id] { send(reply, to: connection) }
+    }
+
+    private func flush(_ connection: Connection) {
+        while connection.output.count > 0 {
+            let pending = connection.output.bytes
+            let sent = Glibc.send(connection.fd, pending.baseAddress, pending.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL))
+            if sent < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK { return }
+                return close(connection, reason: "send failed: \(String(cString: strerror(errno)))")
+            }
+            // Replies can carry file keys: sent bytes are zeroed as they are dropped.
+            connection.output.consume(sent)
+        }
+        if connection.closing && connection.drainDeadline == nil {
+            shutdown(connection.fd, Int32(SHUT_WR))
+            connection.drainDeadline = .now + .seconds(2)
+        }
+    }
+
+    /// Replies with a protocol error and closes the connection once the reply is out.
+    private func fail(_ connection: Connection, code: DaemonErrorCode, message: String, remedy: String, id: UInt64? = nil) {
+        connection.closing = true
+        send(.failure(id: id, code: code, message: message, remedy: remedy), to: connection)
+    }
+
+    private func close(_ connection: Connection, reason: String?) {
+        guard connections.removeValue(forKey: connection.id) != nil else { return }
+        if let reason { logger.info("connection \(connection.id) closed: \(reason)") }
+        Glibc.close(connection.fd)
+        connection.received.wipe()
+        connection.output.wipe()
+        if connection.subscribed {
+            registry.remove(connection.id)
+            completeLockIfAcknowledged()
+        }
+    }
+
+    // MARK: Requests
+
+    private func handle(_ frame: Frame, on connection: Connection) {
+        guard let request = try? JSONDecoder().decode(DaemonRequest.self, from: Data(frame.message)) else {
+            return fail(connection, code: .badFrame, message: "the message is not a JSON request object with an id and an op", remedy: "Send requests as docs/PROTOCOL.md describes")
+        }
+        guard connection.greeted || request.op == DaemonRequest.Operation.hello.rawValue else {
+            return fail(connection, code: .badFrame, message: "the first request must be hello", remedy: "Send hello with the protocol version first", id: request.id)
+        }
+        guard let operation = request.operation else {
+            // The peer's text is echoed only in part: a reply must always fit a frame.
+            return fail(connection, code: .unknownOperation, message: "unknown operation \"\(request.op.prefix(64))\"", remedy: "Use an operation of protocol version \(daemonProtocolVersion)", id: request.id)
+        }
+        switch operation {
+        case .hello:
+            guard request.version == daemonProtocolVersion else {
+                return fail(connection, code: .unsupportedVersion, message: "protocol version \(request.version.map(String.init) ?? "none") is not supported; this daemon speaks version \(daemonProtocolVersion)",
+                            remedy: "Use a sandboxctl and library of the daemon's version", id: request.id)
+            }
+            connection.greeted = true
+            var reply = statusReply(id: request.id)
+            reply.version = daemonProtocolVersion
+            reply.keybagID = device.keybagID.hex
+            reply.classBPublicKey = device.classBPublicKey.hex
+            reply.deviceSecretPath = device.deviceSecretPath
+            reply.socketPath = socketPath
+            send(reply, to: connection)
+        case .status:
+            send(statusReply(id: request.id), to: connection)
+        case .subscribe:
+            if !connection.subscribed {
+                connection.subscribed = true
+                registry.add(connection.id, available: device.state == .unlocked)
+            }
+            send(statusReply(id: request.id), to: connection)
+        case .ack:
+            guard connection.subscribed, let seq = request.seq else {
+                return fail(connection, code: .badFrame, message: "ack needs a subscription and a seq", remedy: "Subscribe first; acknowledge the seq of the event received", id: request.id)
+            }
+            for delivery in registry.acknowledge(connection.id, seq: seq) { sendEvent(delivery) }
+            completeLockIfAcknowledged()
+        case .lock:
+            let grace = request.grace ?? device.gracePeriod
+            guard grace >= 0, grace <= 3600, grace.isFinite else {
+                return send(.failure(id: request.id, ProtectedStoreError(.invalidArgument, problem: "grace period \(grace) s is out of range", remedy: "Give 0 to 3600 seconds")), to: connection)
+            }
+            // Recorded for the event only when this request starts a lock, not for a no-op one.
+            if device.state == .unlocked { mutex.withLock { lockGrace = grace } }
+            logger.info("lock requested (grace \(grace) s) by pid \(connection.pid)")
+            let connectionID = connection.id
+            Task {
+                await self.device.lock(gracePeriod: grace)
+                self.execute {
+                    self.logger.info("state: \(self.device.state.rawValue)")
+                    self.send(self.statusReply(id: request.id), toConnection: connectionID)
+                }
+            }
+        case .unlock:
+            guard let passcode = frame.attachment.map(Passcode.init(secureBytes:)) else {
+                return send(.failure(id: request.id, ProtectedStoreError(.invalidArgument, problem: "unlock carries no passcode", remedy: "Send the passcode as the frame's attachment")), to: connection)
+            }
+            runSlowly(request, on: connection) {
+                defer { passcode.bytes.discard() }
+                try self.device.unlock(passcode: passcode)
+            }
+        case .changePasscode:
+            guard let (old, new) = frame.attachment.flatMap(Self.splitPasscodes) else {
+                return send(.failure(id: request.id, ProtectedStoreError(.invalidArgument, problem: "change-passcode needs the old and the new passcode", remedy: "Send both in the attachment as docs/PROTOCOL.md describes")), to: connection)
+            }
+            runSlowly(request, on: connection) {
+                defer { [old, new].forEach { $0.bytes.discard() } }
+                try self.device.changePasscode(from: old, to: new)
+            }
+        case .wrap:
+            do {
+                guard let protectionClass = request.protectionClass.flatMap(ProtectionClass.init(name:)), protectionClass != .completeUnlessOpen,
+                      let associatedData = [UInt8](base64: request.associatedData), let fileKey = frame.attachment, fileKey.count == FileHeader.fileKeyBytes else {
+                    throw ProtectedStoreError(.invalidArgument, problem: "wrap needs a class (not B), associated data and a \(FileHeader.fileKeyBytes)-byte key", remedy: "See docs/PROTOCOL.md")
+                }
+                defer { fileKey.discard() }
+                var reply = DaemonReply(id: request.id)
+                reply.sealed = try device.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData).base64
+                send(reply, to: connection)
+            } catch {
+                send(.failure(id: request.id, Self.libraryError(error)), to: connection)
+            }
+        case .unwrap:
+            do {
+                guard let protectionClass = request.protectionClass.flatMap(ProtectionClass.init(name:)),
+                      let associatedData = [UInt8](base64: request.associatedData), let sealed = [UInt8](base64: request.sealed),
+                      let ephemeral = [UInt8](base64: request.ephemeralPublicKey), ephemeral.count == X25519.keyBytes else {
+                    throw ProtectedStoreError(.invalidArgument, problem: "unwrap needs a class, associated data, an ephemeral public key and the sealed key", remedy: "See docs/PROTOCOL.md")
+                }
+                let wrapped = WrappedFileKey(protectionClass: protectionClass, associatedData: associatedData, ephemeralPublicKey: ephemeral, sealed: sealed)
+                guard let fileKey = try device.unwrapFileKey(wrapped) else {
+                    throw ProtectedStoreError(.integrity, problem: "the file header failed authentication: it was modified or corrupted", remedy: "Restore the file from a backup")
+                }
+                defer { fileKey.discard() }
+                send(DaemonReply(id: request.id), attachment: fileKey, to: connection)
+            } catch {
+                send(.failure(id: request.id, Self.libraryError(error)), to: connection)
+            }
+        }
+    }
+
+    private func statusReply(id: UInt64) -> DaemonReply {
+        var reply = DaemonReply(id: id)
+        reply.pid = getpid()
+        reply.state = device.state.rawValue
+        reply.gracePeriod = device.gracePeriod
+        reply.subscribers = registry.count
+        reply.failedPasscodeAttempts = device.failedPasscodeAttempts
+        reply.coreDumpsDisabled = ps_is_dumpable() == 0
+        reply.lockedMemoryKiB = Self.lockedMemoryKiB()
+        return reply
+    }
+
+    /// This process's mlocked memory (VmLck), where the keys live.
+    private static func lockedMemoryKiB() -> Int? {
+        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmLck:") }) else { return nil }
+        return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+    }
+
+    /// Runs a passcode operation off the loop (Argon2id takes a while) and replies when it is done.
+    private func runSlowly(_ request: DaemonRequest, on connection: Connection, _ body: @escaping @Sendable () throws -> Void) {
+        guard !connection.passcodeOperationRunning else {
+            return send(.failure(id: request.id, ProtectedStoreError(.invalidArgument, problem: "a passcode operation of this connection is still running",
+                                                                     remedy: "Wait for its reply before sending another")), to: connection)
+        }
+        connection.passcodeOperationRunning = true
+        let (connectionID, pid) = (connection.id, connection.pid)
+        DispatchQueue.global().async {
+            let outcome = Result { try body() }
+            let erased = !((try? FileSystem.exists(self.device.keybagPath)) ?? true)
+            // Ahead of the event it caused: the caller waits for this reply, while fanning the event out to
+            // every subscriber takes a while, and the caller's own copy of the event needs no particular order.
+            self.execute(ahead: true) {
+                self.connections[connectionID]?.passcodeOperationRunning = false
+                if erased {
+                    self.logger.critical("the device was erased (too many wrong passcodes under its erase policy); stopping")
+                    self.onErased()
+                }
+                switch outcome {
+                case .success:
+                    self.logger.info("\(request.op) by pid \(pid): ok")
+                    self.send(self.statusReply(id: request.id), toConnection: connectionID)
+                case .failure(let error):
+                    let libraryError = Self.libraryError(error)
+                    self.logger.notice("\(request.op) by pid \(pid) failed: \(libraryError.problem)")
+                    self.send(.failure(id: request.id, libraryError), toConnection: connectionID)
+                }
+            }
+        }
+    }
+
+    private static func libraryError(_ error: any Error) -> ProtectedStoreError {
+        (error as? ProtectedStoreError) ?? ProtectedStoreError(.io, problem: "\(error)", remedy: "See the daemon's log")
+    }
+
+    /// Old ‖ new as sent by change-passcode: a 2-byte big-endian length of the old passcode, then both.
+    private static func splitPasscodes(_ attachment: SecureBytes) -> (Passcode, Passcode)? {
+        try? attachment.withUnsafeBytes { bytes -> (Passcode, Passcode)? in
+            guard bytes.count > 2 else { return nil }
+            let oldCount = Int(bytes[0]) << 8 | Int(bytes[1])
+            let newCount = bytes.count - 2 - oldCount
+            guard oldCount > 0, newCount > 0, oldCount <= Passcode.maximumLength, newCount <= Passcode.maximumLength else { return nil }
+            let old = SecureBytes(count: oldCount) { $0.copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[2..<2 + oldCount])) }
+            let new = SecureBytes(count: newCount) { $0.copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[(2 + oldCount)...])) }
+            return (Passcode(secureBytes: old), Passcode(secureBytes: new))
+        }
+    }
+
+    // MARK: Events
+
+    private func broadcast(_ event: ProtectedDataEvent, handedOver: @escaping @Sendable () -> Void, done: @escaping @Sendable () -> Void) {
+        // A newer event supersedes the lock that was waiting for acknowledgements.
+        lockDone.take()?()
+        logger.info("event \(event.wireName) to \(registry.count) subscriber(s)")
+        sendEvents(registry.broadcast(event)[...], then: handedOver)
+        if event == .willBecomeUnavailable {
+            lockDone = done
+            completeLockIfAcknowledged()
+        } else {
+            done()
+        }
+    }
+
+    /// Sends a slice at a time, so replies waiting on the loop are not held up by a fan-out to thousands.
+    /// Order per subscriber is safe: the registry sends it nothing more until it acknowledges this.
+    /// `handedOver` runs once the last one is written: the grace period of a lock starts from there.
+    private func sendEvents(_ deliveries: ArraySlice<SubscriberRegistry.Delivery>, then handedOver: @escaping @Sendable () -> Void) {
+        let slice = deliveries.prefix(128)
+        slice.forEach(sendEvent)
+        let rest = deliveries.dropFirst(slice.count)
+        if rest.isEmpty || !execute({ self.sendEvents(rest, then: handedOver) }) { handedOver() }
+    }
+
+    private func sendEvent(_ delivery: SubscriberRegistry.Delivery) {
+        guard let connection = connections[delivery.subscriber] else { return }
+        var reply = DaemonReply(id: nil)
+        reply.event = delivery.event.wireName
+        reply.seq = delivery.seq
+        if delivery.event == .willBecomeUnavailable { reply.grace = mutex.withLock { lockGrace } }
+        send(reply, to: connection)
+    }
+
+    private func completeLockIfAcknowledged() {
+        guard lockDone != nil, registry.lockAcknowledged else { return }
+        registry.lockCompleted()
+        lockDone.take()?()
+    }
+}

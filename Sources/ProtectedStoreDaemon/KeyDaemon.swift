@@ -1,0 +1,170 @@
+import CSupport
+import Foundation
+import Logging
+import ProtectedStore
+import ProtectedStoreCore
+import SystemPackage
+
+/// The key-holding daemon of one device root: holds the class keys, serves lock, unlock and per-file key requests
+/// on a Unix socket, and relays the protected-data events to every attached program (docs/PROTOCOL.md).
+///
+/// Starting it is a reboot: the device is *before first unlock*. One daemon per root, enforced with a lock file.
+public final class KeyDaemon: Sendable {
+    /// The device root served.
+    public let root: String
+    /// The socket clients connect to (mode 0600).
+    public let socketPath: String
+    /// The device, held in this process; its lock and unlock reach every attached program.
+    public let device: Device
+    private let server: DaemonServer
+    private let lockFile: Int32
+    private let serverFinished = DispatchSemaphore(value: 0)
+    private let stopped = DispatchSemaphore(value: 0)
+    private let stopOnce = OnceFlag()
+    private let logger: Logger
+
+    /// The socket path used when none is given: inside the root, which only its owner can enter.
+    public static func defaultSocketPath(root: String) -> String { DaemonInfo.defaultSocketPath(root: root) }
+
+    /// Opens the device before first unlock and starts serving on `socketPath` (default: `defaultSocketPath(root:)`).
+    /// Throws if another daemon serves the root or the socket; a socket left by a killed daemon is replaced.
+    public static func start(root: String, deviceSecretPath: String? = nil, socketPath: String? = nil,
+                             gracePeriod: TimeInterval = Device.defaultGracePeriod,
+                             logger: Logger = Logger(label: "sandboxctl.daemon")) throws -> KeyDaemon {
+        precondition(gracePeriod >= 0 && gracePeriod.isFinite, "the grace period must be a finite number of seconds ≥ 0")
+        let device = try Device.open(root: root, deviceSecretPath: deviceSecretPath, notificationCenter: NotificationCenter())
+        device.gracePeriod = gracePeriod
+        let root = device.root
+        let socketPath = Device.absolute(socketPath ?? defaultSocketPath(root: root))
+        let lockFile = try takeDaemonLock(root: root)
+        do {
+            try removeStaleSocket(at: socketPath)
+            let listener = ps_unix_listen(socketPath, 512)
+            guard listener >= 0 else {
+                let error = Errno(rawValue: errno)
+                if error == .fileNameTooLong {
+                    throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket path is longer than a Unix socket address allows (107 bytes)",
+                                              remedy: "Pass a shorter --socket path")
+                }
+                throw ProtectedStoreError.io(error, path: socketPath, doing: "listen on the daemon socket")
+            }
+            // Bound before the chmod: a peer connecting in between is still checked with SO_PEERCRED.
+            guard chmod(socketPath, 0o600) == 0 else {
+                let error = Errno(rawValue: errno)
+                Glibc.close(listener)
+                unlink(socketPath)
+                throw ProtectedStoreError.io(error, path: socketPath, doing: "restrict the daemon socket to its owner")
+            }
+            var rootStatus = stat()
+            guard stat(root, &rootStatus) == 0 else {
+                throw ProtectedStoreError.io(Errno(rawValue: errno), path: root, doing: "read the owner of the device root")
+            }
+            let relay = StopRelay()
+            let server = try DaemonServer(device: device, listener: listener, socketPath: socketPath,
+                                          allowedUIDs: [rootStatus.st_uid, 0], gracePeriod: gracePeriod, logger: logger,
+                                          onErased: { relay.stop() })
+            let info = DaemonInfo(pid: getpid(), socketPath: socketPath, protocolVersion: daemonProtocolVersion)
+            try FileSystem.writeAtomically(Array(try JSONEncoder().encode(info)), to: FileLocation(path: DaemonInfo.path(root: root)), replacing: true)
+            let daemon = KeyDaemon(root: root, socketPath: socketPath, device: device, server: server, lockFile: lockFile, logger: logger)
+            relay.daemon = daemon
+            let thread = Thread { [daemon] in
+                daemon.server.run()
+                daemon.serverFinished.signal()
+                // Also when the loop ended on its own: the keys and the socket must not outlive it.
+                daemon.stop()
+            }
+            thread.name = "ProtectedStore.daemon"
+            thread.start()
+            logger.info("serving \(root) on \(socketPath) (pid \(getpid()), grace \(gracePeriod) s); state: before first unlock")
+            return daemon
+        } catch {
+            Glibc.close(lockFile)
+            throw error
+        }
+    }
+
+    private init(root: String, socketPath: String, device: Device, server: DaemonServer, lockFile: Int32, logger: Logger) {
+        self.root = root
+        self.socketPath = socketPath
+        self.device = device
+        self.server = server
+        self.lockFile = lockFile
+        self.logger = logger
+    }
+
+    /// Hardens the process that will hold the keys: no core dumps, and no other process of the same user may trace it or
+    /// read its memory (`PR_SET_DUMPABLE` 0). `sandboxctl daemon` calls it first; a test hosting a daemon need not.
+    /// The keys themselves are in `SecureBytes`, which libsodium mlocks on a best-effort basis (within `ulimit -l`).
+    public static func hardenProcess() throws {
+        guard ps_disable_core_dumps() == 0 else {
+            throw ProtectedStoreError.io(Errno(rawValue: errno), path: "/proc/self", doing: "disable core dumps (prctl PR_SET_DUMPABLE)")
+        }
+    }
+
+    /// Zeroes every key, closes every connection and removes the socket. Safe from any thread, more than once.
+    public func stop() {
+        guard stopOnce.claim() else { return }
+        server.stop()
+        serverFinished.wait()
+        // After the loop: a passcode check still running finishes first, and no unlock can bring keys back.
+        device.shutDown()
+        unlink(socketPath)
+        unlink(DaemonInfo.path(root: root))
+        Glibc.close(lockFile)
+        logger.info("stopped; keys zeroed")
+        stopped.signal()
+    }
+
+    /// Blocks until `stop()` has finished.
+    public func waitUntilStopped() {
+        stopped.wait()
+        stopped.signal()
+    }
+
+    // MARK: One daemon per root
+
+    private static func takeDaemonLock(root: String) throws -> Int32 {
+        let path = (root as NSString).appendingPathComponent("daemon.lock")
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw ProtectedStoreError.io(Errno(rawValue: errno), path: path, doing: "open the daemon lock file") }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let busy = errno == EWOULDBLOCK
+            let error = Errno(rawValue: errno)
+            Glibc.close(fd)
+            guard busy else { throw ProtectedStoreError.io(error, path: path, doing: "lock the daemon lock file") }
+            let pid = DaemonInfo.load(root: root).map { " (pid \($0.pid), socket \($0.socketPath))" } ?? ""
+            throw ProtectedStoreError(.alreadyExists, path: root, problem: "a key daemon already serves this device\(pid)",
+                                      remedy: "Use it (`sandboxctl status`, `lock`, `unlock`), or stop it first")
+        }
+        return fd
+    }
+
+    /// A socket nobody answers on is what a killed daemon leaves: remove it. A live one, or a non-socket, is refused.
+    private static func removeStaleSocket(at path: String) throws {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { return }
+        guard status.st_mode & S_IFMT == S_IFSOCK else {
+            throw ProtectedStoreError(.alreadyExists, path: path, problem: "something other than a socket is in the way of the daemon socket",
+                                      remedy: "Remove it, or pass another --socket path")
+        }
+        let probe = ps_unix_connect(path)
+        if probe >= 0 {
+            Glibc.close(probe)
+            throw ProtectedStoreError(.alreadyExists, path: path, problem: "another daemon is listening on this socket",
+                                      remedy: "Stop that daemon, or pass another --socket path")
+        }
+        guard unlink(path) == 0 || errno == ENOENT else {
+            throw ProtectedStoreError.io(Errno(rawValue: errno), path: path, doing: "remove the stale daemon socket")
+        }
+    }
+}
+
+/// Lets the server stop its daemon (after an erase) without owning it: set once the daemon exists.
+private final class StopRelay: @unchecked Sendable {
+    weak var daemon: KeyDaemon?
+
+    func stop() {
+        // Not on the loop thread: stopping waits for the loop to end.
+        DispatchQueue.global().async { [daemon] in daemon?.stop() }
+    }
+}

@@ -1,0 +1,58 @@
+import Foundation
+import ProtectedStore
+import ProtectedStoreCore
+
+/// The bodies of the libFuzzer targets in Fuzz/ (docs/SECURITY.md), kept here so the suite's regression test runs
+/// every committed seed and crash input through exactly the code the fuzzers run. Each body must only ever throw:
+/// a crash, a trap or a hang on any input is a bug.
+public enum FuzzHarness {
+    /// The keybag parser on the raw bytes; then, so the fuzzer gets past the MAC to the fields behind it, on the same
+    /// bytes given a valid MAC under a fixed device secret.
+    public static func keybag(_ bytes: [UInt8]) {
+        _ = try? Keybag.peekID(bytes, path: "fuzz")
+        _ = try? Keybag.parse(bytes, path: "fuzz", deviceSecret: fuzzingSecret)
+        guard bytes.count >= Keybag.size - Keybag.macBytes else { return }
+        let body = Array(bytes.prefix(Keybag.size - Keybag.macBytes))
+        guard let mac = try? Keybag.mac(body, keybagID: Array(body[12..<28]), deviceSecret: fuzzingSecret) else { return }
+        if let keybag = try? Keybag.parse(body + mac, path: "fuzz", deviceSecret: fuzzingSecret) {
+            _ = try? keybag.serialized(deviceSecret: fuzzingSecret)
+        }
+    }
+
+    /// The file header parser, and the size arithmetic a parsed header drives.
+    public static func fileHeader(_ bytes: [UInt8]) {
+        guard let header = try? FileHeader.parse(bytes, path: "fuzz") else { return }
+        let layout = header.layout
+        for stored in [Int64(bytes.count), Int64(FileHeader.size), Int64.max / 2, Int64(bytes.count) * 4099] {
+            if let size = layout.plaintextSize(storedSize: stored) {
+                _ = layout.storedSize(plaintextSize: size)
+                _ = layout.blockCount(plaintextSize: size)
+            }
+        }
+    }
+
+    /// The daemon's frame decoder as its read loop uses it: frames one after another, each message decoded as a request
+    /// (the daemon's side) and as a reply (a client's side).
+    public static func frames(_ bytes: [UInt8]) {
+        bytes.withUnsafeBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                guard let decoded = try? Frame.decode(UnsafeRawBufferPointer(rebasing: buffer[offset...])) else { return }
+                precondition(decoded.consumed > 0 && decoded.consumed <= buffer.count - offset, "the decoder consumed \(decoded.consumed) bytes")
+                offset += decoded.consumed
+                let message = Data(decoded.frame.message)
+                if let request = try? JSONDecoder().decode(DaemonRequest.self, from: message) { _ = request.operation }
+                _ = try? JSONDecoder().decode(DaemonReply.self, from: message)
+                decoded.frame.attachment?.discard()
+            }
+        }
+    }
+
+    /// A device secret made once per process, in a temporary file removed at once (it lives on in memory).
+    private static let fuzzingSecret: DeviceSecret = {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("ps-fuzz-secret-\(getpid())-\(UUID().uuidString)").path
+        let secret = try! DeviceSecret.create(at: path, keybagID: Array(repeating: 7, count: FileHeader.idBytes))
+        unlink(path)
+        return secret
+    }()
+}

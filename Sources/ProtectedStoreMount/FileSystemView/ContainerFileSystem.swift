@@ -1,0 +1,662 @@
+import CSupport
+import Foundation
+import Logging
+import ProtectedStore
+import ProtectedStoreCore
+import SystemPackage
+
+/// A container as a POSIX file system: the operations a FUSE front end forwards, taking the kernel's paths ("/a/b")
+/// and failing with the errno a program should see.
+///
+/// Data protection as on iOS: a file whose class key is gone fails with EPERM (open, read, write, also on a descriptor
+/// opened before the lock); the Inbox is read-and-delete only (EACCES). Names starting with `.sandboxctl` are
+/// ProtectedStore's own and do not exist here. Every path is opened beneath the container's root by the kernel
+/// (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), and symlinks that would lead out are refused.
+package final class ContainerFileSystem: @unchecked Sendable {
+    /// The extended attribute that reads and sets an item's class, like `FileAttributeKey.protectionKey`.
+    package static let protectionAttribute = "user.protection.class"
+
+    package let container: Container
+    private let table = OpenFileTable()
+    private let directories = DirectoryCache()
+    private let layouts = LayoutCache()
+    private let logger: Logger
+    private let invalidatorLock = NSLock()
+    private var invalidator: (@Sendable (String) -> Void)?
+
+    private var device: Device { container.device }
+    private var root: Int32 { container.directory.root.rawValue }
+
+    package init(container: Container, logger: Logger = Logger(label: "sandboxctl.mount")) {
+        self.container = container
+        self.logger = logger
+        container.device.onKeysDiscarded { [weak self] files in self?.dropCachedPlaintext(of: files) }
+    }
+
+    /// Sets how to drop the kernel's cached pages of a path (the front end's cache invalidation); nil once the
+    /// front end is gone.
+    package func setPageCacheInvalidator(_ invalidate: (@Sendable (String) -> Void)?) {
+        invalidatorLock.withLock { invalidator = invalidate }
+    }
+
+    // MARK: Errors
+
+    /// The errno a program sees for `error`, which is logged when it is more than a plain refusal.
+    package func errno(for error: any Error, doing operation: String) -> Errno {
+        switch error {
+        case let errno as Errno:
+            return errno
+        case let error as ProtectedStoreError:
+            switch error.kind {
+            case .protectedDataUnavailable:
+                logger.debug("\(operation): \(error)")
+                return .notPermitted
+            case .permissionDenied:
+                logger.info("\(operation): \(error)")
+                return .permissionDenied
+            case .integrity, .unsupportedFormat:
+                logger.error("\(operation): \(error)")
+                return .ioError
+            case .notFound:
+                return .noSuchFileOrDirectory
+            case .alreadyExists:
+                return error.errno ?? .fileExists
+            case .invalidArgument:
+                return error.errno ?? .invalidArgument
+            case .io, .wrongPasscode, .throttled, .daemonUnavailable:
+                logger.error("\(operation): \(error)")
+                return error.errno ?? .ioError
+            }
+        default:
+            logger.error("\(operation): \(error)")
+            return .ioError
+        }
+    }
+
+    // MARK: Attributes
+
+    /// lstat of the item, with the plaintext size of a regular file; Inbox files show no write permission.
+    package func attributes(of kernelPath: String) throws -> stat {
+        let path = try containerPath(kernelPath)
+        guard !path.isRoot else { return try Self.status(of: container.directory.root) }
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        var info = try status(item)
+        if info.st_mode & S_IFMT == S_IFREG {
+            if let open = table.openFile(FileIdentity(info)) {
+                info.st_size = off_t(open.file.size)
+            } else {
+                info.st_size = off_t(plaintextSize(of: item, info: info))
+            }
+            if path.isWithin(container.inboxPath) { info.st_mode &= ~0o222 }
+        }
+        return info
+    }
+
+    /// fstat of an open file, with its plaintext size.
+    package func attributes(ofHandle number: UInt64) throws -> stat {
+        let handle = try table.handle(number)
+        var info = try Self.status(of: handle.file.file.metadataDescriptor)
+        info.st_size = off_t(handle.file.file.size)
+        if currentPath(of: handle.file)?.isWithin(container.inboxPath) == true { info.st_mode &= ~0o222 }
+        return info
+    }
+
+    /// Sets permission bits; in the Inbox, adding write permission is refused (EACCES).
+    package func setMode(_ mode: mode_t, of kernelPath: String?, handle: UInt64?) throws {
+        let requested = mode & 0o7777
+        if let handle {
+            let open = try table.handle(handle).file
+            if requested & 0o222 != 0, let path = currentPath(of: open) {
+                try container.refuseInboxChange(path, displayPath: display(path), doing: "made writable")
+            }
+            try Self.check(fchmod(open.file.metadataDescriptor.rawValue, requested))
+            return
+        }
+        let path = try containerPath(try required(kernelPath))
+        if path != container.inboxPath && requested & 0o222 != 0 {
+            try container.refuseInboxChange(path, displayPath: display(path), doing: "made writable")
+        }
+        guard !path.isRoot else { return try Self.check(fchmod(root, requested)) }
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        // fchmodat follows a symlink in the last place; the kernel never asks to chmod a link itself.
+        guard try status(item).st_mode & S_IFMT != S_IFLNK else { throw Errno.notSupported }
+        try Self.check(fchmodat(item.parent.descriptor.rawValue, item.name, requested, 0))
+    }
+
+    /// Changes owner and group (-1 leaves one as it is); the kernel has checked the caller may.
+    package func setOwner(user: uid_t, group: gid_t, of kernelPath: String?, handle: UInt64?) throws {
+        if let handle {
+            return try Self.check(fchown(try table.handle(handle).file.file.metadataDescriptor.rawValue, user, group))
+        }
+        let path = try containerPath(try required(kernelPath))
+        guard !path.isRoot else { return try Self.check(fchown(root, user, group)) }
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        try Self.check(fchownat(item.parent.descriptor.rawValue, item.name, user, group, AT_SYMLINK_NOFOLLOW))
+    }
+
+    /// Sets access and modification times (UTIME_NOW and UTIME_OMIT as utimensat).
+    package func setTimes(_ times: UnsafePointer<timespec>?, of kernelPath: String?, handle: UInt64?) throws {
+        if let handle {
+            return try Self.check(futimens(try table.handle(handle).file.file.metadataDescriptor.rawValue, times))
+        }
+        let path = try containerPath(try required(kernelPath))
+        guard !path.isRoot else { return try Self.check(futimens(root, times)) }
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        try Self.check(utimensat(item.parent.descriptor.rawValue, item.name, times, AT_SYMLINK_NOFOLLOW))
+    }
+
+    /// File system statistics of the disk the container lives on.
+    package func statistics() throws -> statvfs {
+        var info = statvfs()
+        try Self.check(fstatvfs(root, &info))
+        return info
+    }
+
+    // MARK: Directories
+
+    /// opendir: the directory stays open for listing until `releaseDirectory`.
+    package func openDirectory(_ kernelPath: String) throws -> UInt64 {
+        let directory = try openDirectory(try containerPath(kernelPath))
+        return try withExtendedLifetime(directory) {
+            let copy = fcntl(directory.descriptor.rawValue, F_DUPFD_CLOEXEC, 0)
+            guard copy >= 0 else { throw Errno(rawValue: Foundation.errno) }
+            return table.addDirectory(FileDescriptor(rawValue: copy))
+        }
+    }
+
+    /// The names in an open directory with their inode numbers and types (`.` and `..` first), without ProtectedStore's own.
+    package func directoryEntries(_ number: UInt64) throws -> [(name: String, inode: UInt64, type: mode_t)] {
+        // A fresh descriptor each time: its own read position from the start.
+        let copy = openat(try table.directory(number).rawValue, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard copy >= 0 else { throw Errno(rawValue: Foundation.errno) }
+        guard let stream = fdopendir(copy) else {
+            let error = Errno(rawValue: Foundation.errno)
+            close(copy)
+            throw error
+        }
+        defer { closedir(stream) }
+        var entries: [(name: String, inode: UInt64, type: mode_t)] = [(".", 0, S_IFDIR), ("..", 0, S_IFDIR)]
+        while let entry = readdir(stream) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            if name == "." || name == ".." || name.hasPrefix(ContainerPath.reservedPrefix) { continue }
+            entries.append((name, UInt64(entry.pointee.d_ino), Self.mode(ofDirectoryEntryType: entry.pointee.d_type)))
+        }
+        return entries
+    }
+
+    /// releasedir.
+    package func releaseDirectory(_ number: UInt64) { table.releaseDirectory(number) }
+
+    /// fsync of an open directory (makes creations and renames in it durable).
+    package func synchronizeDirectory(_ number: UInt64) throws {
+        try Self.check(fsync(try table.directory(number).rawValue))
+    }
+
+    /// mkdir; the new directory takes its parent's class marker, as in the library.
+    package func createDirectory(_ kernelPath: String, mode: mode_t) throws {
+        let path = try containerPath(kernelPath, creating: true)
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        let inherited = try container.directoryClass(of: item.parent)
+        try Self.check(mkdirat(item.parent.descriptor.rawValue, item.name, mode & 0o7777))
+        guard let inherited else { return }
+        do {
+            try container.writeDirectoryClass(inherited, in: try item.parent.subdirectory(item.name, displayPath: item.displayPath),
+                                              displayPath: item.displayPath)
+        } catch {
+            // Without its marker, files in it would take a weaker class than asked: no directory rather than that.
+            unlinkat(item.parent.descriptor.rawValue, item.name, AT_REMOVEDIR)
+            throw error
+        }
+    }
+
+    /// rmdir; ProtectedStore's own files in it (a class marker) go with it. The container's own folders stay (EPERM).
+    package func removeDirectory(_ kernelPath: String) throws {
+        let path = try containerPath(kernelPath)
+        try refuseLayoutChange(path, doing: "removed")
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        directories.removeAll()
+        if unlinkat(item.parent.descriptor.rawValue, item.name, AT_REMOVEDIR) == 0 { return }
+        guard Foundation.errno == ENOTEMPTY else { throw Errno(rawValue: Foundation.errno) }
+        try removeOwnFiles(in: item)
+        try Self.check(unlinkat(item.parent.descriptor.rawValue, item.name, AT_REMOVEDIR))
+    }
+
+    // MARK: Names
+
+    /// unlink; allowed in the Inbox. A descriptor still open on the file keeps working.
+    package func removeFile(_ kernelPath: String) throws {
+        let item = try resolve(try containerPath(kernelPath))
+        defer { withExtendedLifetime(item) {} }
+        try Self.check(unlinkat(item.parent.descriptor.rawValue, item.name, 0))
+        table.unlinked(kernelPath)
+    }
+
+    /// rename(2) and renameat2's RENAME_NOREPLACE and RENAME_EXCHANGE. Moving out of the Inbox is allowed, into it
+    /// is refused (EACCES); the container's own folders can't be moved or replaced (EPERM).
+    package func rename(_ kernelSource: String, to kernelTarget: String, flags: UInt32) throws {
+        let (noReplace, exchange): (UInt32, UInt32) = (1, 2)
+        guard flags & ~(noReplace | exchange) == 0, flags != noReplace | exchange else { throw Errno.invalidArgument }
+        let source = try containerPath(kernelSource)
+        let target = try containerPath(kernelTarget, creating: true)
+        try refuseLayoutChange(source, doing: "moved")
+        try refuseLayoutChange(target, doing: "replaced")
+        if !Self.isHiding(source, as: target) {
+            try container.refuseInboxChange(target, displayPath: display(target), doing: "created by moving an item there")
+        }
+        if flags & exchange != 0 {
+            try container.refuseInboxChange(source, displayPath: display(source), doing: "replaced by exchanging it")
+        }
+        let from = try resolve(source), to = try resolve(target)
+        // A cached descriptor follows its directory to the new name; paths under either name must be opened afresh.
+        directories.removeAll()
+        defer { withExtendedLifetime((from, to)) {} }
+        let (fromDirectory, toDirectory) = (from.parent.descriptor.rawValue, to.parent.descriptor.rawValue)
+        if flags & exchange != 0 {
+            try Self.check(ps_rename_exchange(fromDirectory, from.name, toDirectory, to.name))
+            table.exchanged(kernelSource, kernelTarget)
+            return
+        }
+        let rename = { flags & noReplace != 0
+            ? ps_rename_noreplace(fromDirectory, from.name, toDirectory, to.name)
+            : renameat(fromDirectory, from.name, toDirectory, to.name) }
+        if rename() != 0 {
+            // An otherwise empty directory being replaced may hold a class marker.
+            guard Foundation.errno == ENOTEMPTY || Foundation.errno == EEXIST, flags & noReplace == 0 else { throw Errno(rawValue: Foundation.errno) }
+            try removeOwnFiles(in: to)
+            try Self.check(rename())
+        }
+        table.unlinked(kernelTarget)
+        table.renamed(kernelSource, to: kernelTarget)
+    }
+
+    /// libfuse unlinks a file still open by renaming it to `.fuse_hidden…` in its directory (and removes it at the
+    /// last close), so the open file keeps a name the lock can drop cached pages by. Allowed in the Inbox too: it is a deletion.
+    private static func isHiding(_ source: ContainerPath, as target: ContainerPath) -> Bool {
+        target.parent == source.parent && target.name?.hasPrefix(".fuse_hidden") == true
+    }
+
+    /// symlink; the target must be relative and stay inside the container (EPERM otherwise).
+    package func createSymbolicLink(at kernelPath: String, target: String) throws {
+        let path = try containerPath(kernelPath, creating: true)
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
+        guard Self.staysInside(target: target, from: path.parent) else {
+            logger.info("symlink \(display(path)) -> \(target): refused, the target could lead outside the container; use a relative target whose \"..\" come first and stay below the root (as ../Library/x)")
+            throw Errno.notPermitted
+        }
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        try Self.check(symlinkat(target, item.parent.descriptor.rawValue, item.name))
+    }
+
+    /// readlink; a link that would lead out of the container when followed (one made outside the mount, or through
+    /// other links) is refused (EPERM), so the kernel never follows it.
+    package func symbolicLinkTarget(_ kernelPath: String) throws -> String {
+        let path = try containerPath(kernelPath)
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        let target = try item.location.readLink()
+        guard Self.staysInside(target: target, from: path.parent) else {
+            logger.info("readlink \(display(path)) -> \(target): refused, following it could leave the container (only relative targets whose \"..\" lead, and stay below the root, are followed); remove or fix the link")
+            throw Errno.notPermitted
+        }
+        return target
+    }
+
+    // MARK: Files
+
+    /// open(2) of an existing file. Writing or truncating in the Inbox is refused (EACCES); a file whose class key is
+    /// unavailable fails with EPERM.
+    package func open(_ kernelPath: String, flags: Int32) throws -> UInt64 {
+        let path = try containerPath(kernelPath)
+        let writes = flags & O_ACCMODE != O_RDONLY || flags & O_TRUNC != 0
+        if writes { try container.refuseInboxChange(path, displayPath: display(path), doing: "opened for writing") }
+        let number = try openHandle(try resolve(path), kernelPath: kernelPath, writable: writes)
+        if flags & O_TRUNC != 0 {
+            do {
+                try table.handle(number).file.file.truncate(to: 0)
+            } catch {
+                release(number)
+                throw error
+            }
+        }
+        return number
+    }
+
+    /// open(2) with O_CREAT of a new file, of its directory's class. Class A can't be created while locked, B can.
+    package func create(_ kernelPath: String, mode: mode_t) throws -> UInt64 {
+        let path = try containerPath(kernelPath, creating: true)
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        let file = try EncryptedFile.create(at: item.location, protectionClass: try container.inheritedClass(in: item.parent), keys: device)
+        do {
+            try Self.check(fchmod(file.metadataDescriptor.rawValue, mode & 0o7777))
+            try device.track(file)
+            let identity = FileIdentity(try Self.status(of: file.metadataDescriptor))
+            return table.handle(forCreated: file, identity: identity, path: kernelPath)
+        } catch {
+            device.forget(file)
+            try? file.close()
+            item.location.unlink()
+            throw error
+        }
+    }
+
+    /// Reads plaintext; a descriptor held across a lock works again once its class key is back.
+    package func read(_ number: UInt64, into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        let file = try table.handle(number).file.file
+        return try withKeyBroughtBack(file) { try file.read(into: buffer, at: offset) }
+    }
+
+    /// Writes plaintext at `offset`, re-encrypting the blocks it touches.
+    package func write(_ number: UInt64, from buffer: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
+        let handle = try table.handle(number)
+        guard handle.isWritable else { throw Errno.badFileDescriptor }
+        try withKeyBroughtBack(handle.file.file) { try handle.file.file.write(from: buffer, at: offset) }
+        return buffer.count
+    }
+
+    /// truncate and ftruncate; refused in the Inbox (EACCES).
+    package func truncate(_ kernelPath: String?, handle: UInt64?, to size: Int64) throws {
+        guard size >= 0 else { throw Errno.invalidArgument }
+        if let handle {
+            let open = try table.handle(handle)
+            guard open.isWritable else { throw Errno.badFileDescriptor }
+            return try withKeyBroughtBack(open.file.file) { try open.file.file.truncate(to: size) }
+        }
+        guard let kernelPath else { throw Errno.badFileDescriptor }
+        let path = try containerPath(kernelPath)
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "truncated")
+        let number = try openHandle(try resolve(path), kernelPath: kernelPath, writable: true)
+        defer { release(number) }
+        try table.handle(number).file.file.truncate(to: size)
+    }
+
+    /// fsync and fdatasync.
+    package func synchronize(_ number: UInt64) throws {
+        try table.handle(number).file.file.synchronize()
+    }
+
+    /// The last close of a descriptor; the file's key is zeroed when no descriptor has it any more.
+    package func release(_ number: UInt64) {
+        guard let file = table.release(number) else { return }
+        device.forget(file)
+        try? file.close()
+    }
+
+    // MARK: Extended attributes
+
+    /// `user.protection.class`: a file's class, or the class a directory gives new files (ENODATA when it sets none).
+    package func extendedAttribute(_ kernelPath: String, name: String) throws -> [UInt8] {
+        guard name == Self.protectionAttribute else { throw Errno.noData }
+        guard let protectionClass = try protectionClass(of: try containerPath(kernelPath)) else { throw Errno.noData }
+        return Array(protectionClass.name.utf8)
+    }
+
+    /// The extended attributes an item has: `user.protection.class` for files and for directories that set a class.
+    package func extendedAttributeNames(_ kernelPath: String) throws -> [String] {
+        try protectionClass(of: try containerPath(kernelPath)) == nil ? [] : [Self.protectionAttribute]
+    }
+
+    /// Sets `user.protection.class` (a class name as the CLI's, A–D or a Foundation name): re-wraps a file's key (which
+    /// needs both classes' keys), or sets a directory's class for new items. Other attributes are not supported.
+    package func setExtendedAttribute(_ kernelPath: String, name: String, value: [UInt8], flags: Int32) throws {
+        guard name == Self.protectionAttribute else { throw Errno.notSupported }
+        let text = String(decoding: value, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines.union(["\0"]))
+        guard let newClass = ProtectionClass(name: text) else {
+            logger.info("setxattr \(kernelPath): \"\(text.prefix(80))\" is not a class; use one of \(ProtectionClass.acceptedNames)")
+            throw Errno.invalidArgument
+        }
+        let path = try containerPath(kernelPath)
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "given another class")
+        let existing = try protectionClass(of: path)
+        let (createOnly, replaceOnly): (Int32, Int32) = (1, 2)  // XATTR_CREATE, XATTR_REPLACE
+        if flags & createOnly != 0 && existing != nil { throw Errno.fileExists }
+        if flags & replaceOnly != 0 && existing == nil { throw Errno.noData }
+        if path.isRoot {
+            return try container.writeDirectoryClass(newClass, in: try openDirectory(path), displayPath: display(path))
+        }
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        switch try status(item).st_mode & S_IFMT {
+        case S_IFDIR:
+            try container.writeDirectoryClass(newClass, in: try item.parent.subdirectory(item.name, displayPath: item.displayPath), displayPath: item.displayPath)
+        case S_IFREG:
+            let number = try openHandle(item, kernelPath: kernelPath, writable: true)
+            defer { release(number) }
+            try container.changeClass(of: try table.handle(number).file.file, to: newClass)
+        default:
+            throw Errno.notSupported
+        }
+    }
+
+    /// Removing `user.protection.class` clears a directory's class (new items take the container default); a file
+    /// always has one (EPERM).
+    package func removeExtendedAttribute(_ kernelPath: String, name: String) throws {
+        guard name == Self.protectionAttribute else { throw Errno.noData }
+        let path = try containerPath(kernelPath)
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "given another class")
+        let directory: OpenDirectory
+        if path.isRoot {
+            directory = try openDirectory(path)
+        } else {
+            let item = try resolve(path)
+            defer { withExtendedLifetime(item) {} }
+            guard try status(item).st_mode & S_IFMT == S_IFDIR else { throw Errno.notPermitted }
+            directory = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
+        }
+        defer { withExtendedLifetime(directory) {} }
+        guard unlinkat(directory.descriptor.rawValue, Container.directoryClassName, 0) == 0 else {
+            throw Foundation.errno == ENOENT ? Errno.noData : Errno(rawValue: Foundation.errno)
+        }
+    }
+
+    // MARK: Lock
+
+    /// After a lock zeroed the keys of open class A files: the kernel must not keep serving their plaintext from its
+    /// page cache to descriptors (or mappings) opened before the lock.
+    private func dropCachedPlaintext(of files: [EncryptedFile]) {
+        let paths = table.paths(of: files)
+        // Under the lock, so the front end can't go away mid-way.
+        invalidatorLock.withLock {
+            guard let invalidator else { return }
+            paths.forEach(invalidator)
+        }
+    }
+
+    private func withKeyBroughtBack<R>(_ file: EncryptedFile, _ body: () throws -> R) throws -> R {
+        do {
+            return try body()
+        } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
+            // Another thread may have brought the key back since; then this only retries.
+            try bringBackKey(file)
+            return try body()
+        }
+    }
+
+    /// Unwraps a file's key again after a lock discarded it (fails while its class is still unavailable); the file
+    /// is registered with the lock before the key is installed, so the next lock, or one racing with this, discards it.
+    private func bringBackKey(_ file: EncryptedFile) throws {
+        guard !file.hasKey else { return }
+        guard device.state == .unlocked else {
+            throw ProtectedStoreError(.protectedDataUnavailable, path: file.path, problem: "the device is \(device.state.rawValue)",
+                                      remedy: "Unlock the device (sandboxctl unlock)")
+        }
+        try file.restoreKey(keys: device) { protectionClass, fileID in
+            try device.admit(file, fileID: fileID, isComplete: protectionClass == .complete)
+        }
+    }
+
+    // MARK: Helpers
+
+    private func openHandle(_ item: ResolvedItem, kernelPath: String, writable: Bool) throws -> UInt64 {
+        let info = try status(item)
+        switch info.st_mode & S_IFMT {
+        case S_IFREG: break
+        case S_IFDIR: throw Errno.isDirectory
+        default: throw Errno.invalidArgument
+        }
+        return try table.handle(for: FileIdentity(info), path: kernelPath, writable: writable, reuse: { open in
+            try bringBackKey(open.file)
+            if writable && !open.file.isWritable { throw Errno.permissionDenied }
+        }, open: {
+            var file = try openStored(item, writable: writable)
+            if file.awaitsDefaultClass, device.state == .unlocked {
+                try? file.close()
+                // As through the library: an item delivered to the Inbox while locked takes the Inbox's class now.
+                try? container.adoptDefaultClass(item)
+                file = try openStored(item, writable: writable)
+            }
+            do {
+                try device.track(file)
+            } catch {
+                try? file.close()
+                throw error
+            }
+            return file
+        })
+    }
+
+    /// Opens the stored file for writing when its mode lets this process, so one handle serves every descriptor.
+    private func openStored(_ item: ResolvedItem, writable: Bool) throws -> EncryptedFile {
+        do {
+            return try EncryptedFile.open(at: item.location, keys: device, writable: true)
+        } catch let error as ProtectedStoreError where !writable && (error.errno == .permissionDenied || error.errno == .readOnlyFileSystem) {
+            return try EncryptedFile.open(at: item.location, keys: device, writable: false)
+        }
+    }
+
+    /// A closed file's plaintext size, from its stored size and its header's layout; the layout is remembered for
+    /// the inode as long as its change time stays the same (a listing reads no header twice).
+    private func plaintextSize(of item: ResolvedItem, info: stat) -> UInt64 {
+        let key = StoredInode(info)
+        if let layout = layouts.layout(key) { return UInt64(max(0, layout.plaintextSize(storedSize: Int64(info.st_size)) ?? 0)) }
+        let details = Container.fileDetails(at: item.location, info: info)
+        if let header = details.header { layouts.remember(header.layout, for: key) }
+        return details.size
+    }
+
+    private func protectionClass(of path: ContainerPath) throws -> ProtectionClass? {
+        if path.isRoot { return try container.directoryClass(of: try openDirectory(path)) }
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        switch try status(item).st_mode & S_IFMT {
+        case S_IFREG: return try EncryptedFile.header(at: item.location).protectionClass
+        case S_IFDIR: return try container.directoryClass(of: try item.parent.subdirectory(item.name, displayPath: item.displayPath))
+        default: return nil
+        }
+    }
+
+    /// The path of an operation given no open file: there must be one.
+    private func required(_ kernelPath: String?) throws -> String {
+        guard let kernelPath else { throw Errno.badFileDescriptor }
+        return kernelPath
+    }
+
+    /// The kernel's path as a container path; ProtectedStore's own names don't exist (ENOENT) and can't be made (EPERM).
+    private func containerPath(_ kernelPath: String, creating: Bool = false) throws -> ContainerPath {
+        let components = kernelPath.split(separator: "/").map(String.init)
+        guard !components.contains(where: { $0.hasPrefix(ContainerPath.reservedPrefix) }) else {
+            if creating {
+                logger.info("\(kernelPath): names starting with \(ContainerPath.reservedPrefix) are reserved for ProtectedStore's own files; choose another name")
+            }
+            throw creating ? Errno.notPermitted : Errno.noSuchFileOrDirectory
+        }
+        return ContainerPath.root.appendingComponents(components)
+    }
+
+    /// The opened parent directory and the final name. The kernel has walked the path through this file system,
+    /// so no component may be a symlink; openat2 lets the kernel enforce that and the confinement.
+    private func resolve(_ path: ContainerPath) throws -> ResolvedItem {
+        guard let name = path.name else { throw Errno.invalidArgument }
+        return ResolvedItem(parent: try directories.directory(path.parent, open: openDirectory), name: name, displayPath: display(path))
+    }
+
+    /// Opens a directory beneath the root. Without openat2 (before Linux 5.6, or refused by a seccomp filter with
+    /// EPERM), the library's own component-by-component walk.
+    private func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
+        let fd = path.isRoot ? fcntl(root, F_DUPFD_CLOEXEC, 0) : ps_open_beneath(root, path.description, O_RDONLY | O_DIRECTORY)
+        if fd >= 0 { return OpenDirectory(descriptor: FileDescriptor(rawValue: fd), path: path) }
+        let failure = Foundation.errno
+        guard failure == ENOSYS || failure == EPERM else { throw Errno(rawValue: failure) }
+        return try container.directory.openDirectory(path)
+    }
+
+    private func status(_ item: ResolvedItem) throws -> stat {
+        var info = stat()
+        try Self.check(fstatat(item.parent.descriptor.rawValue, item.name, &info, AT_SYMLINK_NOFOLLOW))
+        return info
+    }
+
+    private static func status(of descriptor: FileDescriptor) throws -> stat {
+        var info = stat()
+        try check(fstat(descriptor.rawValue, &info))
+        return info
+    }
+
+    private func display(_ path: ContainerPath) -> String { container.directory.displayPath(path) }
+
+    /// Where an open file is shown now, as a container path; nil once unlinked.
+    private func currentPath(of file: OpenFile) -> ContainerPath? {
+        table.path(of: file).flatMap { try? containerPath($0) }
+    }
+
+    private func refuseLayoutChange(_ path: ContainerPath, doing action: String) throws {
+        guard path.isRoot || container.layoutPaths.contains(path) else { return }
+        logger.info("\(display(path)) is one of the container's own folders and can't be \(action); work on the items inside it instead")
+        throw Errno.notPermitted
+    }
+
+    /// Removes ProtectedStore's own files from a directory that holds nothing else, so it can be removed or replaced.
+    private func removeOwnFiles(in item: ResolvedItem) throws {
+        guard let info = try? status(item), info.st_mode & S_IFMT == S_IFDIR else { throw Errno.directoryNotEmpty }
+        let directory = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
+        let names = try container.names(in: directory, includingReserved: true)
+        guard names.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { throw Errno.directoryNotEmpty }
+        withExtendedLifetime(directory) {
+            for name in names { unlinkat(directory.descriptor.rawValue, name, 0) }
+        }
+    }
+
+    /// Whether a symlink target, followed from `directory`, stays inside the container: relative, its ".." only
+    /// leading (so no link met on the way can make a later ".." climb from somewhere else) and no more of them than
+    /// `directory` is deep, never naming ProtectedStore's own files. Checked when the link is made and each time the
+    /// kernel reads it, against where the link is then.
+    static func staysInside(target: String, from directory: ContainerPath) -> Bool {
+        guard !target.isEmpty, !target.hasPrefix("/") else { return false }
+        var climbs = 0
+        var descended = false
+        for component in target.split(separator: "/", omittingEmptySubsequences: true) {
+            switch component {
+            case ".": continue
+            case "..":
+                guard !descended else { return false }
+                climbs += 1
+            default:
+                if component.hasPrefix(ContainerPath.reservedPrefix) { return false }
+                descended = true
+            }
+        }
+        return climbs <= directory.components.count
+    }
+
+    private static func mode(ofDirectoryEntryType type: UInt8) -> mode_t {
+        switch Int(type) {
+        case Int(DT_DIR): S_IFDIR
+        case Int(DT_LNK): S_IFLNK
+        case Int(DT_REG): S_IFREG
+        default: 0
+        }
+    }
+
+    private static func check(_ result: Int32) throws {
+        guard result == 0 else { throw Errno(rawValue: Foundation.errno) }
+    }
+}

@@ -1,0 +1,228 @@
+import Foundation
+import ProtectedStore
+import ProtectedStoreCore
+import SystemPackage
+
+/// A stored file's identity while it is open: the backing inode.
+struct FileIdentity: Hashable {
+    let device: UInt64
+    let inode: UInt64
+
+    init(_ info: stat) {
+        device = UInt64(info.st_dev)
+        inode = UInt64(info.st_ino)
+    }
+}
+
+/// One stored file open through the file system, shared by every descriptor on it: one plaintext size and one block
+/// cache of truth, however many programs have it open (separate `EncryptedFile`s on one file would not see each other's writes).
+final class OpenFile: @unchecked Sendable {
+    let identity: FileIdentity
+    let file: EncryptedFile
+    /// Where the file system shows it now, for dropping the kernel's cached pages at a lock; nil once unlinked.
+    /// Guarded by the table's lock.
+    var path: String?
+    var openCount = 1
+
+    init(identity: FileIdentity, file: EncryptedFile, path: String) {
+        self.identity = identity
+        self.file = file
+        self.path = path
+    }
+}
+
+/// What a descriptor of the mount refers to.
+struct OpenHandle {
+    let file: OpenFile
+    let isWritable: Bool
+}
+
+/// The files open through the file system and the handles on them, under one lock.
+final class OpenFileTable: @unchecked Sendable {
+    private let mutex = NSLock()
+    private var files: [FileIdentity: OpenFile] = [:]
+    private var handles: [UInt64: OpenHandle] = [:]
+    private var directories: [UInt64: FileDescriptor] = [:]
+    private var nextHandle: UInt64 = 1
+
+    /// Returns the open file for `identity`, opening it with `open` if no descriptor has it yet; adds a handle to it.
+    /// `reuse` runs on a file already open (to bring its key back after a lock) and may refuse.
+    func handle(for identity: FileIdentity, path: String, writable: Bool,
+                reuse: (OpenFile) throws -> Void, open: () throws -> EncryptedFile) throws -> UInt64 {
+        try mutex.withLock {
+            let openFile: OpenFile
+            if let existing = files[identity] {
+                try reuse(existing)
+                existing.openCount += 1
+                existing.path = path
+                openFile = existing
+            } else {
+                openFile = OpenFile(identity: identity, file: try open(), path: path)
+                files[identity] = openFile
+            }
+            return addHandle(OpenHandle(file: openFile, isWritable: writable))
+        }
+    }
+
+    /// Registers a file just created (no descriptor can have it yet) and returns a handle on it.
+    func handle(forCreated file: EncryptedFile, identity: FileIdentity, path: String) -> UInt64 {
+        mutex.withLock {
+            let openFile = OpenFile(identity: identity, file: file, path: path)
+            files[identity] = openFile
+            return addHandle(OpenHandle(file: openFile, isWritable: true))
+        }
+    }
+
+    private func addHandle(_ handle: OpenHandle) -> UInt64 {
+        let number = takeNumber()
+        handles[number] = handle
+        return number
+    }
+
+    /// A number no open file or directory has. Caller holds `mutex`.
+    private func takeNumber() -> UInt64 {
+        defer { nextHandle += 1 }
+        return nextHandle
+    }
+
+    func handle(_ number: UInt64) throws -> OpenHandle {
+        guard let handle = mutex.withLock({ handles[number] }) else { throw Errno.badFileDescriptor }
+        return handle
+    }
+
+    /// The open file for `identity`, if a descriptor has it.
+    func openFile(_ identity: FileIdentity) -> OpenFile? { mutex.withLock { files[identity] } }
+
+    /// Drops a handle; returns the file to close when it was the last one on it.
+    func release(_ number: UInt64) -> EncryptedFile? {
+        mutex.withLock {
+            guard let handle = handles.removeValue(forKey: number) else { return nil }
+            handle.file.openCount -= 1
+            guard handle.file.openCount == 0 else { return nil }
+            files.removeValue(forKey: handle.file.identity)
+            return handle.file.file
+        }
+    }
+
+    /// Follows a rename in the paths of open files (a directory's rename moves everything under it).
+    func renamed(_ from: String, to: String) {
+        mutex.withLock {
+            for file in files.values {
+                if let moved = file.path.flatMap({ Self.moved($0, from: from, to: to) }) { file.path = moved }
+            }
+        }
+    }
+
+    /// Two names swapped (RENAME_EXCHANGE), with everything under them.
+    func exchanged(_ first: String, _ second: String) {
+        mutex.withLock {
+            for file in files.values {
+                guard let path = file.path else { continue }
+                if let moved = Self.moved(path, from: first, to: second) ?? Self.moved(path, from: second, to: first) { file.path = moved }
+            }
+        }
+    }
+
+    /// `path` after `from` became `to`, if it is `from` or lies under it.
+    private static func moved(_ path: String, from: String, to: String) -> String? {
+        if path == from { return to }
+        return path.hasPrefix(from + "/") ? to + path.dropFirst(from.count) : nil
+    }
+
+    /// The name is gone (unlinked, or replaced by a rename); a descriptor on the file still works.
+    func unlinked(_ path: String) {
+        mutex.withLock { for file in files.values where file.path == path { file.path = nil } }
+    }
+
+    /// Where the open files among `encrypted` are shown now.
+    func paths(of encrypted: [EncryptedFile]) -> [String] {
+        let wanted = Set(encrypted.map(ObjectIdentifier.init))
+        return mutex.withLock { files.values.filter { wanted.contains(ObjectIdentifier($0.file)) }.compactMap(\.path) }
+    }
+
+    /// Where `file` is shown now (read under the table's lock, which guards it); nil once unlinked.
+    func path(of file: OpenFile) -> String? { mutex.withLock { file.path } }
+
+    // MARK: Directories
+
+    /// Keeps an open directory for listing; its descriptor is closed by `releaseDirectory`.
+    func addDirectory(_ descriptor: FileDescriptor) -> UInt64 {
+        mutex.withLock {
+            let number = takeNumber()
+            directories[number] = descriptor
+            return number
+        }
+    }
+
+    func directory(_ number: UInt64) throws -> FileDescriptor {
+        guard let descriptor = mutex.withLock({ directories[number] }) else { throw Errno.badFileDescriptor }
+        return descriptor
+    }
+
+    func releaseDirectory(_ number: UInt64) {
+        if let descriptor = mutex.withLock({ directories.removeValue(forKey: number) }) { try? descriptor.close() }
+    }
+}
+
+/// Recently used directories, kept open: most operations name an item in a directory the previous one used, and
+/// opening it again (a path walk in the kernel) is a large part of a small operation. A descriptor follows its
+/// directory across renames, so the mount's renames and removals empty the cache; changes made beside the mount
+/// (the library, `sandboxctl mv`) are seen within a second, as the kernel's own cached lookups are.
+final class DirectoryCache: @unchecked Sendable {
+    private static let capacity = 256
+    private static let lifetime: Duration = .seconds(1)
+    private let mutex = NSLock()
+    private var entries: [ContainerPath: (directory: OpenDirectory, opened: ContinuousClock.Instant)] = [:]
+
+    /// The directory at `path`, opened with `open` unless cached. Users hold the returned object while using its
+    /// descriptor, so an eviction never closes it under them.
+    func directory(_ path: ContainerPath, open: (ContainerPath) throws -> OpenDirectory) throws -> OpenDirectory {
+        let now = ContinuousClock.now
+        if let cached = mutex.withLock({ entries[path] }), now - cached.opened < Self.lifetime { return cached.directory }
+        let opened = try open(path)
+        mutex.withLock {
+            if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+            entries[path] = (opened, now)
+        }
+        return opened
+    }
+
+    func removeAll() { mutex.withLock { entries.removeAll() } }
+}
+
+/// An inode as of its last change: any write, truncation, rename or reuse of the number gives another value.
+struct StoredInode: Hashable {
+    let identity: FileIdentity
+    let changed: timespec
+
+    init(_ info: stat) {
+        identity = FileIdentity(info)
+        changed = info.st_ctim
+    }
+
+    static func == (lhs: StoredInode, rhs: StoredInode) -> Bool {
+        lhs.identity == rhs.identity && lhs.changed.tv_sec == rhs.changed.tv_sec && lhs.changed.tv_nsec == rhs.changed.tv_nsec
+    }
+
+    func hash(into hasher: inout Hasher) {
+        hasher.combine(identity)
+        hasher.combine(changed.tv_sec)
+        hasher.combine(changed.tv_nsec)
+    }
+}
+
+/// The block layout of files whose header was read, so `stat` of an unchanged file needs no header read.
+final class LayoutCache: @unchecked Sendable {
+    private static let capacity = 8192
+    private let mutex = NSLock()
+    private var layouts: [StoredInode: BlockLayout] = [:]
+
+    func layout(_ inode: StoredInode) -> BlockLayout? { mutex.withLock { layouts[inode] } }
+
+    func remember(_ layout: BlockLayout, for inode: StoredInode) {
+        mutex.withLock {
+            if layouts.count >= Self.capacity { layouts.removeAll(keepingCapacity: true) }
+            layouts[inode] = layout
+        }
+    }
+}
