@@ -38,6 +38,10 @@ int ps_unix_connect(const char *path) {
     if (fill_address(&address, path) != 0) return -1;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
+    // A Unix socket's connect waits while the listener's queue is full, for as long as the send timeout allows:
+    // bounded, so a daemon that stopped accepting is reported instead of hanging its client.
+    struct timeval timeout = { .tv_sec = 5, .tv_usec = 0 };
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
     int result;
     do {
         result = connect(fd, (struct sockaddr *)&address, sizeof(address));

@@ -12,6 +12,11 @@ import SystemPackage
 final class DaemonServer: @unchecked Sendable {
     /// Replies a client has not read beyond this are a client that stopped reading: it is disconnected.
     static let maximumPendingOutput = 1 << 20
+    /// A connection that has not said hello by then is closed: every real client says it at once.
+    static let helloDeadline: Duration = .seconds(3)
+    /// Idle connections (nothing subscribed, nothing running, nothing to send) one uid may hold; a new one beyond this
+    /// closes that uid's least recently active one, so a flood of idle connections never keeps a `lock` out.
+    static let maximumIdlePerUID = 32
 
     let device: Device
     let socketPath: String
@@ -39,28 +44,43 @@ final class DaemonServer: @unchecked Sendable {
     private let onErased: @Sendable () -> Void
     // Loop thread only: accept paused after running out of descriptors, so poll doesn't spin on the listener.
     private var acceptPausedUntil: ContinuousClock.Instant?
+    /// Loop thread only: one descriptor held back (on /dev/null), so a connection can still be taken off the queue
+    /// when the process has run out of them.
+    private var reserveDescriptor: Int32 = -1
+    private var tally = LogTally()
 
     private final class Connection {
         let id: UInt64
         let fd: Int32
         let pid: Int32
+        let uid: uid_t
+        let accepted: ContinuousClock.Instant
+        var lastActive: ContinuousClock.Instant
         let received = FrameBuffer()
         let output = FrameBuffer()
         var greeted = false
         var subscribed = false
         /// An unlock or passcode change of this connection is running: one at a time, so a peer can't pile up work.
         var passcodeOperationRunning = false
+        /// Locks of this connection waiting for the keys to go; their replies come later.
+        var locksPending = 0
         /// A protocol error was replied: no more requests are read; once the reply is out, the write side is shut.
         var closing = false
         /// Set when the write side is shut: input is read and dropped until the peer closes or this passes.
         /// (Closing a socket with unread input resets it, and the peer would lose the error reply.)
         var drainDeadline: ContinuousClock.Instant?
 
-        init(id: UInt64, fd: Int32, pid: Int32) {
+        init(id: UInt64, fd: Int32, pid: Int32, uid: uid_t, now: ContinuousClock.Instant) {
             self.id = id
             self.fd = fd
             self.pid = pid
+            self.uid = uid
+            self.accepted = now
+            self.lastActive = now
         }
+
+        /// Holds nothing open for anyone: not subscribed, no passcode operation running, no reply waiting to be sent.
+        var isIdle: Bool { !subscribed && !passcodeOperationRunning && locksPending == 0 && output.count == 0 && !closing }
     }
 
     init(device: Device, listener: Int32, socketPath: String, allowedUIDs: Set<uid_t>, gracePeriod: TimeInterval, logger: Logger,
@@ -78,6 +98,7 @@ final class DaemonServer: @unchecked Sendable {
         self.wakeRead = pipeEnds[0]
         self.wakeWrite = pipeEnds[1]
         self.onErased = onErased
+        self.reserveDescriptor = open("/dev/null", O_RDONLY | O_CLOEXEC)
         device.dispatcher.addHandler { [weak self] event, handedOver, done in
             guard let self, self.execute({ self.broadcast(event, handedOver: handedOver, done: done) }) else {
                 handedOver()
@@ -111,6 +132,12 @@ final class DaemonServer: @unchecked Sendable {
         while !mutex.withLock({ stopping }) {
             let now = ContinuousClock.now
             for connection in connections.values where connection.drainDeadline.map({ $0 <= now }) == true { close(connection, reason: nil) }
+            for connection in connections.values where !connection.greeted && !connection.closing && connection.accepted + Self.helloDeadline <= now {
+                tally.note("connections closed without hello", now: now, logger: logger,
+                           "connection \(connection.id) from pid \(connection.pid) closed: no hello within \(Self.helloDeadline)")
+                close(connection, reason: nil)
+            }
+            tally.flush(now: now, logger: logger)
             if let paused = acceptPausedUntil, paused <= now { acceptPausedUntil = nil }
             let ordered = Array(connections.values)
             let listenerEvents = acceptPausedUntil == nil ? Int16(POLLIN) : 0
@@ -120,7 +147,8 @@ final class DaemonServer: @unchecked Sendable {
                 let wantsInput = !connection.closing || connection.drainDeadline != nil
                 polled.append(pollfd(fd: connection.fd, events: Int16((wantsInput ? POLLIN : 0) | (wantsOutput ? POLLOUT : 0)), revents: 0))
             }
-            let nextDeadline = (ordered.compactMap(\.drainDeadline) + [acceptPausedUntil].compactMap { $0 }).min()
+            let helloDeadlines = ordered.lazy.filter { !$0.greeted && !$0.closing }.map { $0.accepted + Self.helloDeadline }
+            let nextDeadline = (ordered.compactMap(\.drainDeadline) + helloDeadlines + [acceptPausedUntil, tally.nextFlush].compactMap { $0 }).min()
             let timeout = nextDeadline.map { Int32(max(1, (($0 - now) / .milliseconds(1)).rounded(.up))) } ?? -1
             let ready = poll(&polled, nfds_t(polled.count), timeout)
             if ready < 0 {
@@ -140,6 +168,7 @@ final class DaemonServer: @unchecked Sendable {
         for connection in Array(connections.values) { close(connection, reason: nil) }
         lockDone.take()?()
         Glibc.close(listener)
+        if reserveDescriptor >= 0 { Glibc.close(reserveDescriptor) }
         mutex.withLock {
             loopEnded = true
             tasks = []
@@ -161,31 +190,67 @@ final class DaemonServer: @unchecked Sendable {
     // MARK: Connections
 
     private func acceptConnections() {
-        while true {
+        // A bounded batch, so a flood of new connections can't keep the loop from reading the ones it has.
+        for _ in 0..<256 {
             let fd = ps_accept(listener)
             if fd < 0 {
                 if errno == EINTR { continue }
                 if errno == EMFILE || errno == ENFILE {
-                    logger.warning("out of file descriptors with \(connections.count) connections; not accepting for 100 ms")
-                    acceptPausedUntil = .now + .milliseconds(100)
-                } else if errno != EAGAIN && errno != EWOULDBLOCK {
+                    guard makeRoomForAConnection() else { return }
+                    continue
+                }
+                if errno != EAGAIN && errno != EWOULDBLOCK {
                     logger.warning("accept failed: \(String(cString: strerror(errno)))")
                 }
                 return
             }
-            var pid: Int32 = 0
-            var uid: UInt32 = UInt32.max
-            let knownPeer = ps_peer_credentials(fd, &pid, &uid) == 0
-            nextConnectionID += 1
-            let connection = Connection(id: nextConnectionID, fd: fd, pid: pid)
-            connections[connection.id] = connection
-            guard knownPeer, allowedUIDs.contains(uid) else {
-                logger.warning("refused a connection from uid \(uid) (pid \(pid)): this daemon serves uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and ")) only")
-                fail(connection, code: .permissionDenied, message: "this daemon serves the device's owner only (uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and "))); your uid is \(uid)",
-                     remedy: "Run as the user who owns the device root")
-                continue
-            }
-            logger.debug("connection \(connection.id) from pid \(pid)")
+            admit(fd)
+        }
+    }
+
+    /// Out of descriptors: closes the least recently active idle connection so the next one can be accepted, since
+    /// that one may be the owner's `lock`. With none idle, the held-back descriptor takes one connection off the queue
+    /// to refuse it, and accepting pauses for 100 ms so poll doesn't spin. False when accepting should stop for now.
+    private func makeRoomForAConnection() -> Bool {
+        let now = ContinuousClock.now
+        if let idle = connections.values.filter(\.isIdle).min(by: { $0.lastActive < $1.lastActive }) {
+            tally.note("idle connections closed for lack of descriptors", now: now, logger: logger,
+                       "out of file descriptors with \(connections.count) connections: closed idle connection \(idle.id) (pid \(idle.pid))")
+            close(idle, reason: nil)
+            return true
+        }
+        acceptPausedUntil = now + .milliseconds(100)
+        guard reserveDescriptor >= 0 else { return false }
+        Glibc.close(reserveDescriptor)
+        let refused = ps_accept(listener)
+        if refused >= 0 { Glibc.close(refused) }
+        reserveDescriptor = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        tally.note("connections refused for lack of descriptors", now: now, logger: logger,
+                   "out of file descriptors with \(connections.count) connections, none idle: refusing new ones for 100 ms")
+        return false
+    }
+
+    private func admit(_ fd: Int32) {
+        var pid: Int32 = 0
+        var uid: UInt32 = UInt32.max
+        let knownPeer = ps_peer_credentials(fd, &pid, &uid) == 0
+        let now = ContinuousClock.now
+        nextConnectionID += 1
+        let connection = Connection(id: nextConnectionID, fd: fd, pid: pid, uid: uid, now: now)
+        connections[connection.id] = connection
+        guard knownPeer, allowedUIDs.contains(uid) else {
+            tally.note("connections refused for their uid", now: now, logger: logger,
+                       "refused a connection from uid \(uid) (pid \(pid)): this daemon serves uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and ")) only")
+            fail(connection, code: .permissionDenied, message: "this daemon serves the device's owner only (uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and "))); your uid is \(uid)",
+                 remedy: "Run as the user who owns the device root")
+            return
+        }
+        logger.debug("connection \(connection.id) from pid \(pid)")
+        let idle = connections.values.filter { $0.uid == uid && $0.isIdle }
+        if idle.count > Self.maximumIdlePerUID, let oldest = idle.min(by: { $0.lastActive < $1.lastActive }) {
+            tally.note("idle connections closed over the cap", now: now, logger: logger,
+                       "uid \(uid) holds more than \(Self.maximumIdlePerUID) idle connections: closed the least recently active (connection \(oldest.id), pid \(oldest.pid))")
+            close(oldest, reason: nil)
         }
     }
 
@@ -204,7 +269,7 @@ final class DaemonServer: @unchecked Sendable {
                 handle(frame, on: connection)
             }
         } catch {
-            logger.warning("connection \(connection.id): \(error); closing it")
+            tally.note("connections closed for bad frames", now: .now, logger: logger, "connection \(connection.id) (pid \(connection.pid)): \(error); closing it")
             fail(connection, code: .badFrame, message: "\(error)", remedy: "Send frames as docs/PROTOCOL.md describes")
         }
     }
@@ -259,7 +324,7 @@ final class DaemonServer: @unchecked Sendable {
 
     private func close(_ connection: Connection, reason: String?) {
         guard connections.removeValue(forKey: connection.id) != nil else { return }
-        if let reason { logger.info("connection \(connection.id) closed: \(reason)") }
+        if let reason { tally.note("connections closed", now: .now, logger: logger, "connection \(connection.id) closed: \(reason)") }
         Glibc.close(connection.fd)
         connection.received.wipe()
         connection.output.wipe()
@@ -272,6 +337,7 @@ final class DaemonServer: @unchecked Sendable {
     // MARK: Requests
 
     private func handle(_ frame: Frame, on connection: Connection) {
+        connection.lastActive = .now
         guard let request = try? JSONDecoder().decode(DaemonRequest.self, from: Data(frame.message)) else {
             return fail(connection, code: .badFrame, message: "the message is not a JSON request object with an id and an op", remedy: "Send requests as docs/PROTOCOL.md describes")
         }
@@ -319,10 +385,12 @@ final class DaemonServer: @unchecked Sendable {
             if device.state == .unlocked { mutex.withLock { lockGrace = grace } }
             logger.info("lock requested (grace \(grace) s) by pid \(connection.pid)")
             let connectionID = connection.id
+            connection.locksPending += 1
             Task {
                 await self.device.lock(gracePeriod: grace)
                 self.execute {
                     self.logger.info("state: \(self.device.state.rawValue)")
+                    self.connections[connectionID]?.locksPending -= 1
                     self.send(self.statusReply(id: request.id), toConnection: connectionID)
                 }
             }

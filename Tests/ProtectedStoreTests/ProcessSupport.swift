@@ -105,10 +105,24 @@ final class DaemonProcess: @unchecked Sendable {
     let spawned: SpawnedProcess
     let root: String
 
-    init(_ test: TestDevice, grace: Double = 10, extraArguments: [String] = []) throws {
+    /// A release build of `sandboxctl`, when `make test` built one (`PROTECTEDSTORE_RELEASE_BIN`): the memory tests scan
+    /// the daemon as it ships, since an optimised build leaves different residues on its stacks than a debug one.
+    static var releaseExecutable: URL? {
+        guard let folder = ProcessInfo.processInfo.environment["PROTECTEDSTORE_RELEASE_BIN"] else { return nil }
+        let executable = URL(fileURLWithPath: folder).appendingPathComponent("sandboxctl")
+        return FileManager.default.isExecutableFile(atPath: executable.path) ? executable : nil
+    }
+
+    /// `descriptorLimit` starts the daemon under `prlimit --nofile`, as a user with a small descriptor limit would.
+    init(_ test: TestDevice, grace: Double = 10, extraArguments: [String] = [], executable: URL = SpawnedProcess.builtExecutable("sandboxctl"),
+         descriptorLimit: Int? = nil) throws {
         root = test.root
-        spawned = try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
-                                     ["daemon", "--root", test.root, "--device-secret", test.secretPath, "--grace", String(grace)] + extraArguments)
+        let arguments = ["daemon", "--root", test.root, "--device-secret", test.secretPath, "--grace", String(grace)] + extraArguments
+        if let descriptorLimit {
+            spawned = try SpawnedProcess(URL(fileURLWithPath: "/usr/bin/prlimit"), ["--nofile=\(descriptorLimit)", executable.path] + arguments)
+        } else {
+            spawned = try SpawnedProcess(executable, arguments)
+        }
         let deadline = Date().addingTimeInterval(20)
         while !Device.isDaemonRunning(root: root) {
             guard spawned.process.isRunning, Date() < deadline else {

@@ -20,7 +20,8 @@ int ps_open_beneath(int directory, const char *path, int flags);
 /// (ENAMETOOLONG when the path does not fit a sockaddr_un).
 int ps_unix_listen(const char *path, int backlog);
 
-/// A blocking, close-on-exec Unix stream socket connected to `path`; -1 with errno set.
+/// A blocking, close-on-exec Unix stream socket connected to `path`, waiting at most 5 s for room in the listener's
+/// queue (then -1 with EAGAIN); -1 with errno set.
 int ps_unix_connect(const char *path);
 
 /// The peer's pid and uid (SO_PEERCRED, whose struct ucred glibc declares only under _GNU_SOURCE); -1 with errno set.

@@ -351,7 +351,7 @@ extension Container {
         defer { closedir(stream) }
         var names: [String] = []
         while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            let name = FileSystem.name(of: entry)
             if name == "." || name == ".." { continue }
             if !includingReserved && name.hasPrefix(ContainerPath.reservedPrefix) { continue }
             names.append(name)

@@ -45,8 +45,8 @@ final class DaemonKeyHolder: KeyHolder {
     /// waits at most the grace period for an earlier event this process is still handling.
     func unlock(_ device: Device, passcode: Passcode) throws {
         _ = try link.call(DaemonRequest(id: 0, op: .unlock), attachment: passcode.bytes)
-        let deadline = Date().addingTimeInterval(max(device.gracePeriod, 1))
-        while device.state != .unlocked && Date() < deadline { usleep(500) }
+        // The reply comes ahead of the *did* it caused; the event sets the state.
+        device.waitUntilUnlocked(timeout: max(device.gracePeriod, 1))
     }
 
     func changePasscode(_ device: Device, from oldPasscode: Passcode, to newPasscode: Passcode) throws {

@@ -230,6 +230,9 @@ package final class DaemonLink: @unchecked Sendable {
             case .noSuchFileOrDirectory, .connectionRefused:
                 throw ProtectedStoreError(.daemonUnavailable, path: socketPath, problem: "no key daemon is running for \(root)",
                                           remedy: "Start one with `sandboxctl daemon --root \(root)` (in another terminal, or as a service)")
+            case .resourceTemporarilyUnavailable:
+                throw ProtectedStoreError(.daemonUnavailable, path: socketPath, problem: "the key daemon serving \(root) accepted no connection for 5 s (its queue is full)",
+                                          remedy: "It is overloaded or stuck: see its log, or stop it and start it again")
             case .fileNameTooLong:
                 throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket path is longer than a Unix socket address allows",
                                           remedy: "Run the daemon with a shorter --socket path")

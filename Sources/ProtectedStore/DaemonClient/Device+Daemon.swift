@@ -63,6 +63,14 @@ extension Device {
         }
     }
 
+    /// Blocks until a daemon's event has made this device unlocked, or `timeout` seconds have passed.
+    func waitUntilUnlocked(timeout: TimeInterval) {
+        let deadline = Date().addingTimeInterval(timeout)
+        mutex.withLock {
+            while currentState != .unlocked && mutex.wait(until: deadline) {}
+        }
+    }
+
     // MARK: Events from the daemon
 
     /// Called on the link's reader thread, in order: state changes here, observers are served on `daemonEvents`.
@@ -76,15 +84,25 @@ extension Device {
                 if currentState == .unlocked { currentState = .locking }
                 openURLsAllowed = false
             }
-            serveDaemonEvent { self.handleWillBecomeUnavailable(grace: grace) { link.acknowledge(seq: seq, connection: connection) } }
+            serveDaemonEvent { finished in
+                self.handleWillBecomeUnavailable(grace: grace) {
+                    link.acknowledge(seq: seq, connection: connection)
+                    finished()
+                }
+            }
         case .event(.didBecomeAvailable, let seq, _, let connection):
-            mutex.withLock { currentState = .unlocked }
-            serveDaemonEvent {
+            mutex.withLock {
+                currentState = .unlocked
+                mutex.broadcast()
+            }
+            serveDaemonEvent { finished in
                 let observers = self.deliveryLock.withLock { self.deliverDidBecomeAvailable() }
                 // Bounded as in-process: an observer stuck in an earlier callback must not stop this process
                 // from acknowledging, which would keep the next lock's event from reaching it.
-                _ = observers.handedOver.wait(timeout: .now() + max(self.gracePeriod, 1))
-                link.acknowledge(seq: seq, connection: connection)
+                observers.handedOver.notify(timeout: max(self.gracePeriod, 1)) { _ in
+                    link.acknowledge(seq: seq, connection: connection)
+                    finished()
+                }
             }
         case .lost:
             daemonLost()
@@ -94,19 +112,30 @@ extension Device {
             let becameAvailable: Bool = mutex.withLock {
                 let wasUnlocked = currentState == .unlocked
                 currentState = Self.attachedState(hello.state)
+                mutex.broadcast()
                 return !wasUnlocked && currentState == .unlocked
             }
             guard becameAvailable else { return }
-            serveDaemonEvent { _ = self.deliveryLock.withLock { self.deliverDidBecomeAvailable() } }
+            serveDaemonEvent { finished in
+                _ = self.deliveryLock.withLock { self.deliverDidBecomeAvailable() }
+                finished()
+            }
         }
     }
 
-    /// Runs `work` on the daemon events queue, counted as a delivery still to come until it has run.
-    private func serveDaemonEvent(_ work: @escaping @Sendable () -> Void) {
+    /// Runs `work` on the daemon events queue, counted as a delivery still to come until it calls `finished`. The queue
+    /// is suspended meanwhile, so the next event waits for this one without a thread blocked on it: a process with
+    /// many attached devices (a test, a server) would otherwise starve the dispatch pool that their observers run on.
+    private func serveDaemonEvent(_ work: @escaping @Sendable (_ finished: @escaping @Sendable () -> Void) -> Void) {
         pendingDelivery.enter()
-        daemonEvents.async { [pendingDelivery] in
-            work()
-            pendingDelivery.leave()
+        daemonEvents.async { [pendingDelivery, daemonEvents] in
+            daemonEvents.suspend()
+            let once = OnceFlag()
+            work {
+                guard once.claim() else { return }
+                daemonEvents.resume()
+                pendingDelivery.leave()
+            }
         }
     }
 
@@ -117,27 +146,29 @@ extension Device {
             defer { currentState = .locked }
             return currentState == .unlocked || currentState == .locking
         }
-        serveDaemonEvent {
+        serveDaemonEvent { finished in
             if wasAvailable {
-                self.handleWillBecomeUnavailable(grace: self.gracePeriod) {}
+                self.handleWillBecomeUnavailable(grace: self.gracePeriod, then: finished)
             } else {
                 self.discardKeys(of: self.mutex.withLock { self.takeClassAFiles() })
+                finished()
             }
         }
     }
 
-    /// Tells this process's observers, waits until they are done (at most `grace`), then zeroes the per-file keys of
-    /// open class A files and reports back. A lock cancelled meanwhile still costs those handles their keys: the
-    /// process can't tell a cancelled lock from one that completed and was followed by an unlock.
-    private func handleWillBecomeUnavailable(grace: TimeInterval, acknowledge: () -> Void) {
+    /// Tells this process's observers and, once they are done (or `grace` has passed), zeroes the per-file keys of open
+    /// class A files, then calls `then` (which reports back). A lock cancelled meanwhile still costs those handles their
+    /// keys: the process can't tell a cancelled lock from one that completed and was followed by an unlock.
+    private func handleWillBecomeUnavailable(grace: TimeInterval, then: @escaping @Sendable () -> Void) {
         let observers = deliveryLock.withLock { dispatcher.deliver(.willBecomeUnavailable, from: self) }
-        _ = observers.done.wait(timeout: .now() + grace)
-        let files: [EncryptedFile] = mutex.withLock {
-            if currentState == .locking { currentState = .locked }
-            return takeClassAFiles()
+        observers.done.notify(timeout: grace) { _ in
+            let files: [EncryptedFile] = self.mutex.withLock {
+                if self.currentState == .locking { self.currentState = .locked }
+                return self.takeClassAFiles()
+            }
+            self.discardKeys(of: files)
+            then()
         }
-        discardKeys(of: files)
-        acknowledge()
     }
 }
 

@@ -43,7 +43,8 @@ extension Device {
     /// Locks the device: delivers *will become unavailable* to every observer, then, once all are done or the grace
     /// period (`gracePeriod` unless given) has passed, zeroes class A's key, class B's secret key and the per-file
     /// keys of open class A files. Returns when the device is locked, or when an unlock during the grace period
-    /// cancelled the lock. Does nothing before first unlock or when already locked.
+    /// cancelled the lock. Does nothing before first unlock or when already locked. During another lock's grace
+    /// period it waits for that lock, whose deadline it brings forward to its own grace period if that ends sooner.
     ///
     /// Attached to a daemon, it asks the daemon, which locks every program using the device (`gracePeriod` nil: the
     /// daemon's own); if the daemon can't be reached, this process drops its class A file keys and counts as locked.
@@ -68,7 +69,7 @@ extension Device {
                     openURLsAllowed = false
                     return (attempt, gracePeriod ?? currentGracePeriod, true)
                 case .locking:
-                    return (pendingLock, 0, false)
+                    return (pendingLock, gracePeriod ?? currentGracePeriod, false)
                 case .locked, .beforeFirstUnlock:
                     return (nil, 0, false)
                 }
@@ -76,6 +77,11 @@ extension Device {
             return (attempt, grace, isNew ? dispatcher.deliver(.willBecomeUnavailable, from: self) : nil)
         }
         guard let attempt else { return }
+        if observers == nil {
+            // The latest lock wins: one that arrives during another's grace period ends it by its own deadline, so
+            // `lock --grace 0` typed now means now, whatever an earlier lock allowed.
+            DispatchQueue.global().asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt, discardClassKeys) }
+        }
         if let observers {
             observers.done.notify(queue: .global()) { self.discardKeys(for: attempt, discardClassKeys) }
             // The grace period runs from the moment every observer has the event, so a grace of 0 still lets each

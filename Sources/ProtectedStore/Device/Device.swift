@@ -40,7 +40,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     public var isAttachedToDaemon: Bool { holder is DaemonKeyHolder }
 
     let holder: any KeyHolder
-    let mutex = NSLock()
+    /// Guards the state below; broadcast when a daemon's event makes the device unlocked (`waitUntilUnlocked`).
+    let mutex = NSCondition()
     var currentState: State
     var currentGracePeriod = Device.defaultGracePeriod
     var pendingLock: LockAttempt?
@@ -110,7 +111,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         let secretExisted = try FileSystem.exists(secretPath)
         do {
             let deviceSecret = try DeviceSecret.create(at: secretPath, keybagID: keybagID)
-            let (keybag, classKeys) = try Keybag.create(keybagID: keybagID, passcode: passcode, preset: kdf, deviceSecret: deviceSecret)
+            let (keybag, classKeys) = try ScrubbedStack.run { try Keybag.create(keybagID: keybagID, passcode: passcode, preset: kdf, deviceSecret: deviceSecret) }
             let device = Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys), state: .unlocked,
                                 passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
             try FileSystem.createDirectories(device.containersPath)

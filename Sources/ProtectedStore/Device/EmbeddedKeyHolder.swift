@@ -83,11 +83,13 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
     func changePasscode(_ device: Device, from oldPasscode: Passcode, to newPasscode: Passcode) throws {
         try passcodeLock.withLock {
             let current = try currentKeybag(device)
-            let unwrapped = try checkingPasscode(device) { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: deviceSecret, path: device.keybagPath) }
+            let unwrapped = try checkingPasscode(device) {
+                try ScrubbedStack.run { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: deviceSecret, path: device.keybagPath) }
+            }
             let classD = try current.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: device.keybagPath)
             let allKeys = ClassKeys(keys: unwrapped.merging([.none: classD]) { current, _ in current })
             defer { allKeys.discard(ProtectionClass.allCases) }
-            let newKeybag = try current.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: deviceSecret)
+            let newKeybag = try ScrubbedStack.run { try current.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: deviceSecret) }
             let bytes = try newKeybag.serialized(deviceSecret: deviceSecret)
             do {
                 try FileSystem.writeAtomically(bytes, to: FileLocation(path: device.keybagPath), replacing: true)
@@ -116,7 +118,10 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
     /// Unwraps classes A, B and C with the passcode (throttled), from the keybag as on disk. Caller holds `passcodeLock`.
     private func unwrapPasscodeClassKeys(_ device: Device, passcode: Passcode) throws -> [ProtectionClass: SecureBytes] {
         let keybag = try currentKeybag(device)
-        return try checkingPasscode(device) { try keybag.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: deviceSecret, path: device.keybagPath) }
+        return try checkingPasscode(device) {
+            // Argon2id's output, the passcode key and the unwrapped class keys leave copies on the stack (ScrubbedStack).
+            try ScrubbedStack.run { try keybag.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: deviceSecret, path: device.keybagPath) }
+        }
     }
 
     /// Runs a passcode check under the throttle: refuses while a delay is running, counts a wrong passcode

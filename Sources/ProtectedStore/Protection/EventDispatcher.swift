@@ -169,15 +169,21 @@ package final class EventDispatcher<Event: Sendable, Source: AnyObject & Sendabl
 }
 
 extension DispatchGroup {
+    /// Calls `body` once, without blocking a thread: with true when the group empties, or with false after `timeout`
+    /// seconds if it has not by then (never, for an infinite timeout).
+    func notify(timeout: TimeInterval, _ body: @escaping @Sendable (_ emptied: Bool) -> Void) {
+        let once = OnceFlag()
+        notify(queue: .global()) { if once.claim() { body(true) } }
+        if timeout.isFinite {
+            DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { if once.claim() { body(false) } }
+        }
+    }
+
     /// Returns once the group is empty (at once if it already is), or after `timeout` seconds; true if it emptied.
     @discardableResult
     func settled(timeout: TimeInterval = .infinity) async -> Bool {
         await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let once = OnceFlag()
-            notify(queue: .global()) { if once.claim() { continuation.resume(returning: true) } }
-            if timeout.isFinite {
-                DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { if once.claim() { continuation.resume(returning: false) } }
-            }
+            notify(timeout: timeout) { continuation.resume(returning: $0) }
         }
     }
 }

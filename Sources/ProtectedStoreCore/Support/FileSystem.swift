@@ -3,6 +3,13 @@ import SystemPackage
 
 /// Small POSIX helpers with errors that name the path; every durable write goes through `writeAtomically`.
 package enum FileSystem {
+    /// The name in a directory entry from `readdir`, read as the C string it is. The kernel's record can end before
+    /// `dirent` does, so copying the whole 256-byte `d_name` field reads past it (found by AddressSanitizer).
+    package static func name(of entry: UnsafePointer<dirent>) -> String {
+        let offset = MemoryLayout<dirent>.offset(of: \dirent.d_name)!
+        return String(cString: (UnsafeRawPointer(entry) + offset).assumingMemoryBound(to: CChar.self))
+    }
+
     /// Writes `bytes` so that a crash at any instant leaves either the old file or the new one: temporary file in
     /// the same directory, fsync, rename (with `replacing` false, one that refuses an existing file), fsync of the directory.
     /// `durable: false` skips the fsyncs: still all-or-nothing for other processes and after a crash of this one,

@@ -181,7 +181,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { closedir(stream) }
         var entries: [(name: String, inode: UInt64, type: mode_t)] = [(".", 0, S_IFDIR), ("..", 0, S_IFDIR)]
         while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            let name = FileSystem.name(of: entry)
             if name == "." || name == ".." || name.hasPrefix(ContainerPath.reservedPrefix) { continue }
             entries.append((name, UInt64(entry.pointee.d_ino), Self.mode(ofDirectoryEntryType: entry.pointee.d_type)))
         }
