@@ -386,8 +386,7 @@ final class DaemonServer: @unchecked Sendable {
             logger.info("lock requested (grace \(grace) s) by pid \(connection.pid)")
             let connectionID = connection.id
             connection.locksPending += 1
-            Task {
-                await self.device.lock(gracePeriod: grace)
+            device.lock(gracePeriod: grace) {
                 self.execute {
                     self.logger.info("state: \(self.device.state.rawValue)")
                     self.connections[connectionID]?.locksPending -= 1

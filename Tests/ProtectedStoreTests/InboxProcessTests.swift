@@ -195,7 +195,9 @@ struct InboxProcessTests {
                                                            ["inbox", "deliver", TestDevice.bundleIdentifier, source, "--root", test.root, "--device-secret", test.secretPath])
         #expect(status == 0)
         print("1 GiB delivery: peak resident \(peakKiB / 1024) MiB")
-        #expect(peakKiB < 64 * 1024, "peak resident \(peakKiB) KiB")
+        // The sanitizers (make verify) keep freed memory in quarantine and map shadow memory: the bound there is
+        // looser but still far below the 1 GiB a whole-file read would take.
+        #expect(peakKiB < (runsUnderSanitizer ? 256 : 64) * 1024, "peak resident \(peakKiB) KiB")
         let item = try #require(try container.inboxItems().first)
         #expect(item.size == 1 << 30)
         let handle = try container.fileHandle(forReadingAtPath: item.path)

@@ -22,22 +22,20 @@ final class DaemonKeyHolder: KeyHolder {
 
     /// Asks the daemon, which locks every program using the device (`gracePeriod` nil: the daemon's own); if the
     /// daemon can't be reached, this process drops its class A file keys and counts as locked.
-    func lock(_ device: Device, gracePeriod: TimeInterval?) async {
+    func lock(_ device: Device, gracePeriod: TimeInterval?, then: @escaping @Sendable () -> Void) {
         var request = DaemonRequest(id: 0, op: .lock)
         request.grace = gracePeriod.map { min($0, 3600) }
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            // The call blocks until the keys are gone: off the cooperative pool.
-            DispatchQueue.global().async { [link, request] in
-                do {
-                    _ = try link.call(request)
-                } catch let error as ProtectedStoreError where error.kind == .daemonUnavailable {
-                    // No daemon: nothing can unwrap keys any more; what this process still holds goes now.
-                    device.daemonLost()
-                } catch {
-                    // Refused (a grace out of range): nothing changed.
-                }
-                continuation.resume()
+        // The call blocks until the keys are gone: on a thread of its own, not one the caller may need.
+        DispatchQueue.global().async { [link, request] in
+            do {
+                _ = try link.call(request)
+            } catch let error as ProtectedStoreError where error.kind == .daemonUnavailable {
+                // No daemon: nothing can unwrap keys any more; what this process still holds goes now.
+                device.daemonLost()
+            } catch {
+                // Refused (a grace out of range): nothing changed.
             }
+            then()
         }
     }
 

@@ -49,14 +49,22 @@ extension Device {
     /// Attached to a daemon, it asks the daemon, which locks every program using the device (`gracePeriod` nil: the
     /// daemon's own); if the daemon can't be reached, this process drops its class A file keys and counts as locked.
     public func lock(gracePeriod: TimeInterval? = nil) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            lock(gracePeriod: gracePeriod) { continuation.resume() }
+        }
+    }
+
+    /// `lock(gracePeriod:)` for callers off Swift concurrency (the daemon's poll loop): `then` runs once the lock
+    /// is over. No task waits meanwhile, so a lock never depends on a free thread in the cooperative pool.
+    package func lock(gracePeriod: TimeInterval?, then: @escaping @Sendable () -> Void) {
         precondition((gracePeriod ?? 0) >= 0 && (gracePeriod ?? 0).isFinite, "the grace period must be a finite number of seconds ≥ 0")
-        await holder.lock(self, gracePeriod: gracePeriod)
+        holder.lock(self, gracePeriod: gracePeriod, then: then)
     }
 
     /// The lock state machine for keys held in this process: *will become unavailable* to every observer, then, once
     /// all are done or the grace period has passed, `discardClassKeys` (under the mutex, as the state becomes locked)
     /// and the per-file keys of open class A files.
-    func runLock(gracePeriod: TimeInterval?, discardClassKeys: @escaping @Sendable () -> Void) async {
+    func runLock(gracePeriod: TimeInterval?, discardClassKeys: @escaping @Sendable () -> Void, then: @escaping @Sendable () -> Void) {
         // The state change and the hand-off of its event happen under one lock, so every observer sees
         // will/did in the order the state changed, even when a lock and an unlock race.
         let (attempt, grace, observers): (LockAttempt?, TimeInterval, (handedOver: DispatchGroup, done: DispatchGroup, taken: Counter)?) = deliveryLock.withLock {
@@ -76,7 +84,8 @@ extension Device {
             }
             return (attempt, grace, isNew ? dispatcher.deliver(.willBecomeUnavailable, from: self) : nil)
         }
-        guard let attempt else { return }
+        guard let attempt else { return then() }
+        attempt.whenComplete(then)
         if observers == nil {
             // The latest lock wins: one that arrives during another's grace period ends it by its own deadline, so
             // `lock --grace 0` typed now means now, whatever an earlier lock allowed.
@@ -93,7 +102,6 @@ extension Device {
             observers.handedOver.notify(queue: .global(), execute: startGrace)
             DispatchQueue.global().asyncAfter(deadline: .now() + max(grace, 1), execute: startGrace)
         }
-        await attempt.wait()
     }
 
     /// The end of a lock: runs once per attempt, unless an unlock cancelled it first.
@@ -241,34 +249,33 @@ extension Device {
     }
 }
 
-/// One lock in progress: callers of `lock()` wait on it; it completes when the keys are gone or an unlock cancels it.
+/// One lock in progress: callers of `lock()` are told when it completes, once the keys are gone or an unlock cancelled it.
 final class LockAttempt: @unchecked Sendable {
     private let mutex = NSLock()
     private let graceStarted = OnceFlag()
     private var isComplete = false
-    private var waiters: [CheckedContinuation<Void, Never>] = []
+    private var waiting: [@Sendable () -> Void] = []
 
-    func wait() async {
-        await withCheckedContinuation { continuation in
-            let resumeNow = mutex.withLock {
-                if isComplete { return true }
-                waiters.append(continuation)
-                return false
-            }
-            if resumeNow { continuation.resume() }
+    /// Runs `body` when the attempt completes (at once if it has).
+    func whenComplete(_ body: @escaping @Sendable () -> Void) {
+        let now: Bool = mutex.withLock {
+            if isComplete { return true }
+            waiting.append(body)
+            return false
         }
+        if now { body() }
     }
 
     /// True the first time only: the grace timer is started once, by whichever trigger comes first.
     func startGracePeriod() -> Bool { graceStarted.claim() }
 
     func complete() {
-        let waiting: [CheckedContinuation<Void, Never>] = mutex.withLock {
+        let bodies: [@Sendable () -> Void] = mutex.withLock {
             guard !isComplete else { return [] }
             isComplete = true
-            defer { waiters = [] }
-            return waiters
+            defer { waiting = [] }
+            return waiting
         }
-        waiting.forEach { $0.resume() }
+        bodies.forEach { $0() }
     }
 }

@@ -58,8 +58,8 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
 
     // MARK: Lock and unlock
 
-    func lock(_ device: Device, gracePeriod: TimeInterval?) async {
-        await device.runLock(gracePeriod: gracePeriod) { [classKeys] in classKeys.discard([.complete, .completeUnlessOpen]) }
+    func lock(_ device: Device, gracePeriod: TimeInterval?, then: @escaping @Sendable () -> Void) {
+        device.runLock(gracePeriod: gracePeriod, discardClassKeys: { [classKeys] in classKeys.discard([.complete, .completeUnlessOpen]) }, then: then)
     }
 
     func unlock(_ device: Device, passcode: Passcode) throws {

@@ -14,7 +14,7 @@ struct DaemonCommand: ParsableCommand {
             `lock`, `unlock`, `watch` and `status` talk to it, file commands use its state, and programs using the library \
             attach with Device.attach(root:). Only the root's owner (and root) may connect; the socket is mode 0600.
             The daemon disables its core dumps and tracing by other processes (PR_SET_DUMPABLE 0) and keeps every key in \
-            mlocked memory (best effort: raise `ulimit -l` for a non-root daemon). SIGINT or SIGTERM zeroes the keys, removes the socket and exits 0. Log lines go to standard error.
+            mlocked memory (best effort: raise `ulimit -l` for a non-root daemon). Passcode work runs on a stack it wipes,             so nothing derived from the passcode outlives an unlock. A connection that sends no hello within 3 s is             closed, a uid keeps at most 32 idle connections, and a descriptor is held in reserve, so a lock always gets             through. SIGINT or SIGTERM zeroes the keys, removes the socket and exits 0. Log lines go to standard error;             repeated refusals and bad frames are counted, one line a second.
             """
     )
 

@@ -6,7 +6,7 @@ struct LockCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "lock",
         abstract: "Lock the device in its daemon: every attached program gets 'will become unavailable', then the keys go.",
-        discussion: "Returns once the class A and B keys are discarded: when every subscriber has acknowledged, or the grace period has passed. Exits 69 when no daemon runs."
+        discussion: "Returns once the class A and B keys are discarded: when every subscriber has acknowledged, or the grace period has passed. During another lock's grace period, the sooner deadline wins: `lock --grace 0` locks now, and the earlier `lock` returns too. Exits 69 when no daemon runs."
     )
 
     @OptionGroup var device: DeviceOptions
