@@ -79,7 +79,7 @@ final class DaemonServer: @unchecked Sendable {
             self.lastActive = now
         }
 
-        /// Holds nothing open for anyone: not subscribed, no passcode operation running, no reply waiting to be sent.
+        /// Holds nothing open for anyone: not subscribed, no passcode operation or lock waiting for its reply, nothing to send.
         var isIdle: Bool { !subscribed && !passcodeOperationRunning && locksPending == 0 && output.count == 0 && !closing }
     }
 
