@@ -18,7 +18,7 @@ test: deps
 
 # The lock and event tests under ThreadSanitizer, in their own build folder (docs/SECURITY.md).
 test-tsan: deps
-	$(SWIFT) test --sanitize=thread --scratch-path .build-tsan --filter 'LockEventTests|ConcurrencyTests|DaemonProtocolTests|TestDeviceTests'
+	@./scripts/sanitized-suite.sh thread 'LockEventTests|ConcurrencyTests|DaemonProtocolTests|TestDeviceTests'
 
 # The whole suite under AddressSanitizer (and UBSan on the C code), then under ThreadSanitizer; any report fails.
 test-asan-all: deps

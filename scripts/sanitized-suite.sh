@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Runs the whole suite under one sanitizer in its own build folder (make verify): `address` (AddressSanitizer, with
 # UndefinedBehaviorSanitizer on the C code; Swift's own checks already trap on overflow) or `thread` (ThreadSanitizer).
-# Any report fails the run, also one printed by a child process (a daemon, a mount) that the test did not look at.
+# Any report fails the run, also one printed by a child process (a daemon, a mount) that the test did not look at,
+# and the reports themselves are printed, so a CI log that keeps only the tail still shows them.
+# An optional second argument is a `swift test --filter` pattern (make test runs the lock and event tests this way).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-kind=${1:?usage: scripts/sanitized-suite.sh address|thread}
+kind=${1:?usage: scripts/sanitized-suite.sh address|thread [filter]}
+filter=${2:-}
 swift=${SWIFT:-swift}
 
 case "$kind" in
@@ -27,6 +30,9 @@ thread)
     ;;
 esac
 
+[ -n "$filter" ] && flags+=(--filter "$filter")
+what="the whole suite"
+[ -n "$filter" ] && what="the tests matching '$filter'"
 mkdir -p "$scratch"
 log="$scratch/suite.log"
 start=$(date +%s)
@@ -37,5 +43,9 @@ status=$?
 pkill -f "$PWD/$scratch/" 2>/dev/null
 grep -E "^(✘|✔ Test run|✘ Test run)|ERROR: AddressSanitizer|WARNING: ThreadSanitizer|runtime error:|^error:" "$log" | cut -c1-300 | head -60
 reports=$(grep -cE "ERROR: AddressSanitizer|WARNING: ThreadSanitizer|runtime error:" "$log")
-echo "$kind sanitizer: the whole suite in $(( $(date +%s) - start )) s, exit status $status, $reports sanitizer report(s); full log in $log"
+if [ "$reports" -gt 0 ]; then
+    # Each report in full (to its SUMMARY line), at most 400 lines in all.
+    awk '/ERROR: AddressSanitizer|WARNING: ThreadSanitizer|runtime error:/ { on = 1 } on { print } /^SUMMARY:/ { on = 0 }' "$log" | head -400
+fi
+echo "$kind sanitizer: $what in $(( $(date +%s) - start )) s, exit status $status, $reports sanitizer report(s); full log in $log"
 [ "$status" -eq 0 ] && [ "$reports" -eq 0 ]

@@ -8,21 +8,24 @@ struct ConcurrencyTests {
     /// Tally of outcomes across workers; anything but success or a data-protection denial is a failure.
     final class Tally: @unchecked Sendable {
         private let mutex = NSLock()
-        private(set) var succeeded = 0
-        private(set) var denied = 0
-        private(set) var failures: [String] = []
+        private var succeededCount = 0
+        private var deniedCount = 0
+        private var failureList: [String] = []
+        var succeeded: Int { mutex.withLock { succeededCount } }
+        var denied: Int { mutex.withLock { deniedCount } }
+        var failures: [String] { mutex.withLock { failureList } }
 
         func record(_ label: String, _ body: () throws -> Void) -> Bool {
             do {
                 try body()
-                mutex.withLock { succeeded += 1 }
+                mutex.withLock { succeededCount += 1 }
                 return true
             } catch let error as CocoaError where error.isProtectedDataUnavailable
                 && [.fileReadNoPermission, .fileWriteNoPermission].contains(error.code)
                 && (error.underlying as? POSIXError)?.code == .EPERM {
-                mutex.withLock { denied += 1 }
+                mutex.withLock { deniedCount += 1 }
             } catch {
-                mutex.withLock { failures.append("\(label): \(error)") }
+                mutex.withLock { failureList.append("\(label): \(error)") }
             }
             return false
         }

@@ -27,8 +27,11 @@ final class RecordingDelegate: ProtectedDataDelegate, @unchecked Sendable {
     let name: String
     let log: ObservationLog
     let workDuration: TimeInterval
-    /// The state seen when the will-become-unavailable handler finished its work.
-    private(set) var stateAfterWork: Device.State?
+    private let mutex = NSLock()
+    private var recordedState: Device.State?
+    /// The state seen when the will-become-unavailable handler finished its work. Under the mutex: the handler runs on
+    /// the delegate's queue, and nothing else orders its write before the test's read (a lock can end by its grace timer).
+    var stateAfterWork: Device.State? { mutex.withLock { recordedState } }
 
     init(_ name: String, log: ObservationLog, workDuration: TimeInterval = 0) {
         self.name = name
@@ -39,7 +42,8 @@ final class RecordingDelegate: ProtectedDataDelegate, @unchecked Sendable {
     func protectedDataWillBecomeUnavailable(_ device: Device) {
         log.record(name, .willBecomeUnavailable, device: device)
         if workDuration > 0 { Thread.sleep(forTimeInterval: workDuration) }
-        stateAfterWork = device.state
+        let state = device.state
+        mutex.withLock { recordedState = state }
     }
 
     func protectedDataDidBecomeAvailable(_ device: Device) { log.record(name, .didBecomeAvailable, device: device) }

@@ -35,7 +35,8 @@ final class InboxReceiver: @unchecked Sendable {
         })
     }
 
-    deinit { watch?.cancel() }
+    // Under the mutex: the last reference can go on a thread that saw the receiver before startWatching set `watch`.
+    deinit { mutex.withLock { watch }?.cancel() }
 
     /// An observer was added: start listening (once) and deliver what is pending.
     func observersChanged() {
