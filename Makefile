@@ -32,12 +32,13 @@ fuzz: deps
 	@$(SWIFT) build --package-path Fuzz -Xswiftc -sanitize=fuzzer,address -Xswiftc -parse-as-library --quiet
 	@./scripts/fuzz-smoke.sh $(FUZZ_SECONDS)
 
-# The reliability and security campaign: crash harness (quick), fuzz smoke, memory hygiene, load, then the whole
+# The reliability and security campaign: crash harness (quick), power cuts, fuzz smoke, memory hygiene, load, then the whole
 # suite under each sanitizer.
 verify: deps
 	@$(SWIFT) build --product sandboxctl --quiet
 	@$(SWIFT) build --product ps-verify --quiet
 	@$$($(SWIFT) build --show-bin-path)/ps-verify crash --quick
+	@$$($(SWIFT) build --show-bin-path)/ps-verify powercut
 	@$(MAKE) --no-print-directory fuzz
 	@$(SWIFT) build -c release --product sandboxctl --quiet
 	@PROTECTEDSTORE_RELEASE_BIN=$$($(SWIFT) build -c release --show-bin-path) $(SWIFT) test --filter MemoryHygieneTests > .build/memory-hygiene.log 2>&1; status=$$?; \

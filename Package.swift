@@ -97,10 +97,10 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        // make verify's crash harness and load test (docs/SECURITY.md): kills writers, loads the daemon, prints figures.
+        // make verify's crash harness, power-cut harness and load test (docs/SECURITY.md): kills writers, cuts the power, loads the daemon, prints figures.
         .executableTarget(
             name: "ps-verify",
-            dependencies: ["ProtectedStore", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["ProtectedStore", "ProtectedStoreTesting", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         // A second program for the daemon tests: attaches, keeps a file open, reports events.
         .executableTarget(
@@ -139,7 +139,7 @@ let package = Package(
             name: "ProtectedStoreTests",
             dependencies: [
                 "ProtectedStoreCore", "ProtectedStore", "ProtectedStoreDaemon", "ProtectedStoreMount", "ProtectedStoreBenchmarks",
-                "ProtectedStoreFuzzing", "CSupport", "sandboxctl", "ProtectedStoreProbe", "ps-verify",
+                "ProtectedStoreFuzzing", "ProtectedStoreTesting", "CSupport", "sandboxctl", "ProtectedStoreProbe", "ps-verify",
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),

@@ -19,15 +19,18 @@ public enum FuzzHarness {
         }
     }
 
-    /// The file header parser, and the size arithmetic a parsed header drives.
+    /// The file header parser and, on the length record's sector behind it, the keyless record parser that listings
+    /// use; the record a second time with its checksum made valid, so the fuzzer reaches the fields behind it.
     public static func fileHeader(_ bytes: [UInt8]) {
-        guard let header = try? FileHeader.parse(bytes, path: "fuzz") else { return }
-        let layout = header.layout
-        for stored in [Int64(bytes.count), Int64(FileHeader.size), Int64.max / 2, Int64(bytes.count) * 4099] {
-            if let size = layout.plaintextSize(storedSize: stored) {
-                _ = layout.storedSize(plaintextSize: size)
-                _ = layout.blockCount(plaintextSize: size)
-            }
+        let blockSize = (try? FileHeader.parse(bytes, path: "fuzz"))?.layout.blockSize ?? Int64(EncryptedFile.defaultBlockSize)
+        let start = Int(BlockLayout.recordOffset)
+        guard bytes.count > start else { return }
+        let sector = Array(bytes[start...].prefix(Int(BlockLayout.sectorSize)))
+        _ = LengthRecord.parse(sector[...], blockSize: Int(blockSize))
+        guard sector.count >= LengthRecord.checksumOffset else { return }
+        let fields = Array(sector.prefix(LengthRecord.checksumOffset))
+        if let parsed = LengthRecord.parse((fields + Blake2b.hash(fields))[...], blockSize: Int(blockSize)) {
+            _ = BlockLayout(blockSize: Int(blockSize)).storedOffset(ofBlock: parsed.extent)
         }
     }
 

@@ -168,6 +168,9 @@ package final class FUSEMount: @unchecked Sendable {
                 try fs.write(file!.pointee.fh, from: UnsafeRawBufferPointer(start: buffer, count: size), at: Int64(offset))
             }
         }
+        operations.fallocate = { path, mode, offset, length, file in
+            serve("fallocate", path) { try $0.allocate(file!.pointee.fh, mode: mode, offset: Int64(offset), length: Int64(length)) }
+        }
         operations.statfs = { path, info in serve("statfs", path) { info!.pointee = try $0.statistics() } }
         operations.flush = { _, _ in 0 }
         operations.release = { path, file in serve("release", path) { $0.release(file!.pointee.fh) } }

@@ -84,7 +84,7 @@ struct CrashRun {
     let maxDelayMicroseconds: Int
 
     /// The version the device holds now, and the passcode's (it changes only in passcode trials).
-    private final class State { var version = 0; var passcodeVersion = 0 }
+    final class State { var version = 0; var passcodeVersion = 0 }
 
     func run(random: inout SplitMix64) throws -> CrashTally {
         let (scratch, device, container) = try ScratchDevice.create(label: kind.rawValue, passcode: CrashKind.passcode(version: 0))
@@ -141,7 +141,7 @@ struct CrashRun {
         return tally
     }
 
-    private func prepare(_ container: Container) throws {
+    func prepare(_ container: Container) throws {
         switch kind {
         case .write: try container.createDirectory(atPath: CrashKind.writeFolder)
         case .overwrite: try container.write(CrashKind.overwriteContent(version: 0), toPath: CrashKind.overwritePath)
@@ -156,7 +156,7 @@ struct CrashRun {
     struct Violation: Error { let message: String }
 
     /// Checks the device after trial `trial`'s kill; returns whether it holds the version in flight (else the acknowledged one).
-    private func check(trial: Int, acknowledged: Int, scratch: ScratchDevice, state: State,
+    func check(trial: Int, acknowledged: Int, scratch: ScratchDevice, state: State,
                        mustDeliver: inout Set<String>, mayDeliver: inout Set<String>) throws -> Bool {
         let device = try scratch.open()
         defer { device.powerOff() }

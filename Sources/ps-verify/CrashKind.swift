@@ -47,5 +47,28 @@ enum CrashKind: String, CaseIterable, ExpressibleByArgument, Sendable {
     }
 
     static func inboxName(trial: Int, version: Int) -> String { "t\(trial)-\(version).txt" }
+
+    /// Moves the device from version `version - 1` to `version` with one operation of this kind; `passcode` is the
+    /// current one, replaced by a passcode change; Inbox sources are written to the folder `sources`.
+    func perform(version next: Int, trial: Int, device: Device, container: Container, passcode: inout String, sources: String) throws {
+        switch self {
+        case .write:
+            try container.write(Self.writeContent(trial: trial, version: next), toPath: "\(Self.writeFolder)/\(Self.writeName(trial: trial, version: next))")
+        case .overwrite:
+            try container.write(Self.overwriteContent(version: next), toPath: Self.overwritePath)
+        case .move:
+            try container.moveItem(atPath: Self.movePaths[(next - 1) % 2], toPath: Self.movePaths[next % 2])
+        case .protection:
+            try container.setProtection(Self.protectionCycle[next % 4], ofItemAtPath: Self.protectionPath)
+        case .passcode:
+            let newPasscode = Self.passcode(version: next)
+            try device.changePasscode(from: try Passcode(passcode), to: try Passcode(newPasscode))
+            passcode = newPasscode
+        case .inbox:
+            let source = "\(sources)/\(next)"
+            try Self.inboxContent(trial: trial, version: next).write(to: URL(fileURLWithPath: source))
+            try container.deliverToInbox(fileAtPath: source, name: Self.inboxName(trial: trial, version: next))
+        }
+    }
     static func inboxContent(trial: Int, version: Int) -> Data { writeContent(trial: trial, version: version) }
 }

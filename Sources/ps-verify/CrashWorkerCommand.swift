@@ -31,25 +31,7 @@ struct CrashWorkerCommand: ParsableCommand {
         var currentPasscode = passcode
         for _ in 0..<limit {
             let next = current + 1
-            switch kind {
-            case .write:
-                try container.write(CrashKind.writeContent(trial: trial, version: next),
-                                    toPath: "\(CrashKind.writeFolder)/\(CrashKind.writeName(trial: trial, version: next))")
-            case .overwrite:
-                try container.write(CrashKind.overwriteContent(version: next), toPath: CrashKind.overwritePath)
-            case .move:
-                try container.moveItem(atPath: CrashKind.movePaths[current % 2], toPath: CrashKind.movePaths[next % 2])
-            case .protection:
-                try container.setProtection(CrashKind.protectionCycle[next % 4], ofItemAtPath: CrashKind.protectionPath)
-            case .passcode:
-                let newPasscode = CrashKind.passcode(version: next)
-                try device.changePasscode(from: try Passcode(currentPasscode), to: try Passcode(newPasscode))
-                currentPasscode = newPasscode
-            case .inbox:
-                let source = "\(sources)/\(next)"
-                try CrashKind.inboxContent(trial: trial, version: next).write(to: URL(fileURLWithPath: source))
-                try container.deliverToInbox(fileAtPath: source, name: CrashKind.inboxName(trial: trial, version: next))
-            }
+            try kind.perform(version: next, trial: trial, device: device, container: container, passcode: &currentPasscode, sources: sources)
             emitLine("done \(next)")
             current = next
         }

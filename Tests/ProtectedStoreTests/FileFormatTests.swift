@@ -14,24 +14,29 @@ struct FileFormatTests {
         let contents = pattern(size)
         try test.device.writeFile(contents, to: path, protection: .complete)
         #expect(try test.device.readFile(at: path) == contents)
-        let layout = BlockLayout(headerSize: FileHeader.size, blockSize: Self.blockSize)
-        #expect(readRaw(path).count == Int(layout.storedSize(plaintextSize: Int64(size))))
+        let layout = BlockLayout(blockSize: Self.blockSize)
+        #expect(readRaw(path).count == Int(layout.storedOffset(ofBlock: layout.blockCount(plaintextSize: Int64(size)))))
         // A fresh process sees the same bytes: reopen the device from disk.
         let reopened = try test.reopen()
         try reopened.unlock(passcode: try Passcode(TestDevice.passcode))
         #expect(try reopened.readFile(at: path) == contents)
     }
 
-    @Test("layout arithmetic inverts for every size up to four blocks")
-    func layoutInverts() {
-        let layout = BlockLayout(headerSize: FileHeader.size, blockSize: 512)
-        for size in Int64(0)...2048 {
-            #expect(layout.plaintextSize(storedSize: layout.storedSize(plaintextSize: size)) == size)
+    @Test("block arithmetic: counts, offsets, and the largest size, whose every block offset fits a file offset")
+    func layoutArithmetic() {
+        for blockSize in [512, 4096, 1 << 20] {
+            let layout = BlockLayout(blockSize: blockSize)
+            #expect(layout.blockCount(plaintextSize: 0) == 0)
+            #expect(layout.blockCount(plaintextSize: 1) == 1)
+            #expect(layout.blockCount(plaintextSize: Int64(blockSize)) == 1)
+            #expect(layout.blockCount(plaintextSize: Int64(blockSize) + 1) == 2)
+            #expect(layout.storedOffset(ofBlock: 1) - layout.storedOffset(ofBlock: 0) == Int64(blockSize + BlockLayout.overhead))
+            let maximum = layout.maximumPlaintextSize
+            #expect(maximum > 1 << 62 && maximum % Int64(blockSize) == 0)
+            let (_, overflow) = Int64(blockSize + BlockLayout.overhead).multipliedReportingOverflow(by: layout.blockCount(plaintextSize: maximum) + 1)
+            #expect(!overflow)
+            #expect(layout.storedOffset(ofBlock: layout.blockCount(plaintextSize: maximum)) > 0)
         }
-        // Lengths no writer produces: shorter than one empty block, or a final block with no plaintext after a full one.
-        #expect(layout.plaintextSize(storedSize: Int64(FileHeader.size)) == nil)
-        #expect(layout.plaintextSize(storedSize: Int64(FileHeader.size) + 39) == nil)
-        #expect(layout.plaintextSize(storedSize: layout.storedSize(plaintextSize: 512) + 40) == nil)
     }
 
     @Test("random writes, reads and truncations match an in-memory model", arguments: [UInt64(1), 2, 3, 4])
@@ -116,7 +121,7 @@ struct FileFormatTests {
         let path = test.path("parallel-damage")
         try test.device.writeFile(pattern(3 * 1_048_576), to: path, protection: .complete)
         var raw = readRaw(path)
-        raw[FileHeader.size + 700 * (Self.blockSize + BlockLayout.overhead) + 100] ^= 0x80
+        raw[Int(BlockLayout.bodyOffset) + 700 * (Self.blockSize + BlockLayout.overhead) + 100] ^= 0x80
         writeRaw(raw, path)
         let file = try EncryptedFile.open(at: path, keys: test.device, writable: false)
         var buffer = [UInt8](repeating: 0xAA, count: 3 * 1_048_576)
@@ -125,23 +130,118 @@ struct FileFormatTests {
         #expect(buffer.allSatisfy { $0 == 0 }, "nothing of a failed read reaches the caller")
     }
 
-    @Test("an empty file is authenticated too: its lone block, and a file cut down to one empty block")
+    @Test("an empty file is authenticated too: every byte of its header and length record, and a synced file cut short")
     func emptyFileAuthenticated() throws {
         let test = try TestDevice()
         let path = test.path("empty")
         try test.device.writeFile([], to: path, protection: .complete)
         let original = readRaw(path)
-        #expect(original.count == FileHeader.size + BlockLayout.overhead)
+        #expect(original.count == Int(BlockLayout.bodyOffset))
         for position in original.indices {
             var flipped = original
             flipped[position] ^= 0x01
             writeRaw(flipped, path)
-            expectError(position < 4 || position >= 6 ? .integrity : .unsupportedFormat) { try test.device.readFile(at: path) }
+            // The version (bytes 4–5) and the cipher id (byte 8) name a format this build does not read.
+            expectError([4, 5, 8].contains(position) ? .unsupportedFormat : .integrity) { try test.device.readFile(at: path) }
         }
         let long = test.path("long")
         try test.device.writeFile(pattern(4 * Self.blockSize), to: long, protection: .complete)
-        writeRaw(Array(readRaw(long)[0..<FileHeader.size + BlockLayout.overhead]), long)
-        expectError(.integrity) { try test.device.readFile(at: long) }
+        for kept in [Int(BlockLayout.bodyOffset), Int(BlockLayout.bodyOffset) + 3 * (Self.blockSize + BlockLayout.overhead) + 100] {
+            writeRaw(Array(readRaw(long)[0..<kept]), long)
+            let error = expectError(.integrity) { try test.device.readFile(at: long) }
+            #expect(error?.problem.contains("truncated") == true, "\(String(describing: error))")
+            try test.device.writeFile(pattern(4 * Self.blockSize), to: long, protection: .complete)
+        }
+    }
+
+    @Test("growing by truncate stores nothing: a 1 TiB file reads as zeros and takes two sectors")
+    func truncateUpIsAHole() throws {
+        let test = try TestDevice()
+        let path = test.path("huge")
+        let file = try EncryptedFile.create(at: path, protectionClass: .none, keys: test.device)
+        try file.write([7, 8, 9], at: 0)
+        try file.truncate(to: 1 << 40)
+        #expect(file.size == 1 << 40)
+        #expect(try file.read(at: (1 << 40) - 5, count: 10) == [0, 0, 0, 0, 0])
+        #expect(try file.read(at: 0, count: 5) == [7, 8, 9, 0, 0])
+        try file.close()
+        #expect(readRaw(path).count == Int(BlockLayout.bodyOffset) + Self.blockSize + BlockLayout.overhead)
+        let reopened = try EncryptedFile.open(at: path, keys: test.device, writable: true)
+        #expect(reopened.size == 1 << 40)
+        try reopened.write([1], at: (1 << 40) + 4095)
+        #expect(try reopened.read(at: 1 << 40, count: 4096) == [UInt8](repeating: 0, count: 4095) + [1])
+        var info = stat()
+        #expect(stat(path, &info) == 0 && info.st_blocks < 64, "a sparse backing file (\(info.st_blocks) sectors allocated)")
+    }
+
+    @Test("a size past the largest fails with EFBIG and changes nothing")
+    func tooLarge() throws {
+        let test = try TestDevice()
+        let path = test.path("efbig")
+        let file = try EncryptedFile.create(at: path, protectionClass: .none, keys: test.device)
+        try file.write(pattern(5000), at: 0)
+        let before = readRaw(path)
+        let attempts: [() throws -> Void] = [{ try file.truncate(to: file.maximumSize + 1) }, { try file.truncate(to: Int64.max) },
+                                             { try file.write([1], at: file.maximumSize) }]
+        for attempt in attempts {
+            let error = expectError(.invalidArgument) { try attempt() }
+            #expect(error?.errno == .fileTooLarge)
+        }
+        #expect(readRaw(path) == before)
+        #expect(try file.readAll() == pattern(5000))
+        try file.truncate(to: file.maximumSize)
+        #expect(file.size == file.maximumSize)
+    }
+
+    @Test("allocate reserves space that reads as zeros; keep-size leaves the size, and a failed call changes nothing")
+    func allocate() throws {
+        let test = try TestDevice()
+        let path = test.path("allocate")
+        let file = try EncryptedFile.create(at: path, protectionClass: .none, keys: test.device)
+        try file.write(pattern(100), at: 0)
+        try file.allocate(from: 0, length: 1 << 20, keepSize: false)
+        #expect(file.size == 1 << 20)
+        #expect(try file.readAll() == pattern(100) + [UInt8](repeating: 0, count: (1 << 20) - 100))
+        try file.allocate(from: 1 << 20, length: 1 << 20, keepSize: true)
+        #expect(file.size == 1 << 20)
+        var info = stat()
+        #expect(stat(path, &info) == 0 && Int64(info.st_blocks) * 512 >= 2 << 20, "space is reserved (\(info.st_blocks) sectors)")
+        let before = readRaw(path)
+        let error = expectError(.invalidArgument) { try file.allocate(from: file.maximumSize, length: 10, keepSize: false) }
+        #expect(error?.errno == .fileTooLarge)
+        #expect(readRaw(path) == before && file.size == 1 << 20)
+        try file.write([1], at: 5000)
+        try file.close()
+        var model = pattern(100) + [UInt8](repeating: 0, count: (1 << 20) - 100)
+        model[5000] = 1
+        #expect(try test.device.readFile(at: path) == model)
+    }
+
+    @Test("a shrink never rewrites the block it cuts, and the cut-off bytes never come back")
+    func shrinkKeepsTheCutBlock() throws {
+        let test = try TestDevice()
+        let path = test.path("shrink")
+        let file = try EncryptedFile.create(at: path, protectionClass: .complete, keys: test.device)
+        try file.write(pattern(3 * Self.blockSize), at: 0)
+        let stored = Self.blockSize + BlockLayout.overhead
+        let block1 = readRaw(path)[Int(BlockLayout.bodyOffset) + stored..<Int(BlockLayout.bodyOffset) + 2 * stored]
+        try file.truncate(to: Int64(Self.blockSize + 100))
+        #expect(readRaw(path)[Int(BlockLayout.bodyOffset) + stored..<Int(BlockLayout.bodyOffset) + 2 * stored] == block1)
+        #expect(readRaw(path).count == Int(BlockLayout.bodyOffset) + 2 * stored)
+        try file.truncate(to: Int64(3 * Self.blockSize))
+        try file.write([42], at: Int64(3 * Self.blockSize))
+        let expected = pattern(Self.blockSize + 100) + [UInt8](repeating: 0, count: 2 * Self.blockSize - 100) + [42]
+        #expect(try file.readAll() == expected)
+        try file.close()
+        #expect(try test.device.readFile(at: path) == expected)
+        // A write into the cut block zeroes its stale bytes in the block itself.
+        let again = try EncryptedFile.open(at: path, keys: test.device, writable: true)
+        try again.write([5], at: Int64(Self.blockSize + 200))
+        var model = expected
+        model[Self.blockSize + 200] = 5
+        #expect(try again.readAll() == model)
+        try again.close()
+        #expect(try test.device.readFile(at: path) == model)
     }
 
     @Test("writing past the end zero-fills the gap")
@@ -188,8 +288,8 @@ struct FileFormatTests {
             } catch let error as ProtectedStoreError {
                 #expect(error.kind == .integrity || error.kind == .unsupportedFormat, "byte \(position): \(error)")
                 #expect(error.path == path)
-                if position >= FileHeader.size {
-                    let block = (position - FileHeader.size) / (512 + BlockLayout.overhead)
+                if position >= Int(BlockLayout.bodyOffset) {
+                    let block = (position - Int(BlockLayout.bodyOffset)) / (512 + BlockLayout.overhead)
                     #expect(error.problem.contains("block \(block) "), "byte \(position): \(error.problem)")
                 }
             }
@@ -200,21 +300,23 @@ struct FileFormatTests {
         #expect(try EncryptedFile.open(at: path, keys: test.device, writable: false).readAll() == contents)
     }
 
-    @Test("blocks swapped, spliced from another file, cut off or appended are detected")
+    @Test("blocks swapped, spliced from another file or cut off are detected; blocks appended past the length are ignored")
     func blockMovesDetected() throws {
         let test = try TestDevice()
         let stored = 512 + BlockLayout.overhead
+        let body = Int(BlockLayout.bodyOffset)
         func make(_ name: String, seed: UInt8) throws -> (String, [UInt8]) {
             let path = test.path(name)
             let file = try EncryptedFile.create(at: path, protectionClass: .complete, keys: test.device, blockSize: 512)
             try file.write(pattern(4 * 512, seed: seed), at: 0)
+            try file.synchronize()
             try file.close()
             return (path, readRaw(path))
         }
         let (path, original) = try make("victim", seed: 1)
         let (_, other) = try make("donor", seed: 2)
         func block(_ bytes: [UInt8], _ index: Int) -> ArraySlice<UInt8> {
-            bytes[FileHeader.size + index * stored..<FileHeader.size + (index + 1) * stored]
+            bytes[body + index * stored..<body + (index + 1) * stored]
         }
         func expectRejected(_ bytes: [UInt8], _ what: String) {
             writeRaw(bytes, path)
@@ -222,20 +324,25 @@ struct FileFormatTests {
             #expect(error != nil, "\(what)")
         }
         var swapped = original
-        swapped.replaceSubrange(FileHeader.size..<FileHeader.size + 2 * stored, with: block(original, 1) + block(original, 0))
+        swapped.replaceSubrange(body..<body + 2 * stored, with: block(original, 1) + block(original, 0))
         expectRejected(swapped, "swap of blocks 0 and 1")
-        var rotated = Array(original[0..<FileHeader.size])
+        var rotated = Array(original[0..<body])
         for index in [1, 2, 3, 0] { rotated += block(original, index) }
         expectRejected(rotated, "reordered blocks")
         var spliced = original
-        spliced.replaceSubrange(FileHeader.size + stored..<FileHeader.size + 2 * stored, with: block(other, 1))
+        spliced.replaceSubrange(body + stored..<body + 2 * stored, with: block(other, 1))
         expectRejected(spliced, "block 1 from another file")
         expectRejected(Array(original.dropLast(stored)), "last block cut off")
-        expectRejected(original + block(original, 3), "block appended")
-        expectRejected(Array(original[0..<FileHeader.size]), "body removed")
+        expectRejected(Array(original[0..<body]), "body removed")
         var otherHeader = original
-        otherHeader.replaceSubrange(0..<FileHeader.size, with: other[0..<FileHeader.size])
+        otherHeader.replaceSubrange(0..<512, with: other[0..<512])
         expectRejected(otherHeader, "header of another file")
+        var otherRecord = original
+        otherRecord.replaceSubrange(512..<body, with: other[512..<body])
+        expectRejected(otherRecord, "length record of another file")
+        // The length record, not the file's length, says where the file ends.
+        writeRaw(original + block(original, 3), path)
+        #expect(try EncryptedFile.open(at: path, keys: test.device, writable: false).readAll() == pattern(4 * 512, seed: 1))
     }
 
     @Test("changing the class rewrites the header only")
@@ -250,8 +357,8 @@ struct FileFormatTests {
             try file.changeProtectionClass(to: newClass, keys: test.device)
             try file.close()
             let after = readRaw(path)
-            #expect(after[FileHeader.size...] == before[FileHeader.size...])
-            #expect(after[0..<FileHeader.size] != before[0..<FileHeader.size])
+            #expect(after[512...] == before[512...])
+            #expect(after[0..<512] != before[0..<512])
             #expect(try EncryptedFile.protectionClass(ofFileAt: path) == newClass)
             #expect(try test.device.readFile(at: path) == contents)
         }

@@ -407,6 +407,45 @@ struct MountTests {
         close(mine)
     }
 
+    @Test("sparse files: a 1 TiB truncate is a hole that costs nothing, past the largest size is EFBIG and changes nothing; fallocate modes 0 and keep-size")
+    func sparseFilesAndAllocation() throws {
+        let mounted = try MountedDevice()
+        let path = mounted.path("Documents/sparse.bin")
+        writeRaw(Array("head".utf8), path)
+        let stored = (mounted.container.dataPath as NSString).appendingPathComponent("Documents/sparse.bin")
+        func storedBytes() -> Int64 {
+            var info = stat()
+            return stat(stored, &info) == 0 ? Int64(info.st_blocks) * 512 : -1
+        }
+        let before = storedBytes()
+        let started = Date()
+        #expect(truncate(path, 1 << 40) == 0)
+        #expect(Date().timeIntervalSince(started) < 5, "a 1 TiB truncate returns at once")
+        var info = stat()
+        #expect(stat(path, &info) == 0 && info.st_size == 1 << 40)
+        #expect(storedBytes() - before < 1 << 20, "the backing file grew by \(storedBytes() - before) bytes")
+        let fd = open(path, O_RDWR)
+        var tail = [UInt8](repeating: 0xFF, count: 8)
+        #expect(tail.withUnsafeMutableBytes { pread(fd, $0.baseAddress, 8, (1 << 40) - 8) } == 8 && tail == [UInt8](repeating: 0, count: 8))
+        var head = [UInt8](repeating: 0, count: 4)
+        #expect(head.withUnsafeMutableBytes { pread(fd, $0.baseAddress, 4, 0) } == 4 && head == Array("head".utf8))
+        // Past the format's largest size: EFBIG, and the file is as it was.
+        #expect(posixError(Int(ftruncate(fd, Int.max))) == EFBIG)
+        #expect(pwrite(fd, "x", 1, Int.max - 10) == -1)
+        #expect(fstat(fd, &info) == 0 && info.st_size == 1 << 40)
+        close(fd)
+        // fallocate: mode 0 grows the file, keep-size only reserves; punching holes is not offered.
+        let small = mounted.path("Documents/alloc.bin")
+        writeRaw(Array("abc".utf8), small)
+        #expect(try run("/usr/bin/fallocate", ["-l", "1MiB", small]).status == 0)
+        #expect(stat(small, &info) == 0 && info.st_size == 1 << 20)
+        #expect(Array(readRaw(small).prefix(4)) == Array("abc".utf8) + [0])
+        #expect(try run("/usr/bin/fallocate", ["-n", "-o", "0", "-l", "4MiB", small]).status == 0)
+        #expect(stat(small, &info) == 0 && info.st_size == 1 << 20)
+        #expect(try CLI.run(executable: URL(fileURLWithPath: "/usr/bin/fallocate"), ["-p", "-o", "0", "-l", "4096", small]).status != 0)
+        #expect(readRaw(small).count == 1 << 20)
+    }
+
     @Test("symlinks stay inside: absolute and climbing targets are refused, a chain that would climb out is not followed")
     func symlinkConfinement() throws {
         let mounted = try MountedDevice()

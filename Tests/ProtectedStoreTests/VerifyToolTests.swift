@@ -22,6 +22,16 @@ import Testing
         }
     }
 
+    @Test func powerCutHarnessFindsNoViolationInEveryKindAndFindsTheVersion1GrowthHazard() throws {
+        let (status, output) = try run(["powercut", "--operations", "2", "--states-per-cut", "2", "--seed", "7"])
+        #expect(status == 0, "\(output)")
+        for kind in ["write", "overwrite", "move", "protection", "passcode", "inbox"] {
+            #expect(output.contains("  \(kind.padding(toLength: 11, withPad: " ", startingAt: 0)) 2 ops, ") && output.contains("violations 0"),
+                    "no clean tally for \(kind): \(output)")
+        }
+        #expect(output.contains("as expected)"), "\(output)")
+    }
+
     /// Also the regression test of the daemon reporting a class key zeroed mid-use as I/O instead of data protection.
     @Test func loadThroughTheDaemonLosesNothingAndRefusesOnlyForDataProtection() throws {
         let (status, output) = try run(["load", "--clients", "3", "--operations", "300", "--toggle-ms", "5"])

@@ -8,6 +8,10 @@
 /// Returns 0, or -1 with errno set (EEXIST when the target exists).
 int ps_rename_noreplace(int old_directory, const char *old_name, int new_directory, const char *new_name);
 
+/// fallocate(FALLOC_FL_KEEP_SIZE): reserves disk space for `length` bytes at `offset` without changing the file's size
+/// (fallocate is declared only under _GNU_SOURCE). Returns 0, or -1 with errno set (ENOSPC, EOPNOTSUPP, ...).
+int ps_reserve_space(int fd, long long offset, long long length);
+
 /// renameat2(RENAME_EXCHANGE): swaps the two names atomically. Returns 0, or -1 with errno set.
 int ps_rename_exchange(int old_directory, const char *old_name, int new_directory, const char *new_name);
 

@@ -187,6 +187,7 @@ extension Container {
                 guard mkdirat(item.parent.descriptor.rawValue, item.name, 0o700) == 0 else {
                     throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "create the directory")
                 }
+                if DurableIO.isRecording { DurableIO.recordDirectoryCreation(named: item.name, in: item.parent.descriptor) }
                 if let directoryClass = explicitClass ?? inherited {
                     let created = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
                     try writeDirectoryClass(directoryClass, in: created, displayPath: item.displayPath)
@@ -210,6 +211,7 @@ extension Container {
                 guard unlinkat(item.parent.descriptor.rawValue, item.name, 0) == 0 else {
                     throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "remove the file")
                 }
+                if DurableIO.isRecording { DurableIO.recordUnlink(of: item.name, in: DurableIO.identity(of: item.parent.descriptor)) }
             }
             try item.location.synchronizeDirectory()
         }
@@ -373,7 +375,7 @@ extension Container {
         switch info.st_mode & S_IFMT {
         case S_IFREG:
             type = .typeRegular
-            let file = Self.fileDetails(at: location, info: info)
+            let file = Self.fileDetails(at: location)
             protection = file.header?.protectionClass.fileProtectionType
             size = file.size
             problem = file.problem
@@ -393,13 +395,10 @@ extension Container {
     }
 
     /// A regular file's header and plaintext size, read without any key; or why they can't be read.
-    package static func fileDetails(at location: FileLocation, info: stat) -> (header: FileHeader?, size: UInt64, problem: String?) {
+    package static func fileDetails(at location: FileLocation) -> (header: FileHeader?, size: UInt64, problem: String?) {
         do {
-            let header = try EncryptedFile.header(at: location)
-            guard let plaintext = header.layout.plaintextSize(storedSize: Int64(info.st_size)) else {
-                return (header, 0, "its length is not a valid encrypted length")
-            }
-            return (header, UInt64(plaintext), nil)
+            let (header, size) = try EncryptedFile.details(at: location)
+            return (header, UInt64(size), nil)
         } catch let error as ProtectedStoreError {
             return (nil, 0, error.problem)
         } catch {

@@ -177,9 +177,10 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
             try? before.save(to: passcodeAttemptsPath)
             throw error
         }
-        // The passcode was right: failing to reset the counter must not turn that into a failure. Not fsync'd: the
-        // page cache outlives this process, and a power cut that loses the reset only leaves one extra count.
-        try? PasscodeAttempts().save(to: passcodeAttemptsPath, durable: false)
+        // The passcode was right: failing to reset the counter must not turn that into a failure. Durable like every
+        // other write of it: unsynced, a power cut could keep the rename and lose the data, leaving an empty counter
+        // that refuses every later unlock (found by the power-cut simulator).
+        try? PasscodeAttempts().save(to: passcodeAttemptsPath)
         return result
     }
 

@@ -52,9 +52,9 @@ struct PasscodeAttempts: Codable, Equatable {
         return attempts
     }
 
-    func save(to path: String, durable: Bool = true) throws {
+    func save(to path: String) throws {
         let bytes = try JSONEncoder().encode(self)
-        try FileSystem.writeAtomically(Array(bytes), to: FileLocation(path: path), replacing: true, durable: durable)
+        try FileSystem.writeAtomically(Array(bytes), to: FileLocation(path: path), replacing: true)
     }
 
     /// Seconds left before another attempt is allowed (0: allowed now). A clock set back counts as no time passed.

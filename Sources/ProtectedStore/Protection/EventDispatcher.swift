@@ -173,9 +173,9 @@ extension DispatchGroup {
     /// seconds if it has not by then (never, for an infinite timeout).
     func notify(timeout: TimeInterval, _ body: @escaping @Sendable (_ emptied: Bool) -> Void) {
         let once = OnceFlag()
-        notify(queue: .global()) { if once.claim() { body(true) } }
+        notify(queue: lockTimers) { if once.claim() { body(true) } }
         if timeout.isFinite {
-            DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { if once.claim() { body(false) } }
+            lockTimers.asyncAfter(deadline: .now() + timeout) { if once.claim() { body(false) } }
         }
     }
 
@@ -211,3 +211,8 @@ package final class OnceFlag: @unchecked Sendable {
         }
     }
 }
+
+/// Where grace periods end and lock steps run: a queue of its own, with a thread of its own, so a lock keeps its
+/// deadline when the global pool is busy (on Linux it has a thread per core, and blocked or CPU-bound work from
+/// observers and big file operations queues ahead of anything sent there).
+let lockTimers = DispatchQueue(label: "ProtectedStore.lock-timers", qos: .userInitiated)

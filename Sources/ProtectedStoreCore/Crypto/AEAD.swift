@@ -29,7 +29,7 @@ package enum AEAD {
 
     /// Decrypts and authenticates `sealed` (ciphertext then tag) into `output`; false if authentication fails,
     /// in which case `output` holds nothing usable.
-    static func open(
+    package static func open(
         _ sealed: UnsafeRawBufferPointer,
         key: UnsafeRawBufferPointer,
         nonce: UnsafeRawBufferPointer,

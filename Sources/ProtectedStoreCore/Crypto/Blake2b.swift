@@ -1,7 +1,7 @@
 import CSodium
 
 /// BLAKE2b (libsodium's crypto_generichash) used as a keyed KDF and MAC over labelled inputs.
-enum Blake2b {
+package enum Blake2b {
     static let outputBytes = 32
 
     /// BLAKE2b-256 of the concatenation of `parts`, keyed with `key` when given; the result stays in guarded memory.
@@ -51,5 +51,21 @@ enum Blake2b {
             }
             crypto_generichash_final(statePointer, out.baseAddress!.assumingMemoryBound(to: UInt8.self), out.count)
         }
+    }
+}
+
+extension Blake2b {
+    /// Unkeyed BLAKE2b-256 of public bytes: a checksum that tells a torn or garbled record without any key.
+    package static func hash(_ message: some Collection<UInt8>) -> [UInt8] {
+        Sodium.ensureInitialised()
+        let bytes = Array(message)
+        var digest = [UInt8](repeating: 0, count: outputBytes)
+        digest.withUnsafeMutableBytes { out in
+            bytes.withUnsafeBytes { input in
+                _ = crypto_generichash(out.baseAddress!.assumingMemoryBound(to: UInt8.self), out.count,
+                                       input.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(input.count), nil, 0)
+            }
+        }
+        return digest
     }
 }

@@ -1,56 +1,41 @@
-/// All offset arithmetic of the encrypted file format: where plaintext byte ranges live on disk.
+/// All offset arithmetic of the encrypted file format (docs/FORMAT.md §4): where the header, the two length records
+/// and each block live on disk.
 ///
-/// A file is a fixed-size header followed by blocks, each `nonce ‖ ciphertext ‖ tag`. Every block but the last
-/// holds exactly `blockSize` plaintext bytes; the last holds 1…`blockSize`, or 0 when the whole file is empty,
-/// so even an empty file has one (final) block and cannot be truncated to its header unnoticed.
+/// The header and the length record have a 512-byte sector each, so writing one never touches the other; blocks follow at a fixed stride, each `nonce ‖ ciphertext ‖ tag` of exactly `blockSize` plaintext bytes,
+/// so writing one block never moves or re-encrypts another.
 package struct BlockLayout: Sendable {
     static let nonceBytes = AEAD.nonceBytes
     static let tagBytes = AEAD.tagBytes
     /// Bytes a block adds to its plaintext.
     package static let overhead = nonceBytes + tagBytes
+    /// The unit a power cut can tear writes at; the header and the length record own one each.
+    package static let sectorSize: Int64 = 512
+    /// Where the length record's sector starts.
+    package static let recordOffset: Int64 = sectorSize
+    /// Header sector, then the length record's sector, then the blocks.
+    package static let bodyOffset: Int64 = 2 * sectorSize
 
-    let headerSize: Int64
-    let blockSize: Int64
+    package let blockSize: Int64
 
-    package init(headerSize: Int, blockSize: Int) {
-        self.headerSize = Int64(headerSize)
+    package init(blockSize: Int) {
         self.blockSize = Int64(blockSize)
     }
 
-    /// Bytes one full block takes on disk.
+    /// Bytes one block takes on disk.
     var storedBlockSize: Int64 { blockSize + Int64(Self.overhead) }
 
-    /// Number of blocks a file of `plaintextSize` bytes has (at least one).
+    /// Number of blocks that hold the bytes of a file of `plaintextSize` bytes (0 for an empty file).
     package func blockCount(plaintextSize: Int64) -> Int64 {
-        max(1, (plaintextSize + blockSize - 1) / blockSize)
+        plaintextSize / blockSize + (plaintextSize % blockSize == 0 ? 0 : 1)
     }
 
     /// Index of the block holding plaintext byte `offset`.
     func blockIndex(containing offset: Int64) -> Int64 { offset / blockSize }
 
-    /// Plaintext bytes in block `index` of a file of `plaintextSize` bytes.
-    func plaintextLength(ofBlock index: Int64, plaintextSize: Int64) -> Int {
-        Int(max(0, min(blockSize, plaintextSize - index * blockSize)))
-    }
+    /// Where block `index` starts on disk; also the stored size of a file whose blocks `0..<index` are stored.
+    package func storedOffset(ofBlock index: Int64) -> Int64 { Self.bodyOffset + index * storedBlockSize }
 
-    /// Where block `index` starts on disk.
-    func storedOffset(ofBlock index: Int64) -> Int64 { headerSize + index * storedBlockSize }
-
-    /// The on-disk size of a file holding `plaintextSize` bytes.
-    package func storedSize(plaintextSize: Int64) -> Int64 {
-        let last = blockCount(plaintextSize: plaintextSize) - 1
-        return storedOffset(ofBlock: last) + Int64(Self.overhead) + Int64(plaintextLength(ofBlock: last, plaintextSize: plaintextSize))
-    }
-
-    /// The plaintext size behind an on-disk size, or nil if no valid file has that size (it was truncated or extended).
-    package func plaintextSize(storedSize: Int64) -> Int64? {
-        let body = storedSize - headerSize
-        guard body >= Int64(Self.overhead) else { return nil }
-        let blocks = (body + storedBlockSize - 1) / storedBlockSize
-        let lastStored = body - (blocks - 1) * storedBlockSize
-        let lastPlaintext = lastStored - Int64(Self.overhead)
-        // Only a lone block may be empty; a later final block always carries at least one byte.
-        guard lastPlaintext >= (blocks == 1 ? 0 : 1) else { return nil }
-        return (blocks - 1) * blockSize + lastPlaintext
-    }
+    /// The largest plaintext size a file can have: the stored offset of every block, and of the one after the last,
+    /// fits a signed 64-bit file offset.
+    package var maximumPlaintextSize: Int64 { ((Int64.max - Self.bodyOffset) / storedBlockSize - 1) * blockSize }
 }

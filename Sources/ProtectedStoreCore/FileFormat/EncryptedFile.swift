@@ -1,3 +1,4 @@
+import CSupport
 import Dispatch
 import Foundation
 import SystemPackage
@@ -27,21 +28,24 @@ public final class EncryptedFile: @unchecked Sendable {
     private var header: FileHeader
     private var fileKey: SecureBytes
     private let layout: BlockLayout
-    private var plaintextSize: Int64
+    /// The length record: as on disk, or about to be (a data write is followed by its record).
+    private var record: LengthRecord
+    /// Blocks below this were durable at the last completed fsync (written into the next record, or at close).
+    private var synchronizedExtent: Int64 = 0
     private var isClosed = false
-    /// Set when a write failed part-way: the blocks on disk may no longer match `plaintextSize`.
+    /// Set when a write failed part-way: the blocks on disk may no longer match the record.
     private var failedWrite: ProtectedStoreError?
     /// Reads share it, so several threads decrypt one file at once; writes, truncation, class changes and closing take it alone.
     private let lock = ReadWriteLock()
     private var storedScratch: [UInt8] = []
 
-    private init(path: String, descriptor: FileDescriptor, header: FileHeader, fileKey: SecureBytes, plaintextSize: Int64, isWritable: Bool) {
+    private init(path: String, descriptor: FileDescriptor, header: FileHeader, fileKey: SecureBytes, record: LengthRecord, isWritable: Bool) {
         self.path = path
         self.descriptor = descriptor
         self.header = header
         self.fileKey = fileKey
         self.layout = header.layout
-        self.plaintextSize = plaintextSize
+        self.record = record
         self.isWritable = isWritable
     }
 
@@ -70,13 +74,12 @@ public final class EncryptedFile: @unchecked Sendable {
         }
         let descriptor = try location.open(.readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite],
                                            doing: "create the encrypted file")
-        let file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, plaintextSize: 0, isWritable: true)
+        let empty = LengthRecord(length: 0, extent: 0, synchronizedExtent: 0)
+        let file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, record: empty, isWritable: true)
         do {
-            try file.writeStored(header.serialized, at: 0)
-            try file.withKey { key in
-                // The lone empty final block: without it, truncating a file to its header would go unnoticed.
-                try file.encryptAndStore(firstBlock: 0, blockCount: 1, newSize: 0, key: key) { _ in UnsafeRawBufferPointer(start: nil, count: 0) }
-            }
+            // The header sector and the length record's sector, in one write.
+            let sealed = try file.withKey { empty.sealed(fileID: header.fileID, key: $0) }
+            try file.writeStored(header.serialized + sealed + [UInt8](repeating: 0, count: Int(BlockLayout.sectorSize) - sealed.count), at: 0)
         } catch {
             // The handle owns the descriptor now: close through it, so nothing closes the number twice.
             try? file.close()
@@ -96,24 +99,24 @@ public final class EncryptedFile: @unchecked Sendable {
         let descriptor = try location.openRegularFile(writable ? .readWrite : .readOnly, doing: "open the encrypted file")
         let file: EncryptedFile
         do {
-            var headerBytes = [UInt8](repeating: 0, count: FileHeader.size)
-            let read = try headerBytes.withUnsafeMutableBytes { buffer in
-                try FileSystem.mappingErrno(path: path, doing: "read the file header") { try descriptor.read(fromAbsoluteOffset: 0, into: buffer) }
-            }
-            let header = try FileHeader.parse(Array(headerBytes[0..<read]), path: path)
-            let storedSize = try FileSystem.fileSize(descriptor, path: path)
-            guard let plaintextSize = header.layout.plaintextSize(storedSize: Int64(storedSize)) else {
-                throw ProtectedStoreError(.integrity, path: path, problem: "the file's length (\(storedSize) bytes) is not a valid encrypted length: it was truncated or extended",
-                                          remedy: "Restore the file from a backup")
-            }
+            let prefix = try readPrefix(descriptor, path: path)
+            let header = try FileHeader.parse(prefix, path: path)
             let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
-            file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, plaintextSize: plaintextSize, isWritable: writable)
+            let sector = recordSector(prefix)
+            let authentic = try attributingKeyErrors(to: path) {
+                try fileKey.withUnsafeBytes { LengthRecord.authenticates(sector, fileID: header.fileID, key: $0) }
+            }
+            guard authentic, let record = LengthRecord.parse(sector, blockSize: header.blockSize) else {
+                fileKey.discard()
+                throw damagedRecordError(path: path)
+            }
+            file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, record: record, isWritable: writable)
         } catch {
             try? descriptor.close()
             throw error
         }
         do {
-            try file.authenticateFinalBlock()
+            try file.checkStoredBlocks()
         } catch {
             // The handle owns the descriptor now: close through it, so nothing closes the number twice.
             try? file.close()
@@ -127,30 +130,64 @@ public final class EncryptedFile: @unchecked Sendable {
         try header(at: FileLocation(path: path)).protectionClass
     }
 
-    /// The parsed header, read without any key (for listings: class, and size from the stored length).
+    /// The parsed header, read without any key.
     package static func header(at location: FileLocation) throws -> FileHeader {
         let bytes = try location.readPrefix(count: FileHeader.size, what: "file header")
         return try FileHeader.parse(bytes, path: location.displayPath)
     }
 
-    /// Opens the final block once, so the size taken from the file length is authenticated (a file cut to any
-    /// block boundary, even down to a lone empty block, fails here rather than reading as shorter).
-    private func authenticateFinalBlock() throws {
-        let last = layout.blockCount(plaintextSize: plaintextSize) - 1
-        let length = layout.plaintextLength(ofBlock: last, plaintextSize: plaintextSize)
-        var discarded = [UInt8](repeating: 0, count: length)
-        defer { zeroize(&discarded) }
-        try withKey { key in
-            try discarded.withUnsafeMutableBytes { buffer in
-                try decryptRange(firstBlock: last, lastBlock: last, plaintextStart: last * layout.blockSize, into: buffer, key: key)
-            }
+    /// The header and the plaintext size, read without any key (for listings before first unlock): the length record's
+    /// checksum is checked here, its tag when the file is opened.
+    package static func details(at location: FileLocation) throws -> (header: FileHeader, size: Int64) {
+        let prefix = try location.readPrefix(count: Int(BlockLayout.bodyOffset), what: "file header")
+        let header = try FileHeader.parse(prefix, path: location.displayPath)
+        guard let record = LengthRecord.parse(recordSector(prefix), blockSize: header.blockSize) else {
+            throw damagedRecordError(path: location.displayPath)
         }
+        return (header, record.length)
+    }
+
+    private static func damagedRecordError(path: String) -> ProtectedStoreError {
+        ProtectedStoreError(.integrity, path: path, problem: "the file's length record is damaged: it was modified or corrupted",
+                            remedy: "Restore the file from a backup")
+    }
+
+    /// The header sector and the length record's sector (fewer bytes if the file is shorter).
+    private static func readPrefix(_ descriptor: FileDescriptor, path: String) throws -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: Int(BlockLayout.bodyOffset))
+        let read = try bytes.withUnsafeMutableBytes { buffer in
+            try FileSystem.mappingErrno(path: path, doing: "read the file header") { try descriptor.read(fromAbsoluteOffset: 0, into: buffer) }
+        }
+        return Array(bytes[0..<read])
+    }
+
+    private static func recordSector(_ prefix: [UInt8]) -> ArraySlice<UInt8> {
+        prefix.count > Int(BlockLayout.recordOffset) ? prefix[Int(BlockLayout.recordOffset)...] : []
+    }
+
+    /// Fails if blocks that were durable at the last fsync are missing (the file was cut), and cuts off stored blocks
+    /// past the extent that a power cut left behind (a lost shrink or a lost append), before anything can reuse them.
+    private func checkStoredBlocks() throws {
+        let storedSize = Int64(try FileSystem.fileSize(descriptor, path: path))
+        let durable = min(record.extent, record.synchronizedExtent)
+        guard storedSize >= layout.storedOffset(ofBlock: durable) else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "the file is \(storedSize) bytes, shorter than the \(durable) blocks it had stored: it was truncated",
+                                      remedy: "Restore the file from a backup")
+        }
+        if isWritable && storedSize > layout.storedOffset(ofBlock: record.extent) {
+            try DurableIO.truncate(descriptor, to: layout.storedOffset(ofBlock: record.extent), path: path)
+            try DurableIO.synchronize(descriptor, path: path)
+        }
+        synchronizedExtent = durable
     }
 
     // MARK: Properties
 
     /// Plaintext size in bytes.
-    public var size: Int64 { lock.withReadLock { plaintextSize } }
+    public var size: Int64 { lock.withReadLock { record.length } }
+
+    /// The largest plaintext size this file can have.
+    public var maximumSize: Int64 { layout.maximumPlaintextSize }
 
     /// The file's random id (in every block's associated data).
     package var fileID: [UInt8] { lock.withReadLock { header.fileID } }
@@ -188,7 +225,7 @@ public final class EncryptedFile: @unchecked Sendable {
         precondition(offset >= 0, "negative offset")
         return try lock.withReadLock {
             try checkOpen()
-            let end = min(plaintextSize, offset + Int64(buffer.count))
+            let end = min(record.length, offset + Int64(buffer.count))
             guard offset < end else { return 0 }
             try withKey { key in
                 var position = offset
@@ -212,14 +249,15 @@ public final class EncryptedFile: @unchecked Sendable {
         try bytes.withUnsafeBytes { try write(from: $0, at: offset) }
     }
 
-    /// Writes the contents of `buffer` at `offset`, extending the file (zero-filled) if `offset` is past the end.
+    /// Writes the contents of `buffer` at `offset`, extending the file (with a hole, which costs no storage) if
+    /// `offset` is past the end. Only the blocks the write covers are written, then the length record if it changed.
     public func write(from buffer: UnsafeRawBufferPointer, at offset: Int64) throws {
         precondition(offset >= 0, "negative offset")
         try lock.withWriteLock {
             try checkWritable()
             guard buffer.count > 0 else { return }
+            try checkSize(offset + Int64(buffer.count))
             try mutating { try withKey { key in
-                if offset > plaintextSize { try extend(to: offset, key: key) }
                 var position = offset
                 let end = offset + Int64(buffer.count)
                 while position < end {
@@ -233,30 +271,59 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
-    /// Shrinks or grows (with zeros) the plaintext to `newSize` bytes.
+    /// Shrinks or grows (with zeros) the plaintext to `newSize` bytes. Growing writes only the length record (the
+    /// new bytes are a hole); a size beyond `maximumSize` fails with EFBIG and changes nothing.
     public func truncate(to newSize: Int64) throws {
         precondition(newSize >= 0, "negative size")
         try lock.withWriteLock {
             try checkWritable()
+            try checkSize(newSize)
             try mutating { try withKey { key in
-                if newSize > plaintextSize {
-                    try extend(to: newSize, key: key)
-                } else if newSize < plaintextSize {
+                if newSize > record.length {
+                    var grown = record
+                    grown.length = newSize
+                    try store(grown, key: key)
+                } else if newSize < record.length {
                     try shrink(to: newSize, key: key)
                 }
             } }
         }
     }
 
-    /// Flushes data and metadata to stable storage (fsync).
-    public func synchronize() throws {
-        try lock.withReadLock {
-            try checkOpen()
-            try FileSystem.synchronize(descriptor, path: path)
+    /// fallocate: reserves disk space for the ciphertext of plaintext bytes `offset..<offset + length`, so later writes
+    /// there cannot fail for lack of space; unless `keepSize`, the file grows to cover the range. Reserved space reads as
+    /// zeros (a hole) until written. A call that fails (ENOSPC, EFBIG, EOPNOTSUPP) leaves size and content as they were.
+    public func allocate(from offset: Int64, length: Int64, keepSize: Bool) throws {
+        precondition(offset >= 0 && length > 0, "negative offset or empty range")
+        try lock.withWriteLock {
+            try checkWritable()
+            let (end, overflow) = offset.addingReportingOverflow(length)
+            try checkSize(overflow ? Int64.max : end)
+            let start = layout.storedOffset(ofBlock: layout.blockIndex(containing: offset))
+            let storedEnd = layout.storedOffset(ofBlock: layout.blockCount(plaintextSize: end))
+            // The stored file keeps its size (its length is the record's business); the space past it is held all the same.
+            guard ps_reserve_space(descriptor.rawValue, start, storedEnd - start) == 0 else {
+                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "reserve space")
+            }
+            guard !keepSize && end > record.length else { return }
+            try mutating { try withKey { key in
+                var grown = record
+                grown.length = end
+                try store(grown, key: key)
+            } }
         }
     }
 
-    /// Re-wraps the per-file key for `newClass` and rewrites the header only (clearing its flags); the body is untouched.
+    /// Flushes data and metadata to stable storage (fsync).
+    public func synchronize() throws {
+        try lock.withWriteLock {
+            try checkOpen()
+            try DurableIO.synchronize(descriptor, path: path)
+            synchronizedExtent = record.extent
+        }
+    }
+
+    /// Re-wraps the per-file key for `newClass` and rewrites the header sector only (clearing its flags); the body is untouched.
     public func changeProtectionClass(to newClass: ProtectionClass, keys: any ClassKeyProviding) throws {
         try lock.withWriteLock {
             try checkWritable()
@@ -264,15 +331,19 @@ public final class EncryptedFile: @unchecked Sendable {
                 try FileHeader.sealing(fileKey: fileKey, fileID: header.fileID, protectionClass: newClass, blockSize: header.blockSize, keys: keys)
             }
             try writeStored(newHeader.serialized, at: 0)
-            try FileSystem.synchronize(descriptor, path: path)
+            try DurableIO.synchronize(descriptor, path: path)
             header = newHeader
         }
     }
 
-    /// Closes the descriptor and zeroes the per-file key.
+    /// Closes the descriptor and zeroes the per-file key. If an fsync made more blocks durable than the length record
+    /// says, the record is brought up to date first (no fsync needed: it only claims what is already durable).
     public func close() throws {
         try lock.withWriteLock {
             guard !isClosed else { return }
+            if isWritable, failedWrite == nil, !fileKey.isDiscarded, record.synchronizedExtent < min(synchronizedExtent, record.extent) {
+                try? withKey { key in try store(record, key: key) }
+            }
             isClosed = true
             fileKey.discard()
             try FileSystem.mappingErrno(path: path, doing: "close") { try descriptor.close() }
@@ -336,6 +407,14 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
+    /// EFBIG, before anything is touched, for a size the format cannot hold.
+    private func checkSize(_ size: Int64) throws {
+        guard size <= layout.maximumPlaintextSize else {
+            throw ProtectedStoreError(.invalidArgument, path: path, problem: "\(size) bytes is beyond the largest size an encrypted file can have (\(layout.maximumPlaintextSize) bytes)",
+                                      remedy: "Use a smaller size", errno: .fileTooLarge)
+        }
+    }
+
     private func withKey<R>(_ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
         do {
             return try fileKey.withUnsafeBytes(body)
@@ -360,67 +439,86 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
-    /// Associated data of block `index`: file id ‖ index (u64 LE) ‖ final flag, so blocks can't move, be reordered, or be cut off.
-    private func blockAssociatedData(index: Int64, isFinal: Bool) -> [UInt8] {
-        var writer = ByteWriter(capacity: FileHeader.idBytes + 9)
+    /// Associated data of block `index`: file id ‖ index (u64 LE), so a block can't move to another place or file.
+    private func blockAssociatedData(index: Int64) -> [UInt8] {
+        var writer = ByteWriter(capacity: FileHeader.idBytes + 8)
         writer.append(header.fileID)
         writer.append(UInt64(index))
-        writer.append(UInt8(isFinal ? 1 : 0))
         return writer.bytes
     }
 
+    /// Writes `newRecord` over the length record (one sector, so a power cut leaves the old one or this one). It
+    /// claims no more durable blocks than the last fsync made durable.
+    private func store(_ newRecord: LengthRecord, key: UnsafeRawBufferPointer) throws {
+        var next = newRecord
+        next.synchronizedExtent = min(synchronizedExtent, next.extent)
+        try writeStored(next.sealed(fileID: header.fileID, key: key), at: BlockLayout.recordOffset)
+        record = next
+    }
+
     /// Decrypts blocks `first...last` into `destination`, which starts at plaintext offset `plaintextStart`
-    /// (inside block `first`) and ends inside block `last`.
+    /// (inside block `first`) and ends inside block `last`. Blocks at or past the extent, and holes (a stored block
+    /// of zeros, or one past the end of the file that no fsync had made durable), read as zeros.
     private func decryptRange(firstBlock first: Int64, lastBlock last: Int64, plaintextStart: Int64,
                               into destination: UnsafeMutableRawBufferPointer, key: UnsafeRawBufferPointer) throws {
-        let storedStart = layout.storedOffset(ofBlock: first)
-        let storedEnd = layout.storedOffset(ofBlock: last) + Int64(BlockLayout.overhead)
-            + Int64(layout.plaintextLength(ofBlock: last, plaintextSize: plaintextSize))
-        let finalBlock = layout.blockCount(plaintextSize: plaintextSize) - 1
         let blockCount = Int(last - first + 1)
+        let storedStart = layout.storedOffset(ofBlock: first)
+        let storedCount = Int(layout.storedOffset(ofBlock: min(last + 1, max(first, record.extent))) - storedStart)
         // Its own buffer, not the write scratch: reads run concurrently under the shared lock.
-        let storedBytes = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(storedEnd - storedStart), alignment: 16)
+        let storedBytes = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, storedCount), alignment: 16)
         defer { storedBytes.deallocate() }
+        let storedBlock = Int(layout.storedBlockSize), plainBlock = Int(layout.blockSize)
+        // Blocks an fsync had made durable: one of them missing means the file was cut, not that a power cut lost it.
+        let durable = min(record.extent, max(record.synchronizedExtent, synchronizedExtent))
         let failures = try forEachBlockInParallel(count: blockCount) { range in
-            let rangeStart = Int(layout.storedOffset(ofBlock: first + Int64(range.lowerBound)) - storedStart)
-            let rangeEnd = min(Int(storedEnd - storedStart), Int(layout.storedOffset(ofBlock: first + Int64(range.upperBound)) - storedStart))
-            try readStored(into: UnsafeMutableRawBufferPointer(rebasing: storedBytes[rangeStart..<rangeEnd]), at: storedStart + Int64(rangeStart))
-            var scratch = [UInt8]()
+            let rangeStart = range.lowerBound * storedBlock
+            let rangeEnd = min(storedCount, range.upperBound * storedBlock)
+            let available = rangeEnd > rangeStart
+                ? try readStored(into: UnsafeMutableRawBufferPointer(rebasing: storedBytes[rangeStart..<rangeEnd]), at: storedStart + Int64(rangeStart))
+                : 0
+            let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: plainBlock, alignment: 16)
+            defer {
+                zeroize(scratch.baseAddress!, count: scratch.count)
+                scratch.deallocate()
+            }
             for offsetInRange in range {
                 let index = first + Int64(offsetInRange)
-                let length = layout.plaintextLength(ofBlock: index, plaintextSize: plaintextSize)
-                let start = Int(layout.storedOffset(ofBlock: index) - storedStart)
-                let block = UnsafeRawBufferPointer(rebasing: storedBytes[start..<start + BlockLayout.overhead + length])
                 let blockStart = index * layout.blockSize
                 // The slice of this block the caller wants, in destination coordinates.
                 let wantedStart = max(blockStart, plaintextStart)
-                let wantedEnd = min(blockStart + Int64(length), plaintextStart + Int64(destination.count))
-                let ad = blockAssociatedData(index: index, isFinal: index == finalBlock)
-                let authentic: Bool
-                if wantedStart == blockStart && wantedEnd == blockStart + Int64(length) {
-                    let target = UnsafeMutableRawBufferPointer(rebasing: destination[Int(blockStart - plaintextStart)..<Int(wantedEnd - plaintextStart)])
-                    authentic = openBlock(block, key: key, associatedData: ad, into: target)
-                } else {
-                    // Partly wanted: decrypt aside, copy the wanted part, so nothing unauthenticated reaches the caller.
-                    if scratch.count < length { scratch = [UInt8](repeating: 0, count: Int(layout.blockSize)) }
-                    authentic = scratch.withUnsafeMutableBytes { s in
-                        openBlock(block, key: key, associatedData: ad, into: UnsafeMutableRawBufferPointer(rebasing: s[0..<length]))
-                    }
-                    if authentic {
-                        scratch.withUnsafeBytes { s in
-                            let from = Int(wantedStart - blockStart)
-                            UnsafeMutableRawBufferPointer(rebasing: destination[Int(wantedStart - plaintextStart)..<Int(wantedEnd - plaintextStart)])
-                                .copyMemory(from: UnsafeRawBufferPointer(rebasing: s[from..<from + Int(wantedEnd - wantedStart)]))
-                        }
-                    }
+                let wantedEnd = min(blockStart + layout.blockSize, plaintextStart + Int64(destination.count))
+                let target = UnsafeMutableRawBufferPointer(rebasing: destination[Int(wantedStart - plaintextStart)..<Int(wantedEnd - plaintextStart)])
+                let start = offsetInRange * storedBlock
+                if index >= record.extent || start + storedBlock > rangeStart + available {
+                    // Past the extent, or not (wholly) stored: zeros, unless an fsync had made the block durable.
+                    if index < record.extent && index < durable { return index }
+                    target.initializeMemory(as: UInt8.self, repeating: 0)
+                    continue
                 }
-                if !authentic { return index }
+                let block = UnsafeRawBufferPointer(rebasing: storedBytes[start..<start + storedBlock])
+                // A whole wanted block is decrypted in place; a partly wanted one aside, so only wanted bytes reach the caller.
+                let whole = target.count == plainBlock
+                let opened = whole ? target : scratch
+                if openBlock(block, key: key, associatedData: blockAssociatedData(index: index), into: opened) {
+                    if let tail = record.staleTails.first(where: { $0.block == index }) {
+                        UnsafeMutableRawBufferPointer(rebasing: opened[tail.validBytes...]).initializeMemory(as: UInt8.self, repeating: 0)
+                    }
+                } else if block.allSatisfy({ $0 == 0 }) {
+                    // A hole: the stored block was never written.
+                    opened.initializeMemory(as: UInt8.self, repeating: 0)
+                } else {
+                    return index
+                }
+                if !whole {
+                    let from = Int(wantedStart - blockStart)
+                    target.copyMemory(from: UnsafeRawBufferPointer(rebasing: opened[from..<from + target.count]))
+                }
             }
             return nil
         }
         if let failed = failures.min() {
             destination.initializeMemory(as: UInt8.self, repeating: 0)
-            throw ProtectedStoreError(.integrity, path: path, problem: "block \(failed) (plaintext bytes \(failed * layout.blockSize)…) failed authentication: the file was modified or corrupted",
+            throw ProtectedStoreError(.integrity, path: path, problem: "block \(failed) (plaintext bytes \(failed * layout.blockSize)…) failed authentication or is missing: the file was modified or corrupted",
                                       remedy: "Restore the file from a backup")
         }
     }
@@ -433,85 +531,103 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
-    /// One pass of a write that starts at or before the end of the file and spans at most `blocksPerPass` blocks.
+    /// One pass of a write spanning at most `blocksPerPass` blocks: the blocks it covers are sealed and stored with
+    /// one pwrite, then the length record follows if the size or the extent changed. Blocks it does not cover are never
+    /// touched, so a power cut that tears this write cannot damage them.
     private func writePass(_ source: UnsafeRawBufferPointer, at offset: Int64, key: UnsafeRawBufferPointer) throws {
         let end = offset + Int64(source.count)
-        let newSize = max(plaintextSize, end)
-        var first = layout.blockIndex(containing: offset)
-        if newSize > plaintextSize {
-            // The old final block loses its final flag (or gains bytes), so it is re-encrypted too.
-            first = min(first, layout.blockCount(plaintextSize: plaintextSize) - 1)
-        }
+        let first = layout.blockIndex(containing: offset)
         let last = layout.blockIndex(containing: end - 1)
         // Edge blocks that keep some old bytes are assembled aside: old plaintext, then the new bytes over it.
         var edges: [Int64: UnsafeMutableRawBufferPointer] = [:]
         defer { edges.values.forEach { $0.deallocate() } }
         for index in Set([first, last]) {
             let blockStart = index * layout.blockSize
-            let newLength = layout.plaintextLength(ofBlock: index, plaintextSize: newSize)
-            let coveredStart = max(blockStart, offset), coveredEnd = min(blockStart + Int64(newLength), end)
-            guard coveredStart != blockStart || coveredEnd != blockStart + Int64(newLength) else { continue }
-            let assembled = UnsafeMutableRawBufferPointer.allocate(byteCount: newLength, alignment: 16)
+            let coveredStart = max(blockStart, offset), coveredEnd = min(blockStart + layout.blockSize, end)
+            guard coveredStart != blockStart || coveredEnd != blockStart + layout.blockSize else { continue }
+            let assembled = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(layout.blockSize), alignment: 16)
             assembled.initializeMemory(as: UInt8.self, repeating: 0)
             edges[index] = assembled
-            let oldLength = layout.plaintextLength(ofBlock: index, plaintextSize: plaintextSize)
-            if oldLength > 0 {
-                try decryptRange(firstBlock: index, lastBlock: index, plaintextStart: blockStart,
-                                 into: UnsafeMutableRawBufferPointer(rebasing: assembled[0..<oldLength]), key: key)
+            if index < record.extent && blockStart < record.length {
+                try decryptRange(firstBlock: index, lastBlock: index, plaintextStart: blockStart, into: assembled, key: key)
+                // Bytes past the end of the file are zeros in every stored block (a stale tail reads as zeros too).
+                let live = Int(max(0, min(layout.blockSize, record.length - blockStart)))
+                UnsafeMutableRawBufferPointer(rebasing: assembled[live...]).initializeMemory(as: UInt8.self, repeating: 0)
             }
-            if coveredEnd > coveredStart {
-                UnsafeMutableRawBufferPointer(rebasing: assembled[Int(coveredStart - blockStart)..<Int(coveredEnd - blockStart)])
-                    .copyMemory(from: UnsafeRawBufferPointer(rebasing: source[Int(coveredStart - offset)..<Int(coveredEnd - offset)]))
-            }
+            UnsafeMutableRawBufferPointer(rebasing: assembled[Int(coveredStart - blockStart)..<Int(coveredEnd - blockStart)])
+                .copyMemory(from: UnsafeRawBufferPointer(rebasing: source[Int(coveredStart - offset)..<Int(coveredEnd - offset)]))
         }
-        try encryptAndStore(firstBlock: first, blockCount: Int(last - first + 1), newSize: newSize, key: key) { index in
+        try encryptAndStore(firstBlock: first, blockCount: Int(last - first + 1), key: key) { index in
             if let edge = edges[index] { return UnsafeRawBufferPointer(edge) }
             let blockStart = index * layout.blockSize
-            let length = layout.plaintextLength(ofBlock: index, plaintextSize: newSize)
-            return UnsafeRawBufferPointer(rebasing: source[Int(blockStart - offset)..<Int(blockStart - offset) + length])
+            return UnsafeRawBufferPointer(rebasing: source[Int(blockStart - offset)..<Int(blockStart - offset + layout.blockSize)])
         }
-        plaintextSize = newSize
+        var next = record
+        next.length = max(record.length, end)
+        next.extent = max(record.extent, last + 1)
+        // A stale tail this write covered is zero in the new block; the record may forget it only once that block is
+        // durable, or a power cut could pair the old block with a record that no longer hides its stale bytes.
+        let rewritten = next.staleTails.filter { (first...last).contains($0.block) }
+        if !rewritten.isEmpty {
+            try DurableIO.synchronize(descriptor, path: path)
+            synchronizedExtent = next.extent
+            next.staleTails.removeAll { (first...last).contains($0.block) }
+        }
+        if next != record { try store(next, key: key) }
     }
 
-    /// Grows the file to `newSize` with zeros, in bounded passes.
-    private func extend(to newSize: Int64, key: UnsafeRawBufferPointer) throws {
-        let zeros = [UInt8](repeating: 0, count: Int(min(newSize - plaintextSize, blocksPerPass * layout.blockSize)))
-        try zeros.withUnsafeBytes { zeroBuffer in
-            while plaintextSize < newSize {
-                let count = Int(min(Int64(zeroBuffer.count), newSize - plaintextSize))
-                try writePass(UnsafeRawBufferPointer(rebasing: zeroBuffer[0..<count]), at: plaintextSize, key: key)
-            }
-        }
-    }
-
-    /// Cuts the file to `newSize`: the new final block is re-encrypted with its final flag, then the rest is cut off.
+    /// Cuts the file to `newSize` without rewriting any block: the record takes the new length, the block cut mid-way
+    /// gets a stale tail, and once that record is durable the blocks past the new extent are cut off the stored file.
     private func shrink(to newSize: Int64, key: UnsafeRawBufferPointer) throws {
-        let last = layout.blockCount(plaintextSize: newSize) - 1
-        let length = layout.plaintextLength(ofBlock: last, plaintextSize: newSize)
-        var kept = [UInt8](repeating: 0, count: length)
-        if length > 0 {
-            try kept.withUnsafeMutableBytes { k in
-                try decryptRange(firstBlock: last, lastBlock: last, plaintextStart: last * layout.blockSize, into: k, key: key)
+        var next = record
+        next.length = newSize
+        next.extent = min(record.extent, layout.blockCount(plaintextSize: newSize))
+        next.staleTails.removeAll { $0.block >= next.extent }
+        let cut = layout.blockIndex(containing: newSize)
+        if newSize % layout.blockSize != 0 && cut < next.extent {
+            let valid = Int(newSize - cut * layout.blockSize)
+            if let existing = next.staleTails.firstIndex(where: { $0.block == cut }) {
+                next.staleTails[existing].validBytes = min(next.staleTails[existing].validBytes, valid)
+            } else {
+                if next.staleTails.count == LengthRecord.maximumStaleTails {
+                    try rewriteOldestStaleTail(&next, key: key)
+                }
+                next.staleTails.append(LengthRecord.StaleTail(block: cut, validBytes: valid))
             }
         }
-        try kept.withUnsafeBytes { k in
-            try encryptAndStore(firstBlock: last, blockCount: 1, newSize: newSize, key: key) { _ in k }
+        try store(next, key: key)
+        try DurableIO.synchronize(descriptor, path: path)
+        synchronizedExtent = next.extent
+        if try Int64(FileSystem.fileSize(descriptor, path: path)) > layout.storedOffset(ofBlock: next.extent) {
+            // Durably cut before anything can extend the file over those blocks again, which would bring them back.
+            try DurableIO.truncate(descriptor, to: layout.storedOffset(ofBlock: next.extent), path: path)
+            try DurableIO.synchronize(descriptor, path: path)
         }
-        try FileSystem.mappingErrno(path: path, doing: "truncate") {
-            try descriptor.resize(to: layout.storedSize(plaintextSize: newSize), retryOnInterrupt: true)
-        }
-        plaintextSize = newSize
     }
 
-    /// Encrypts blocks `first..<first+count` of a file whose size will be `newSize` (taking each block's plaintext from
-    /// `plaintextOfBlock`), and writes them with one pwrite.
-    private func encryptAndStore(firstBlock first: Int64, blockCount: Int, newSize: Int64, key: UnsafeRawBufferPointer,
+    /// Makes room in a full stale-tail table (many shrinks, each followed by growth past the block it cut): the oldest
+    /// stale block is rewritten with its stale bytes zeroed and made durable before the record forgets it.
+    private func rewriteOldestStaleTail(_ next: inout LengthRecord, key: UnsafeRawBufferPointer) throws {
+        let oldest = next.staleTails[0]
+        var plaintext = [UInt8](repeating: 0, count: Int(layout.blockSize))
+        defer { zeroize(&plaintext) }
+        try plaintext.withUnsafeMutableBytes { buffer in
+            try decryptRange(firstBlock: oldest.block, lastBlock: oldest.block, plaintextStart: oldest.block * layout.blockSize, into: buffer, key: key)
+        }
+        try plaintext.withUnsafeBytes { buffer in
+            try encryptAndStore(firstBlock: oldest.block, blockCount: 1, key: key) { _ in buffer }
+        }
+        try DurableIO.synchronize(descriptor, path: path)
+        next.staleTails.removeFirst()
+    }
+
+    /// Seals blocks `first..<first+count` (each exactly one block of plaintext, from `plaintextOfBlock`) and writes
+    /// them with one pwrite.
+    private func encryptAndStore(firstBlock first: Int64, blockCount: Int, key: UnsafeRawBufferPointer,
                                  plaintextOfBlock: (Int64) -> UnsafeRawBufferPointer) throws {
-        let finalBlock = layout.blockCount(plaintextSize: newSize) - 1
         let storedStart = layout.storedOffset(ofBlock: first)
-        let last = first + Int64(blockCount) - 1
-        let storedCount = Int(layout.storedOffset(ofBlock: last) - storedStart) + BlockLayout.overhead
-            + layout.plaintextLength(ofBlock: last, plaintextSize: newSize)
+        let storedBlock = Int(layout.storedBlockSize)
+        let storedCount = blockCount * storedBlock
         reserveScratch(storedCount)
         // One CSPRNG call for all nonces instead of one per block.
         var nonces = [UInt8](repeating: 0, count: blockCount * BlockLayout.nonceBytes)
@@ -522,18 +638,18 @@ public final class EncryptedFile: @unchecked Sendable {
                     for offsetInRange in range {
                         let index = first + Int64(offsetInRange)
                         let plaintext = plaintextOfBlock(index)
-                        let start = Int(layout.storedOffset(ofBlock: index) - storedStart)
+                        let start = offsetInRange * storedBlock
                         let nonce = UnsafeRawBufferPointer(rebasing: nonceBytes[offsetInRange * BlockLayout.nonceBytes..<(offsetInRange + 1) * BlockLayout.nonceBytes])
                         UnsafeMutableRawBufferPointer(rebasing: stored[start..<start + BlockLayout.nonceBytes]).copyMemory(from: nonce)
-                        let ad = blockAssociatedData(index: index, isFinal: index == finalBlock)
+                        let ad = blockAssociatedData(index: index)
                         ad.withUnsafeBytes { adBytes in
                             AEAD.seal(plaintext, key: key, nonce: nonce, associatedData: adBytes,
-                                      into: UnsafeMutableRawBufferPointer(rebasing: stored[start + BlockLayout.nonceBytes..<start + BlockLayout.overhead + plaintext.count]))
+                                      into: UnsafeMutableRawBufferPointer(rebasing: stored[start + BlockLayout.nonceBytes..<start + storedBlock]))
                         }
                     }
                     // Each range writes its own bytes, so one range's pwrite overlaps another's encryption.
-                    let rangeStart = Int(layout.storedOffset(ofBlock: first + Int64(range.lowerBound)) - storedStart)
-                    let rangeEnd = min(storedCount, Int(layout.storedOffset(ofBlock: first + Int64(range.upperBound)) - storedStart))
+                    let rangeStart = range.lowerBound * storedBlock
+                    let rangeEnd = range.upperBound * storedBlock
                     try writeStored(UnsafeRawBufferPointer(rebasing: stored[rangeStart..<rangeEnd]), at: storedStart + Int64(rangeStart))
                     return nil
                 }
@@ -579,9 +695,9 @@ public final class EncryptedFile: @unchecked Sendable {
         if storedScratch.count < count { storedScratch = [UInt8](repeating: 0, count: count) }
     }
 
-    /// Fills `buffer` from the stored bytes at `offset`; a short read means the file was cut while open.
-    private func readStored(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws {
-        let read = try FileSystem.mappingErrno(path: path, doing: "read") {
+    /// Fills `buffer` from the stored bytes at `offset` as far as the file goes; returns the bytes read.
+    private func readStored(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
+        try FileSystem.mappingErrno(path: path, doing: "read") {
             var total = 0
             while total < buffer.count {
                 let n = try descriptor.read(fromAbsoluteOffset: offset + Int64(total),
@@ -591,10 +707,6 @@ public final class EncryptedFile: @unchecked Sendable {
             }
             return total
         }
-        guard read == buffer.count else {
-            throw ProtectedStoreError(.integrity, path: path, problem: "the file ended early: it was truncated while open",
-                                      remedy: "Restore the file from a backup")
-        }
     }
 
     private func writeStored(_ bytes: [UInt8], at offset: Int64) throws {
@@ -602,8 +714,6 @@ public final class EncryptedFile: @unchecked Sendable {
     }
 
     private func writeStored(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
-        _ = try FileSystem.mappingErrno(path: path, doing: "write") {
-            try descriptor.writeAll(toAbsoluteOffset: offset, bytes)
-        }
+        try DurableIO.write(bytes, at: offset, to: descriptor, path: path)
     }
 }

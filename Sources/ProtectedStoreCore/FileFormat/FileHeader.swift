@@ -1,12 +1,19 @@
-/// The fixed-size header of an encrypted file: identity, class and the wrapped per-file key (docs/FORMAT.md §3).
+/// The header of an encrypted file, alone in its first sector: identity, class, cipher and the wrapped per-file key
+/// (docs/FORMAT.md §4.1).
 package struct FileHeader: Sendable {
     static let magic: [UInt8] = Array("PSEF".utf8)
-    static let version: UInt16 = 1
-    package static let size = 148
+    static let version: UInt16 = 2
+    package static let size = 152
     package static let idBytes = 16
     package static let fileKeyBytes = AEAD.keyBytes
     /// Bytes before the wrap nonce; they are the associated data of the key wrap, so all of them are authenticated.
-    static let authenticatedPrefixSize = 76
+    static let authenticatedPrefixSize = 80
+
+    /// The AEAD that seals a file's blocks and length records. One so far; the byte lets a faster one be added
+    /// without another format version.
+    package enum Cipher: UInt8, Sendable {
+        case xChaCha20Poly1305 = 1
+    }
     static let minimumBlockSize = 512
     static let maximumBlockSize = 1 << 20
 
@@ -20,6 +27,7 @@ package struct FileHeader: Sendable {
 
     package var protectionClass: ProtectionClass
     package var flags: Flags
+    package var cipher: Cipher = .xChaCha20Poly1305
     var blockSize: Int
     var keybagID: [UInt8]
     var fileID: [UInt8]
@@ -28,7 +36,7 @@ package struct FileHeader: Sendable {
     /// nonce (24) ‖ encrypted per-file key (32) ‖ tag (16).
     var wrappedFileKey: [UInt8]
 
-    package var layout: BlockLayout { BlockLayout(headerSize: Self.size, blockSize: blockSize) }
+    package var layout: BlockLayout { BlockLayout(blockSize: blockSize) }
 
     /// The prefix that the key wrap authenticates.
     var authenticatedPrefix: [UInt8] {
@@ -37,6 +45,8 @@ package struct FileHeader: Sendable {
         writer.append(Self.version)
         writer.append(protectionClass.rawValue)
         writer.append(flags.rawValue)
+        writer.append(cipher.rawValue)
+        writer.appendZeros(3)
         writer.append(UInt32(blockSize))
         writer.append(keybagID)
         writer.append(fileID)
@@ -44,7 +54,8 @@ package struct FileHeader: Sendable {
         return writer.bytes
     }
 
-    var serialized: [UInt8] { authenticatedPrefix + wrappedFileKey }
+    /// The whole header sector: the header, then zeros to the sector's end.
+    var serialized: [UInt8] { authenticatedPrefix + wrappedFileKey + [UInt8](repeating: 0, count: Int(BlockLayout.sectorSize) - Self.size) }
 
     /// A header for a new file (or a class change of an existing one) with `fileKey` wrapped for `protectionClass`.
     static func sealing(fileKey: SecureBytes, fileID: [UInt8], protectionClass: ProtectionClass, flags: Flags = [], blockSize: Int,
@@ -85,11 +96,19 @@ package struct FileHeader: Sendable {
         guard Flags.awaitsDefaultClass.isSuperset(of: flags), flags.isEmpty || protectionClass == .completeUnlessOpen else {
             throw headerAuthenticationError(path: path)
         }
+        guard let cipher = Cipher(rawValue: reader.uint8()) else {
+            throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with cipher \(bytes[8]), which this build does not know",
+                                      remedy: "Use the ProtectedStore version that wrote it")
+        }
+        // Reserved bytes, and the rest of the header sector when given, are zeros: no byte of it goes unchecked.
+        guard reader.take(3) == [0, 0, 0], bytes.dropFirst(size).prefix(Int(BlockLayout.sectorSize) - size).allSatisfy({ $0 == 0 }) else {
+            throw headerAuthenticationError(path: path)
+        }
         let blockSize = Int(reader.uint32())
         guard blockSize >= minimumBlockSize, blockSize <= maximumBlockSize, blockSize & (blockSize - 1) == 0 else {
             throw headerAuthenticationError(path: path)
         }
-        return FileHeader(protectionClass: protectionClass, flags: flags, blockSize: blockSize, keybagID: reader.take(idBytes), fileID: reader.take(idBytes),
+        return FileHeader(protectionClass: protectionClass, flags: flags, cipher: cipher, blockSize: blockSize, keybagID: reader.take(idBytes), fileID: reader.take(idBytes),
                           ephemeralPublicKey: reader.take(X25519.keyBytes),
                           wrappedFileKey: reader.take(AEAD.nonceBytes + fileKeyBytes + AEAD.tagBytes))
     }

@@ -102,7 +102,7 @@ public final class DeviceSecret: Sendable {
             _ = try FileSystem.mappingErrno(path: path, doing: "overwrite the device secret") {
                 try fd.writeAll(toAbsoluteOffset: 0, [UInt8](repeating: 0, count: Self.size))
             }
-            try FileSystem.synchronize(fd, path: path)
+            try DurableIO.synchronize(fd, path: path)
         }
         guard unlink(path) == 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "remove the device secret") }
         try FileSystem.synchronizeDirectory((path as NSString).deletingLastPathComponent)

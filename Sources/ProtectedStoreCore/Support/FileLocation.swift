@@ -55,12 +55,13 @@ package struct FileLocation: Sendable {
         guard result == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: target.displayPath, doing: replacing ? "put the new file in place" : "create the file")
         }
+        if DurableIO.isRecording { DurableIO.recordRename(from: (directoryIdentity, leafName), to: (target.directoryIdentity, target.leafName)) }
     }
 
     /// Makes a rename or unlink of this name durable: fsync of the directory holding it.
     package func synchronizeDirectory() throws {
         if let directory {
-            try FileSystem.synchronize(directory, path: displayPath)
+            try DurableIO.synchronize(directory, path: displayPath)
         } else {
             try FileSystem.synchronizeDirectory(parentPath)
         }
@@ -80,6 +81,15 @@ package struct FileLocation: Sendable {
     }
 
     private var directoryDescriptor: Int32 { directory?.rawValue ?? AT_FDCWD }
+
+    /// The name within its directory, as a recording of name operations needs it.
+    private var leafName: String { directory == nil ? (name as NSString).lastPathComponent : name }
+
+    /// The directory holding the name, for a recording of name operations (nil if it can't be identified).
+    private var directoryIdentity: FileIdentity? {
+        if let directory { return DurableIO.identity(of: directory) }
+        return DurableIO.identity(ofPath: parentPath)
+    }
     private var noFollow: Int32 { directory == nil ? 0 : O_NOFOLLOW }
 
     package func open(_ mode: FileDescriptor.AccessMode, options: FileDescriptor.OpenOptions = [], permissions: FilePermissions? = nil,
@@ -87,7 +97,14 @@ package struct FileLocation: Sendable {
         let flags = mode.rawValue | options.rawValue | O_CLOEXEC | noFollow
         while true {
             let fd = openat(directoryDescriptor, name, flags, permissions?.rawValue ?? 0)
-            if fd >= 0 { return FileDescriptor(rawValue: fd) }
+            if fd >= 0 {
+                let descriptor = FileDescriptor(rawValue: fd)
+                // Only an exclusive create is sure to have made a new file; a plain O_CREAT may have opened an old one.
+                if options.contains(.exclusiveCreate), DurableIO.isRecording {
+                    DurableIO.recordCreation(of: descriptor, named: leafName, in: directoryIdentity, isDirectory: false)
+                }
+                return descriptor
+            }
             if Foundation.errno != EINTR { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: action) }
         }
     }
@@ -110,7 +127,9 @@ package struct FileLocation: Sendable {
         return fd
     }
 
-    package func unlink() { unlinkat(directoryDescriptor, name, 0) }
+    package func unlink() {
+        if unlinkat(directoryDescriptor, name, 0) == 0, DurableIO.isRecording { DurableIO.recordUnlink(of: leafName, in: directoryIdentity) }
+    }
 
     /// lstat (symlinks not followed); nil if nothing is there.
     package func status() throws -> stat? {

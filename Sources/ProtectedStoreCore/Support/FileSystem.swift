@@ -1,7 +1,8 @@
 import Foundation
 import SystemPackage
 
-/// Small POSIX helpers with errors that name the path; every durable write goes through `writeAtomically`.
+/// Small POSIX helpers with errors that name the path. Whole small files are written by `writeAtomically`; every
+/// change to durable state goes through `DurableIO`.
 package enum FileSystem {
     /// The name in a directory entry from `readdir`, read as the C string it is. The kernel's record can end before
     /// `dirent` does, so copying the whole 256-byte `d_name` field reads past it (found by AddressSanitizer).
@@ -12,17 +13,14 @@ package enum FileSystem {
 
     /// Writes `bytes` so that a crash at any instant leaves either the old file or the new one: temporary file in
     /// the same directory, fsync, rename (with `replacing` false, one that refuses an existing file), fsync of the directory.
-    /// `durable: false` skips the fsyncs: still all-or-nothing for other processes and after a crash of this one,
-    /// but a power cut may lose the new version.
-    package static func writeAtomically(_ bytes: [UInt8], to location: FileLocation, replacing: Bool, permissions: FilePermissions = [.ownerReadWrite],
-                                durable: Bool = true) throws {
+    package static func writeAtomically(_ bytes: [UInt8], to location: FileLocation, replacing: Bool, permissions: FilePermissions = [.ownerReadWrite]) throws {
         let temporary = location.temporarySibling()
         let fd = try temporary.open(.writeOnly, options: [.create, .exclusiveCreate], permissions: permissions, doing: "create a temporary file")
         do {
             try mappingErrno(path: location.displayPath, doing: "write") {
                 try fd.closeAfter {
-                    _ = try bytes.withUnsafeBytes { try fd.writeAll(toAbsoluteOffset: 0, $0) }
-                    if durable { try synchronize(fd, path: location.displayPath) }
+                    try bytes.withUnsafeBytes { try DurableIO.write($0, at: 0, to: fd, path: location.displayPath) }
+                    try DurableIO.synchronize(fd, path: location.displayPath)
                 }
             }
             try temporary.rename(to: location, replacing: replacing)
@@ -30,7 +28,7 @@ package enum FileSystem {
             temporary.unlink()
             throw error
         }
-        if durable { try location.synchronizeDirectory() }
+        try location.synchronizeDirectory()
     }
 
     /// Names starting with this are files being written, hidden from container listings.
@@ -42,14 +40,10 @@ package enum FileSystem {
         return Int(info.st_size)
     }
 
-    static func synchronize(_ fd: FileDescriptor, path: String) throws {
-        guard fsync(fd.rawValue) == 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "fsync") }
-    }
-
     /// Makes a rename or unlink in `directory` durable.
     package static func synchronizeDirectory(_ directory: String) throws {
         let fd = try FileLocation(path: directory).open(.readOnly, options: [.directory], doing: "open the directory")
-        try fd.closeAfter { try synchronize(fd, path: directory) }
+        try fd.closeAfter { try DurableIO.synchronize(fd, path: directory) }
     }
 
     /// Whether anything is at `path`; any answer other than "no such file" (e.g. permission denied) is an error.
@@ -63,8 +57,18 @@ package enum FileSystem {
 
     /// Creates `path` and missing parents with mode 0700.
     package static func createDirectories(_ path: String) throws {
+        // The ones missing now, outermost first, so a recording sees each creation.
+        var missing: [String] = []
+        if DurableIO.isRecording {
+            var candidate = path
+            while !candidate.isEmpty, candidate != "/", (try? exists(candidate)) == false {
+                missing.insert(candidate, at: 0)
+                candidate = (candidate as NSString).deletingLastPathComponent
+            }
+        }
         do {
             try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            missing.forEach(DurableIO.recordDirectoryCreation(atPath:))
         } catch {
             throw ProtectedStoreError(.io, path: path, problem: "cannot create the directory (\(error.localizedDescription))",
                                       remedy: "Check the permissions of its parent directories")

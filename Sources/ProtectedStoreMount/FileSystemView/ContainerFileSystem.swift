@@ -19,7 +19,6 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package let container: Container
     private let table = OpenFileTable()
     private let directories = DirectoryCache()
-    private let layouts = LayoutCache()
     private let logger: Logger
     private let invalidatorLock = NSLock()
     private var invalidator: (@Sendable (String) -> Void)?
@@ -86,7 +85,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
             if let open = table.openFile(FileIdentity(info)) {
                 info.st_size = off_t(open.file.size)
             } else {
-                info.st_size = off_t(plaintextSize(of: item, info: info))
+                info.st_size = off_t(plaintextSize(of: item))
             }
             if path.isWithin(container.inboxPath) { info.st_mode &= ~0o222 }
         }
@@ -379,6 +378,17 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try table.handle(number).file.file.truncate(to: size)
     }
 
+    /// fallocate: modes 0 and FALLOC_FL_KEEP_SIZE reserve space for the range's ciphertext (mode 0 also grows the
+    /// file); every other mode is EOPNOTSUPP, as on a file system that lacks it.
+    package func allocate(_ number: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
+        let keepSize: Int32 = 1
+        guard mode == 0 || mode == keepSize else { throw Errno.notSupported }
+        guard offset >= 0, length > 0 else { throw Errno.invalidArgument }
+        let handle = try table.handle(number)
+        guard handle.isWritable else { throw Errno.badFileDescriptor }
+        try withKeyBroughtBack(handle.file.file) { try handle.file.file.allocate(from: offset, length: length, keepSize: mode == keepSize) }
+    }
+
     /// fsync and fdatasync.
     package func synchronize(_ number: UInt64) throws {
         try table.handle(number).file.file.synchronize()
@@ -533,14 +543,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
     }
 
-    /// A closed file's plaintext size, from its stored size and its header's layout; the layout is remembered for
-    /// the inode as long as its change time stays the same (a listing reads no header twice).
-    private func plaintextSize(of item: ResolvedItem, info: stat) -> UInt64 {
-        let key = StoredInode(info)
-        if let layout = layouts.layout(key) { return UInt64(max(0, layout.plaintextSize(storedSize: Int64(info.st_size)) ?? 0)) }
-        let details = Container.fileDetails(at: item.location, info: info)
-        if let header = details.header { layouts.remember(header.layout, for: key) }
-        return details.size
+    /// A closed file's plaintext size, from its length record (read without any key, as `stat` works while locked).
+    private func plaintextSize(of item: ResolvedItem) -> UInt64 {
+        Container.fileDetails(at: item.location).size
     }
 
     private func protectionClass(of path: ContainerPath) throws -> ProtectionClass? {

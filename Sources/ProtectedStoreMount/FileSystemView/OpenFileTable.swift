@@ -3,17 +3,6 @@ import ProtectedStore
 import ProtectedStoreCore
 import SystemPackage
 
-/// A stored file's identity while it is open: the backing inode.
-struct FileIdentity: Hashable {
-    let device: UInt64
-    let inode: UInt64
-
-    init(_ info: stat) {
-        device = UInt64(info.st_dev)
-        inode = UInt64(info.st_ino)
-    }
-}
-
 /// One stored file open through the file system, shared by every descriptor on it: one plaintext size and one block
 /// cache of truth, however many programs have it open (separate `EncryptedFile`s on one file would not see each other's writes).
 final class OpenFile: @unchecked Sendable {
@@ -188,41 +177,4 @@ final class DirectoryCache: @unchecked Sendable {
     }
 
     func removeAll() { mutex.withLock { entries.removeAll() } }
-}
-
-/// An inode as of its last change: any write, truncation, rename or reuse of the number gives another value.
-struct StoredInode: Hashable {
-    let identity: FileIdentity
-    let changed: timespec
-
-    init(_ info: stat) {
-        identity = FileIdentity(info)
-        changed = info.st_ctim
-    }
-
-    static func == (lhs: StoredInode, rhs: StoredInode) -> Bool {
-        lhs.identity == rhs.identity && lhs.changed.tv_sec == rhs.changed.tv_sec && lhs.changed.tv_nsec == rhs.changed.tv_nsec
-    }
-
-    func hash(into hasher: inout Hasher) {
-        hasher.combine(identity)
-        hasher.combine(changed.tv_sec)
-        hasher.combine(changed.tv_nsec)
-    }
-}
-
-/// The block layout of files whose header was read, so `stat` of an unchanged file needs no header read.
-final class LayoutCache: @unchecked Sendable {
-    private static let capacity = 8192
-    private let mutex = NSLock()
-    private var layouts: [StoredInode: BlockLayout] = [:]
-
-    func layout(_ inode: StoredInode) -> BlockLayout? { mutex.withLock { layouts[inode] } }
-
-    func remember(_ layout: BlockLayout, for inode: StoredInode) {
-        mutex.withLock {
-            if layouts.count >= Self.capacity { layouts.removeAll(keepingCapacity: true) }
-            layouts[inode] = layout
-        }
-    }
 }
