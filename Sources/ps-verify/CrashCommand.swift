@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import ProtectedStore
+import ProtectedStoreTesting
 
 /// The crash-consistency harness: for each kind, runs a worker process that performs operations back to back and
 /// SIGKILLs it at a random instant, then checks that the device holds the old or the new version and nothing else.

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import ProtectedStore
+import ProtectedStoreTesting
 
 /// One load-test client: attaches to the daemon and does random operations on its own folder, keeping a model of what
 /// each file must hold; prints a JSON report (counts, refusals, violations, the model) as its last line.

@@ -1,18 +1,6 @@
 import Foundation
 import ProtectedStore
-
-/// A small, fast, seedable generator (SplitMix64), so every process derives the same content from the same seed.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
+import ProtectedStoreTesting
 
 /// Content named by a seed: `size` bytes a reader can regenerate to compare, so a torn or mixed file never matches.
 func generatedContent(seed: UInt64, size: Int) -> Data {

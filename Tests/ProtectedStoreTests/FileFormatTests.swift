@@ -1,6 +1,7 @@
 import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
+import ProtectedStoreTesting
 import Testing
 
 @Suite("Encrypted file format")

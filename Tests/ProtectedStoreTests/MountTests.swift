@@ -3,6 +3,7 @@ import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
 @testable import ProtectedStoreMount
+import ProtectedStoreTesting
 import SystemPackage
 import Testing
 

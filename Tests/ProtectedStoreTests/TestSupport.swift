@@ -86,19 +86,6 @@ func expectError<R>(_ kind: ProtectedStoreError.Kind, sourceLocation: SourceLoca
     return error
 }
 
-/// A small deterministic generator, so a failing random sequence can be replayed from its seed.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 func readRaw(_ path: String) -> [UInt8] { Array(FileManager.default.contents(atPath: path)!) }
 func writeRaw(_ bytes: [UInt8], _ path: String) { precondition(FileManager.default.createFile(atPath: path, contents: Data(bytes))) }
 

@@ -40,7 +40,7 @@ extension PowerCutRecording {
     package func check(workload: String, statesPerCut: Int, seed: UInt64, scratch: String,
                        _ check: (PowerCutState) throws -> [String]) throws -> PowerCutReport {
         var report = PowerCutReport(workload: workload, seed: seed)
-        var random = SeededRandom(seed: seed)
+        var random = SplitMix64(seed: seed)
         let steps = self.steps
         var marks: [Int] = []
         for cut in 0...steps.count {
@@ -69,7 +69,7 @@ extension PowerCutRecording {
 
     private enum CutPolicy { case loseAll, keepAll, random }
 
-    private func rebuild(_ prefix: [Step], policy: CutPolicy, random: inout SeededRandom, fates: inout [String]) -> RebuiltTree {
+    private func rebuild(_ prefix: [Step], policy: CutPolicy, random: inout SplitMix64, fates: inout [String]) -> RebuiltTree {
         var lastSync: [RecordedNode: Int] = [:]
         for (index, step) in prefix.enumerated() { if case .synchronize(let node) = step { lastSync[node] = index } }
 
@@ -220,12 +220,13 @@ struct RebuiltTree {
     }
 }
 
-/// SplitMix64: a small seeded generator, so a reported seed replays the same states.
-struct SeededRandom: RandomNumberGenerator {
+/// SplitMix64: a small, fast, seeded generator, so a reported seed replays the same states, content or operations
+/// (the power-cut simulator, `ps-verify` and the tests use it).
+package struct SplitMix64: RandomNumberGenerator {
     private var state: UInt64
-    init(seed: UInt64) { state = seed }
+    package init(seed: UInt64) { state = seed }
 
-    mutating func next() -> UInt64 {
+    package mutating func next() -> UInt64 {
         state &+= 0x9E37_79B9_7F4A_7C15
         var z = state
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
