@@ -184,10 +184,9 @@ extension Container {
                 }
                 try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "created")
                 let inherited = try directoryClass(of: item.parent)
-                guard mkdirat(item.parent.descriptor.rawValue, item.name, 0o700) == 0 else {
+                guard DurableIO.makeDirectory(item.name, relativeTo: item.parent.descriptor.rawValue, mode: 0o700) == 0 else {
                     throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "create the directory")
                 }
-                if DurableIO.isRecording { DurableIO.recordDirectoryCreation(named: item.name, in: item.parent.descriptor) }
                 if let directoryClass = explicitClass ?? inherited {
                     let created = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
                     try writeDirectoryClass(directoryClass, in: created, displayPath: item.displayPath)
@@ -208,10 +207,9 @@ extension Container {
             if info.st_mode & S_IFMT == S_IFDIR {
                 try removeTree(named: item.name, in: item.parent, displayPath: item.displayPath)
             } else {
-                guard unlinkat(item.parent.descriptor.rawValue, item.name, 0) == 0 else {
+                guard DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue) == 0 else {
                     throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "remove the file")
                 }
-                if DurableIO.isRecording { DurableIO.recordUnlink(of: item.name, in: DurableIO.identity(of: item.parent.descriptor)) }
             }
             try item.location.synchronizeDirectory()
         }
@@ -417,11 +415,11 @@ extension Container {
             guard let info = try location.status() else { continue }
             if info.st_mode & S_IFMT == S_IFDIR {
                 try removeTree(named: child, in: opened, displayPath: directory.displayPath(opened.path.appending(child)))
-            } else if unlinkat(opened.descriptor.rawValue, child, 0) != 0 && Foundation.errno != ENOENT {
+            } else if DurableIO.unlink(child, relativeTo: opened.descriptor.rawValue) != 0 && Foundation.errno != ENOENT {
                 throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(opened.path.appending(child)), doing: "remove")
             }
         }
-        guard unlinkat(parent.descriptor.rawValue, name, AT_REMOVEDIR) == 0 else {
+        guard DurableIO.unlink(name, relativeTo: parent.descriptor.rawValue, flags: AT_REMOVEDIR) == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "remove the directory")
         }
     }

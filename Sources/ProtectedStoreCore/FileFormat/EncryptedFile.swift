@@ -169,16 +169,16 @@ public final class EncryptedFile: @unchecked Sendable {
     /// past the extent that a power cut left behind (a lost shrink or a lost append), before anything can reuse them.
     private func checkStoredBlocks() throws {
         let storedSize = Int64(try FileSystem.fileSize(descriptor, path: path))
-        let durable = min(record.extent, record.synchronizedExtent)
-        guard storedSize >= layout.storedOffset(ofBlock: durable) else {
-            throw ProtectedStoreError(.integrity, path: path, problem: "the file is \(storedSize) bytes, shorter than the \(durable) blocks it had stored: it was truncated",
+        // A record never claims more synced blocks than its extent (LengthRecord.parse checks it).
+        synchronizedExtent = record.synchronizedExtent
+        guard storedSize >= layout.storedOffset(ofBlock: synchronizedExtent) else {
+            throw ProtectedStoreError(.integrity, path: path, problem: "the file is \(storedSize) bytes, shorter than the \(synchronizedExtent) blocks it had stored: it was truncated",
                                       remedy: "Restore the file from a backup")
         }
         if isWritable && storedSize > layout.storedOffset(ofBlock: record.extent) {
             try DurableIO.truncate(descriptor, to: layout.storedOffset(ofBlock: record.extent), path: path)
             try DurableIO.synchronize(descriptor, path: path)
         }
-        synchronizedExtent = durable
     }
 
     // MARK: Properties
@@ -280,9 +280,7 @@ public final class EncryptedFile: @unchecked Sendable {
             try checkSize(newSize)
             try mutating { try withKey { key in
                 if newSize > record.length {
-                    var grown = record
-                    grown.length = newSize
-                    try store(grown, key: key)
+                    try storeLength(newSize, key: key)
                 } else if newSize < record.length {
                     try shrink(to: newSize, key: key)
                 }
@@ -306,11 +304,7 @@ public final class EncryptedFile: @unchecked Sendable {
                 throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "reserve space")
             }
             guard !keepSize && end > record.length else { return }
-            try mutating { try withKey { key in
-                var grown = record
-                grown.length = end
-                try store(grown, key: key)
-            } }
+            try mutating { try withKey { key in try storeLength(end, key: key) } }
         }
     }
 
@@ -456,6 +450,13 @@ public final class EncryptedFile: @unchecked Sendable {
         record = next
     }
 
+    /// Grows the file to `length` by the record alone: the new bytes are a hole.
+    private func storeLength(_ length: Int64, key: UnsafeRawBufferPointer) throws {
+        var grown = record
+        grown.length = length
+        try store(grown, key: key)
+    }
+
     /// Decrypts blocks `first...last` into `destination`, which starts at plaintext offset `plaintextStart`
     /// (inside block `first`) and ends inside block `last`. Blocks at or past the extent, and holes (a stored block
     /// of zeros, or one past the end of the file that no fsync had made durable), read as zeros.
@@ -468,8 +469,9 @@ public final class EncryptedFile: @unchecked Sendable {
         let storedBytes = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, storedCount), alignment: 16)
         defer { storedBytes.deallocate() }
         let storedBlock = Int(layout.storedBlockSize), plainBlock = Int(layout.blockSize)
-        // Blocks an fsync had made durable: one of them missing means the file was cut, not that a power cut lost it.
-        let durable = min(record.extent, max(record.synchronizedExtent, synchronizedExtent))
+        // Blocks an fsync had made durable (never fewer than the record claims): one of them missing means the file was
+        // cut, not that a power cut lost it.
+        let durable = min(record.extent, synchronizedExtent)
         let failures = try forEachBlockInParallel(count: blockCount) { range in
             let rangeStart = range.lowerBound * storedBlock
             let rangeEnd = min(storedCount, range.upperBound * storedBlock)

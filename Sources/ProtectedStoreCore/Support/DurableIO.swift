@@ -1,3 +1,4 @@
+import CSupport
 import Foundation
 import Synchronization
 import SystemPackage
@@ -68,41 +69,49 @@ package enum DurableIO {
         if let recording = activeRecorder, let identity = identity(of: descriptor) { recording.record(.synchronize(identity)) }
     }
 
-    /// Reports a name that `open(O_CREAT)` or `mkdir` made; `descriptor` is the new file (or directory).
-    package static func recordCreation(of descriptor: FileDescriptor, named name: String, in directory: FileIdentity?, isDirectory: Bool) {
-        guard let recording = activeRecorder, let directory, let identity = identity(of: descriptor) else { return }
-        recording.record(.create(directory: directory, name: name, identity, isDirectory: isDirectory))
+    /// Reports the file an exclusive `openat(O_CREAT | O_EXCL)` just made as `name` relative to `directory`.
+    package static func recordCreation(of descriptor: FileDescriptor, named name: String, relativeTo directory: Int32) {
+        guard let recording = activeRecorder, let (parent, leaf) = place(of: name, relativeTo: directory), let created = identity(of: descriptor) else { return }
+        recording.record(.create(directory: parent, name: leaf, created, isDirectory: false))
     }
 
-    /// Reports a directory that `mkdir` made at `path`.
-    package static func recordDirectoryCreation(atPath path: String) {
-        guard let recording = activeRecorder, let created = identity(ofPath: path),
-              let parent = identity(ofPath: (path as NSString).deletingLastPathComponent) else { return }
-        recording.record(.create(directory: parent, name: (path as NSString).lastPathComponent, created, isDirectory: true))
-    }
-
-    /// Reports a directory that `mkdirat` made as `name` in `directory`.
-    package static func recordDirectoryCreation(named name: String, in directory: FileDescriptor) {
+    /// mkdirat; reported when it succeeds. Returns 0, or -1 with errno set, as mkdirat does.
+    package static func makeDirectory(_ name: String, relativeTo directory: Int32, mode: mode_t) -> Int32 {
+        let result = mkdirat(directory, name, mode)
         var info = stat()
-        guard let recording = activeRecorder, let parent = identity(of: directory),
-              fstatat(directory.rawValue, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else { return }
-        recording.record(.create(directory: parent, name: name, FileIdentity(info), isDirectory: true))
+        if result == 0, let recording = activeRecorder, let (parent, leaf) = place(of: name, relativeTo: directory),
+           fstatat(directory, name, &info, AT_SYMLINK_NOFOLLOW) == 0 {
+            recording.record(.create(directory: parent, name: leaf, FileIdentity(info), isDirectory: true))
+        }
+        return result
     }
 
-    /// Reports a rename that succeeded.
-    package static func recordRename(from source: (FileIdentity?, String), to target: (FileIdentity?, String)) {
-        guard let recording = activeRecorder, let fromDirectory = source.0, let toDirectory = target.0 else { return }
-        recording.record(.rename(fromDirectory: fromDirectory, fromName: source.1, toDirectory: toDirectory, toName: target.1))
+    /// unlinkat (`AT_REMOVEDIR` in `flags` for a directory); reported when it succeeds. Returns 0, or -1 with errno set.
+    package static func unlink(_ name: String, relativeTo directory: Int32, flags: Int32 = 0) -> Int32 {
+        let result = unlinkat(directory, name, flags)
+        if result == 0, let recording = activeRecorder, let (parent, leaf) = place(of: name, relativeTo: directory) {
+            recording.record(.unlink(directory: parent, name: leaf))
+        }
+        return result
     }
 
-    /// Reports an unlink that succeeded.
-    package static func recordUnlink(of name: String, in directory: FileIdentity?) {
-        guard let recording = activeRecorder, let directory else { return }
-        recording.record(.unlink(directory: directory, name: name))
+    /// renameat, or renameat2 with RENAME_NOREPLACE when `replacing` is false; reported when it succeeds. Returns 0,
+    /// or -1 with errno set (EEXIST when the target exists and may not be replaced).
+    package static func rename(_ name: String, relativeTo directory: Int32, to newName: String, relativeTo newDirectory: Int32, replacing: Bool) -> Int32 {
+        let result = replacing ? renameat(directory, name, newDirectory, newName) : ps_rename_noreplace(directory, name, newDirectory, newName)
+        if result == 0, let recording = activeRecorder, let (from, fromLeaf) = place(of: name, relativeTo: directory),
+           let (to, toLeaf) = place(of: newName, relativeTo: newDirectory) {
+            recording.record(.rename(fromDirectory: from, fromName: fromLeaf, toDirectory: to, toName: toLeaf))
+        }
+        return result
     }
 
-    /// Whether a recorder is listening: callers skip the extra stat calls that identify directories when none is.
-    package static var isRecording: Bool { activeRecorder != nil }
+    /// The directory holding `name` and the name within it: `name` may be a whole path when `directory` is AT_FDCWD.
+    private static func place(of name: String, relativeTo directory: Int32) -> (FileIdentity, String)? {
+        guard directory == AT_FDCWD else { return identity(of: FileDescriptor(rawValue: directory)).map { ($0, name) } }
+        let parent = (name as NSString).deletingLastPathComponent
+        return identity(ofPath: parent.isEmpty ? "." : parent).map { ($0, (name as NSString).lastPathComponent) }
+    }
 
     package static func identity(of descriptor: FileDescriptor) -> FileIdentity? {
         var info = stat()

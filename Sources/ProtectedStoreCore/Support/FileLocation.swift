@@ -49,13 +49,9 @@ package struct FileLocation: Sendable {
 
     /// Renames this file to `target` in the same file system, replacing an existing one or refusing it (EEXIST).
     package func rename(to target: FileLocation, replacing: Bool) throws {
-        let result = replacing
-            ? renameat(directoryDescriptor, name, target.directoryDescriptor, target.name)
-            : ps_rename_noreplace(directoryDescriptor, name, target.directoryDescriptor, target.name)
-        guard result == 0 else {
+        guard DurableIO.rename(name, relativeTo: directoryDescriptor, to: target.name, relativeTo: target.directoryDescriptor, replacing: replacing) == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: target.displayPath, doing: replacing ? "put the new file in place" : "create the file")
         }
-        if DurableIO.isRecording { DurableIO.recordRename(from: (directoryIdentity, leafName), to: (target.directoryIdentity, target.leafName)) }
     }
 
     /// Makes a rename or unlink of this name durable: fsync of the directory holding it.
@@ -81,15 +77,6 @@ package struct FileLocation: Sendable {
     }
 
     private var directoryDescriptor: Int32 { directory?.rawValue ?? AT_FDCWD }
-
-    /// The name within its directory, as a recording of name operations needs it.
-    private var leafName: String { directory == nil ? (name as NSString).lastPathComponent : name }
-
-    /// The directory holding the name, for a recording of name operations (nil if it can't be identified).
-    private var directoryIdentity: FileIdentity? {
-        if let directory { return DurableIO.identity(of: directory) }
-        return DurableIO.identity(ofPath: parentPath)
-    }
     private var noFollow: Int32 { directory == nil ? 0 : O_NOFOLLOW }
 
     package func open(_ mode: FileDescriptor.AccessMode, options: FileDescriptor.OpenOptions = [], permissions: FilePermissions? = nil,
@@ -100,9 +87,7 @@ package struct FileLocation: Sendable {
             if fd >= 0 {
                 let descriptor = FileDescriptor(rawValue: fd)
                 // Only an exclusive create is sure to have made a new file; a plain O_CREAT may have opened an old one.
-                if options.contains(.exclusiveCreate), DurableIO.isRecording {
-                    DurableIO.recordCreation(of: descriptor, named: leafName, in: directoryIdentity, isDirectory: false)
-                }
+                if options.contains(.exclusiveCreate) { DurableIO.recordCreation(of: descriptor, named: name, relativeTo: directoryDescriptor) }
                 return descriptor
             }
             if Foundation.errno != EINTR { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: action) }
@@ -128,7 +113,7 @@ package struct FileLocation: Sendable {
     }
 
     package func unlink() {
-        if unlinkat(directoryDescriptor, name, 0) == 0, DurableIO.isRecording { DurableIO.recordUnlink(of: leafName, in: directoryIdentity) }
+        _ = DurableIO.unlink(name, relativeTo: directoryDescriptor)
     }
 
     /// lstat (symlinks not followed); nil if nothing is there.

@@ -55,23 +55,21 @@ package enum FileSystem {
         throw ProtectedStoreError.io(errno, path: path, doing: "look up")
     }
 
-    /// Creates `path` and missing parents with mode 0700.
+    /// Creates `path` and missing parents with mode 0700, each through `DurableIO`.
     package static func createDirectories(_ path: String) throws {
-        // The ones missing now, outermost first, so a recording sees each creation.
-        var missing: [String] = []
-        if DurableIO.isRecording {
-            var candidate = path
-            while !candidate.isEmpty, candidate != "/", (try? exists(candidate)) == false {
-                missing.insert(candidate, at: 0)
-                candidate = (candidate as NSString).deletingLastPathComponent
+        var info = stat()
+        if stat(path, &info) == 0 {
+            guard info.st_mode & S_IFMT == S_IFDIR else {
+                throw ProtectedStoreError(.invalidArgument, path: path, problem: "cannot create the directory: a file is in the way",
+                                          remedy: "Move the file away or choose another path")
             }
+            return
         }
-        do {
-            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-            missing.forEach(DurableIO.recordDirectoryCreation(atPath:))
-        } catch {
-            throw ProtectedStoreError(.io, path: path, problem: "cannot create the directory (\(error.localizedDescription))",
-                                      remedy: "Check the permissions of its parent directories")
+        let parent = (path as NSString).deletingLastPathComponent
+        if !parent.isEmpty && parent != path { try createDirectories(parent) }
+        // EEXIST: another process made it meanwhile.
+        guard DurableIO.makeDirectory(path, relativeTo: AT_FDCWD, mode: 0o700) == 0 || Foundation.errno == EEXIST else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "create the directory")
         }
     }
 

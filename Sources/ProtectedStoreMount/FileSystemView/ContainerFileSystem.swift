@@ -192,7 +192,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// fsync of an open directory (makes creations and renames in it durable).
     package func synchronizeDirectory(_ number: UInt64) throws {
-        try Self.check(fsync(try table.directory(number).rawValue))
+        try DurableIO.synchronize(try table.directory(number), path: "directory \(number)")
     }
 
     /// mkdir; the new directory takes its parent's class marker, as in the library.
@@ -202,14 +202,14 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         let inherited = try container.directoryClass(of: item.parent)
-        try Self.check(mkdirat(item.parent.descriptor.rawValue, item.name, mode & 0o7777))
+        try Self.check(DurableIO.makeDirectory(item.name, relativeTo: item.parent.descriptor.rawValue, mode: mode & 0o7777))
         guard let inherited else { return }
         do {
             try container.writeDirectoryClass(inherited, in: try item.parent.subdirectory(item.name, displayPath: item.displayPath),
                                               displayPath: item.displayPath)
         } catch {
             // Without its marker, files in it would take a weaker class than asked: no directory rather than that.
-            unlinkat(item.parent.descriptor.rawValue, item.name, AT_REMOVEDIR)
+            _ = DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR)
             throw error
         }
     }
@@ -221,10 +221,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         directories.removeAll()
-        if unlinkat(item.parent.descriptor.rawValue, item.name, AT_REMOVEDIR) == 0 { return }
+        if DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR) == 0 { return }
         guard Foundation.errno == ENOTEMPTY else { throw Errno(rawValue: Foundation.errno) }
         try removeOwnFiles(in: item)
-        try Self.check(unlinkat(item.parent.descriptor.rawValue, item.name, AT_REMOVEDIR))
+        try Self.check(DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR))
     }
 
     // MARK: Names
@@ -233,7 +233,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package func removeFile(_ kernelPath: String) throws {
         let item = try resolve(try containerPath(kernelPath))
         defer { withExtendedLifetime(item) {} }
-        try Self.check(unlinkat(item.parent.descriptor.rawValue, item.name, 0))
+        try Self.check(DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue))
         table.unlinked(kernelPath)
     }
 
@@ -262,9 +262,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
             table.exchanged(kernelSource, kernelTarget)
             return
         }
-        let rename = { flags & noReplace != 0
-            ? ps_rename_noreplace(fromDirectory, from.name, toDirectory, to.name)
-            : renameat(fromDirectory, from.name, toDirectory, to.name) }
+        let rename = { DurableIO.rename(from.name, relativeTo: fromDirectory, to: to.name, relativeTo: toDirectory, replacing: flags & noReplace == 0) }
         if rename() != 0 {
             // An otherwise empty directory being replaced may hold a class marker.
             guard Foundation.errno == ENOTEMPTY || Foundation.errno == EEXIST, flags & noReplace == 0 else { throw Errno(rawValue: Foundation.errno) }
@@ -463,7 +461,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
             directory = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
         }
         defer { withExtendedLifetime(directory) {} }
-        guard unlinkat(directory.descriptor.rawValue, Container.directoryClassName, 0) == 0 else {
+        guard DurableIO.unlink(Container.directoryClassName, relativeTo: directory.descriptor.rawValue) == 0 else {
             throw Foundation.errno == ENOENT ? Errno.noData : Errno(rawValue: Foundation.errno)
         }
     }
@@ -626,7 +624,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let names = try container.names(in: directory, includingReserved: true)
         guard names.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { throw Errno.directoryNotEmpty }
         withExtendedLifetime(directory) {
-            for name in names { unlinkat(directory.descriptor.rawValue, name, 0) }
+            for name in names { _ = DurableIO.unlink(name, relativeTo: directory.descriptor.rawValue) }
         }
     }
 
