@@ -23,7 +23,8 @@ package final class FUSEMount: @unchecked Sendable {
     /// Mounts, calls `ready` once the file system is visible, serves requests, and unmounts. Throws if mounting fails.
     package func run(ready: () -> Void) throws {
         let container = fileSystem.container
-        let options = "default_permissions,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl"
+        // nodev and nosuid: an app container holds no device nodes and no set-id programs, as on iOS.
+        let options = "default_permissions,nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl"
         var arguments = fuse_args()
         defer { fuse_opt_free_args(&arguments) }
         for argument in ["sandboxctl", "-o", options] where fuse_opt_add_arg(&arguments, argument) != 0 {
@@ -125,8 +126,11 @@ package final class FUSEMount: @unchecked Sendable {
         }
         operations.mknod = { path, mode, _ in
             serve("mknod", path) { fs in
-                guard mode & S_IFMT == S_IFREG else { throw Errno.notPermitted }
-                fs.release(try fs.create(try string(path), mode: mode))
+                if mode & S_IFMT == S_IFREG {
+                    fs.release(try fs.create(try string(path), mode: mode))
+                } else {
+                    try fs.createSpecialFile(try string(path), mode: mode)
+                }
             }
         }
         operations.mkdir = { path, mode in serve("mkdir", path) { try $0.createDirectory(try string(path), mode: mode) } }
@@ -134,8 +138,7 @@ package final class FUSEMount: @unchecked Sendable {
         operations.rmdir = { path in serve("rmdir", path) { try $0.removeDirectory(try string(path)) } }
         operations.symlink = { target, path in serve("symlink", path) { try $0.createSymbolicLink(at: try string(path), target: try string(target)) } }
         operations.rename = { source, target, flags in serve("rename", source) { try $0.rename(try string(source), to: try string(target), flags: flags) } }
-        // Hard links would give one encrypted file two classes' worth of names to track; refused as on file systems without them.
-        operations.link = { _, _ in -EPERM }
+        operations.link = { source, target in serve("link", source) { try $0.link(try string(source), to: try string(target)) } }
         operations.chmod = { path, mode, file in
             serve("chmod", path) { try $0.setMode(mode, of: try path.map(string), handle: file?.pointee.fh) }
         }
@@ -170,6 +173,9 @@ package final class FUSEMount: @unchecked Sendable {
         }
         operations.fallocate = { path, mode, offset, length, file in
             serve("fallocate", path) { try $0.allocate(file!.pointee.fh, mode: mode, offset: Int64(offset), length: Int64(length)) }
+        }
+        operations.lseek = { path, offset, whence, file in
+            answer("lseek", path) { try $0.seek(file!.pointee.fh, from: Int64(offset), whence: whence) }
         }
         operations.statfs = { path, info in serve("statfs", path) { info!.pointee = try $0.statistics() } }
         operations.flush = { _, _ in 0 }
@@ -222,12 +228,17 @@ private func serve(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (
 
 /// Runs an operation that answers with a byte count (or 0), or the negated errno.
 private func transfer(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (ContainerFileSystem) throws -> Int) -> Int32 {
+    Int32(answer(operation, path, body))
+}
+
+/// Runs an operation that answers with a number as wide as a file offset, or the negated errno.
+private func answer(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (ContainerFileSystem) throws -> Int) -> Int {
     let fs = currentFileSystem()
     do {
-        return Int32(try body(fs))
+        return try body(fs)
     } catch {
         let name = path.map { String(cString: $0) } ?? "(open file)"
-        return -fs.errno(for: error, doing: "\(operation) \(name)").rawValue
+        return -Int(fs.errno(for: error, doing: "\(operation) \(name)").rawValue)
     }
 }
 

@@ -218,6 +218,40 @@ struct FileFormatTests {
         #expect(try test.device.readFile(at: path) == model)
     }
 
+    @Test("a full disk: ProtectedFileHandle.write fails with fileWriteOutOfSpace, having changed nothing; the handle then writes again once space is freed")
+    func fullDisk() throws {
+        guard let disk = SmallDisk(megabytes: 4, purpose: "the library's full-disk test") else { return }
+        let test = try TestDevice(in: disk.directory)
+        let container = try test.makeContainer(defaultProtection: .completeUntilFirstUserAuthentication)
+        try test.device.unlock(passcode: try Passcode(TestDevice.passcode))
+        let handle = try container.createFile(atPath: "Documents/big.bin")
+        var model: [UInt8] = []
+        var failure: CocoaError?
+        for round in 0..<200 where failure == nil {
+            let chunk = pattern(100_000, seed: UInt8(round))
+            do {
+                try handle.write(contentsOf: Data(chunk), atOffset: UInt64(model.count))
+                model += chunk
+            } catch let error as CocoaError {
+                failure = error
+            }
+        }
+        #expect(failure?.code == .fileWriteOutOfSpace, "\(String(describing: failure))")
+        #expect((failure?.underlying as? POSIXError)?.code == .ENOSPC)
+        #expect(failure?.protectedStoreError?.description.contains("the file is unchanged") == true, "\(String(describing: failure))")
+        #expect(failure?.protectedStoreError?.remedy == "Free some disk space and try again")
+        #expect(handle.size == UInt64(model.count))
+        #expect(try handle.read(upToCount: model.count + 10, atOffset: 0) == Data(model))
+        // Cutting the file frees space; the same handle goes on.
+        try handle.truncate(atOffset: UInt64(model.count / 2))
+        model.removeLast(model.count - model.count / 2)
+        try handle.write(contentsOf: Data(pattern(100_000, seed: 99)), atOffset: UInt64(model.count))
+        model += pattern(100_000, seed: 99)
+        try handle.synchronize()
+        try handle.close()
+        #expect(try container.contents(atPath: "Documents/big.bin") == Data(model))
+    }
+
     @Test("a shrink never rewrites the block it cuts, and the cut-off bytes never come back")
     func shrinkKeepsTheCutBlock() throws {
         let test = try TestDevice()

@@ -31,8 +31,8 @@ final class MountedDevice: @unchecked Sendable {
     let mount: SpawnedProcess
     let mountPoint: String
 
-    init(defaultProtection: FileProtectionType = .complete) throws {
-        test = try TestDevice()
+    init(defaultProtection: FileProtectionType = .complete, in directory: TemporaryDirectory = TemporaryDirectory()) throws {
+        test = try TestDevice(in: directory)
         container = try test.makeContainer(defaultProtection: defaultProtection)
         daemon = try DaemonProcess(test, grace: 1)
         mountPoint = test.path("mnt")

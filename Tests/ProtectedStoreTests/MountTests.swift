@@ -541,13 +541,13 @@ struct MountTests {
 
     // MARK: Helpers
 
-    private func run(_ executable: String, _ arguments: [String]) throws -> CLI.Result {
+    func run(_ executable: String, _ arguments: [String]) throws -> CLI.Result {
         let result = try CLI.run(executable: URL(fileURLWithPath: executable), arguments)
         if result.status != 0 { Issue.record("\(executable) \(arguments.joined(separator: " ")) failed: \(result.stderr)") }
         return result
     }
 
-    private func xattr(_ path: String) throws -> String {
+    func xattr(_ path: String) throws -> String {
         var buffer = [UInt8](repeating: 0, count: 128)
         let length = getxattr(path, ContainerFileSystem.protectionAttribute, &buffer, buffer.count)
         guard length >= 0 else { throw Errno(rawValue: errno) }
@@ -561,7 +561,7 @@ struct MountTests {
         return buffer[0..<length].split(separator: 0).map { String(decoding: $0.map { UInt8(bitPattern: $0) }, as: UTF8.self) }
     }
 
-    private func readString(_ fd: Int32) -> String? {
+    func readString(_ fd: Int32) -> String? {
         var buffer = [UInt8](repeating: 0, count: 4096)
         let count = pread(fd, &buffer, buffer.count, 0)
         return count < 0 ? nil : String(decoding: buffer[0..<count], as: UTF8.self)

@@ -97,7 +97,7 @@ struct PowerCutTests {
         #expect(report.violations.isEmpty, "\(report)")
     }
 
-    @Test("appends, truncates up and down around block boundaries and sparse writes, fsynced now and then")
+    @Test("appends, truncates up and down around block boundaries, sparse writes and fallocate, fsynced now and then")
     func growthAndShrinking() throws {
         let block = Self.blockSize
         let report = try simulate("growth and shrinking", initial: pattern(block + 100), statesPerCut: 12) { file, history in
@@ -118,6 +118,11 @@ struct PowerCutTests {
                 try file.synchronize()
                 history.synchronized()
             }
+            func allocate(_ offset: Int, _ length: Int, keepSize: Bool) throws {
+                history.truncate(to: Int64(keepSize ? history.current.count : max(history.current.count, offset + length)))
+                try file.allocate(from: Int64(offset), length: Int64(length), keepSize: keepSize)
+                history.completed()
+            }
             try write(block - 100, at: block + 100)          // fills block 1 exactly
             try sync()
             try write(1, at: 2 * block)                      // a new block after a full one
@@ -129,6 +134,13 @@ struct PowerCutTests {
             try write(block, at: 2 * block - 50)              // covers the stale tail and the hole after it
             try truncate(block / 2)
             try write(300, at: block / 2)                     // append into the cut block
+            try sync()
+            try allocate(6 * block + 10, 3 * block, keepSize: false)  // fallocate past the end: a hole with space behind it
+            try write(50, at: 7 * block)                      // into the reserved space
+            try allocate(0, 12 * block, keepSize: true)       // reserves only
+            try sync()
+            try truncate(8 * block + 1)                       // cuts the fallocated range
+            try write(10, at: 11 * block)                     // sparse again
             try sync()
         }
         #expect(report.violations.isEmpty, "\(report)")

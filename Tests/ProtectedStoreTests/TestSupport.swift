@@ -17,15 +17,33 @@ final class TemporaryDirectory: @unchecked Sendable {
     func file(_ name: String) -> String { (path as NSString).appendingPathComponent(name) }
 }
 
+/// A small tmpfs of its own, to fill up: unmounted (lazily) when released. Nil, with the reason printed, where this
+/// process may not mount (it needs root or CAP_SYS_ADMIN).
+final class SmallDisk: @unchecked Sendable {
+    let directory = TemporaryDirectory()
+    var path: String { directory.path }
+
+    init?(megabytes: Int, purpose: String) {
+        let mounting = try? CLI.run(executable: URL(fileURLWithPath: "/bin/mount"), ["-t", "tmpfs", "-o", "size=\(megabytes)m,mode=0700", "tmpfs", directory.path])
+        guard let mounting, mounting.status == 0 else {
+            print("Skipping \(purpose): cannot mount a \(megabytes) MiB tmpfs (\(mounting?.stderr.trimmingCharacters(in: .whitespacesAndNewlines) ?? "no /bin/mount")); it needs root or CAP_SYS_ADMIN")
+            return nil
+        }
+    }
+
+    deinit { _ = try? CLI.run(executable: URL(fileURLWithPath: "/bin/umount"), ["-l", directory.path]) }
+}
+
 /// A device with the fast KDF in a temporary directory, its secret beside (not inside) the root.
 struct TestDevice {
     static let passcode = "1234-test"
-    let directory = TemporaryDirectory()
+    let directory: TemporaryDirectory
     let device: Device
     var root: String { directory.file("root") }
     var secretPath: String { directory.file("device.secret") }
 
-    init(passcode: String = TestDevice.passcode, policy: PasscodePolicy = .default) throws {
+    init(passcode: String = TestDevice.passcode, policy: PasscodePolicy = .default, in directory: TemporaryDirectory = TemporaryDirectory()) throws {
+        self.directory = directory
         device = try Device.create(root: directory.file("root"), deviceSecretPath: directory.file("device.secret"),
                                    passcode: try Passcode(passcode), kdf: .fast, passcodePolicy: policy, notificationCenter: NotificationCenter())
     }

@@ -12,6 +12,14 @@ int ps_rename_noreplace(int old_directory, const char *old_name, int new_directo
 /// (fallocate is declared only under _GNU_SOURCE). Returns 0, or -1 with errno set (ENOSPC, EOPNOTSUPP, ...).
 int ps_reserve_space(int fd, long long offset, long long length);
 
+/// lseek(SEEK_DATA) and lseek(SEEK_HOLE): the next data or hole offset at or after `offset`, or -1 with errno
+/// (ENXIO: none before the end of the file).
+long long ps_seek_data(int fd, long long offset);
+long long ps_seek_hole(int fd, long long offset);
+
+/// fallocate with any mode (tests drive the mount with it). Returns 0, or -1 with errno set.
+int ps_fallocate(int fd, int mode, long long offset, long long length);
+
 /// renameat2(RENAME_EXCHANGE): swaps the two names atomically. Returns 0, or -1 with errno set.
 int ps_rename_exchange(int old_directory, const char *old_name, int new_directory, const char *new_name);
 

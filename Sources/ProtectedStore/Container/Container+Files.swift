@@ -385,6 +385,9 @@ extension Container {
         case S_IFLNK:
             type = .typeSymbolicLink
             target = try? location.readLink()
+        case S_IFSOCK, S_IFIFO:
+            // Made through the mount; a name with no data at rest, so no class. Foundation has no type for a FIFO.
+            type = info.st_mode & S_IFMT == S_IFSOCK ? .typeSocket : .typeUnknown
         default:
             problem = "not a regular file, directory or symbolic link"
         }

@@ -55,7 +55,8 @@ public final class ProtectedFileHandle: @unchecked Sendable {
         }
     }
 
-    /// Writes `data` at `offset`, extending the file (with zeros in any gap) if needed.
+    /// Writes `data` at `offset`, extending the file (with zeros in any gap, which take no space) if needed. A full
+    /// disk fails it with `.fileWriteOutOfSpace` before anything changed.
     public func write(contentsOf data: Data, atOffset offset: UInt64) throws {
         try foundationErrors(writing: true) {
             let start = try checked(offset)
@@ -63,7 +64,7 @@ public final class ProtectedFileHandle: @unchecked Sendable {
         }
     }
 
-    /// Cuts or extends the file to `offset` bytes.
+    /// Cuts or extends the file to `offset` bytes; extending stores nothing for the gap. A call that fails changes nothing.
     public func truncate(atOffset offset: UInt64) throws {
         try foundationErrors(writing: true) { try file.truncate(to: try checked(offset)) }
     }

@@ -35,6 +35,9 @@ package struct BlockLayout: Sendable {
     /// Where block `index` starts on disk; also the stored size of a file whose blocks `0..<index` are stored.
     package func storedOffset(ofBlock index: Int64) -> Int64 { Self.bodyOffset + index * storedBlockSize }
 
+    /// Index of the block whose stored bytes include stored offset `offset` (0 for the header region).
+    package func blockIndex(atStoredOffset offset: Int64) -> Int64 { max(0, offset - Self.bodyOffset) / storedBlockSize }
+
     /// The largest plaintext size a file can have: the stored offset of every block, and of the one after the last,
     /// fits a signed 64-bit file offset.
     package var maximumPlaintextSize: Int64 { ((Int64.max - Self.bodyOffset) / storedBlockSize - 1) * blockSize }

@@ -33,6 +33,9 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Blocks below this were durable at the last completed fsync (written into the next record, or at close).
     private var synchronizedExtent: Int64 = 0
     private var isClosed = false
+    /// Whether some block below the extent may be a hole of the stored file, which a write must allocate. Until one
+    /// is, writes inside the extent only overwrite allocated blocks and need no space reserved first.
+    private var mayHaveInteriorHoles = false
     /// Set when a write failed part-way: the blocks on disk may no longer match the record.
     private var failedWrite: ProtectedStoreError?
     /// Reads share it, so several threads decrypt one file at once; writes, truncation, class changes and closing take it alone.
@@ -179,6 +182,10 @@ public final class EncryptedFile: @unchecked Sendable {
             try DurableIO.truncate(descriptor, to: layout.storedOffset(ofBlock: record.extent), path: path)
             try DurableIO.synchronize(descriptor, path: path)
         }
+        if isWritable {
+            let firstHole = ps_seek_hole(descriptor.rawValue, BlockLayout.bodyOffset)
+            mayHaveInteriorHoles = firstHole < 0 || firstHole < min(storedSize, layout.storedOffset(ofBlock: record.extent))
+        }
     }
 
     // MARK: Properties
@@ -251,23 +258,35 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Writes the contents of `buffer` at `offset`, extending the file (with a hole, which costs no storage) if
     /// `offset` is past the end. Only the blocks the write covers are written, then the length record if it changed.
+    /// Their space is reserved first, so a full disk (ENOSPC, EDQUOT) fails the call with the file unchanged.
     public func write(from buffer: UnsafeRawBufferPointer, at offset: Int64) throws {
         precondition(offset >= 0, "negative offset")
         try lock.withWriteLock {
             try checkWritable()
             guard buffer.count > 0 else { return }
-            try checkSize(offset + Int64(buffer.count))
-            try mutating { try withKey { key in
-                var position = offset
-                let end = offset + Int64(buffer.count)
-                while position < end {
-                    let first = layout.blockIndex(containing: position)
-                    let passEnd = min(end, (first + blocksPerPass) * layout.blockSize)
-                    let source = UnsafeRawBufferPointer(rebasing: buffer[Int(position - offset)..<Int(passEnd - offset)])
-                    try writePass(source, at: position, key: key)
-                    position = passEnd
+            let end = offset + Int64(buffer.count)
+            try checkSize(end)
+            try withKey { key in
+                // Space first, where the write needs new space (blocks past the extent, or holes below it): a full
+                // disk or quota then fails the call before anything changed, not part-way through. (Where the backing
+                // file system cannot reserve space, a full disk fails the pwrite instead.)
+                let first = layout.blockIndex(containing: offset), last = layout.blockIndex(containing: end - 1)
+                if last >= record.extent || mayHaveInteriorHoles {
+                    _ = try reserveSpace(plaintext: offset..<end)
                 }
-            } }
+                // A gap between the extent and this write stays a hole of the stored file.
+                if first > record.extent { mayHaveInteriorHoles = true }
+                try mutating {
+                    var position = offset
+                    while position < end {
+                        let first = layout.blockIndex(containing: position)
+                        let passEnd = min(end, (first + blocksPerPass) * layout.blockSize)
+                        let source = UnsafeRawBufferPointer(rebasing: buffer[Int(position - offset)..<Int(passEnd - offset)])
+                        try writePass(source, at: position, key: key)
+                        position = passEnd
+                    }
+                }
+            }
         }
     }
 
@@ -297,15 +316,64 @@ public final class EncryptedFile: @unchecked Sendable {
             try checkWritable()
             let (end, overflow) = offset.addingReportingOverflow(length)
             try checkSize(overflow ? Int64.max : end)
-            let start = layout.storedOffset(ofBlock: layout.blockIndex(containing: offset))
-            let storedEnd = layout.storedOffset(ofBlock: layout.blockCount(plaintextSize: end))
-            // The stored file keeps its size (its length is the record's business); the space past it is held all the same.
-            guard ps_reserve_space(descriptor.rawValue, start, storedEnd - start) == 0 else {
-                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "reserve space")
+            guard try reserveSpace(plaintext: offset..<end) else {
+                throw ProtectedStoreError.io(.notSupported, path: path, doing: "reserve space (the backing file system has no fallocate)")
             }
             guard !keepSize && end > record.length else { return }
             try mutating { try withKey { key in try storeLength(end, key: key) } }
         }
+    }
+
+    /// What `seek(to:from:)` looks for.
+    package enum Region: Sendable { case data, hole }
+
+    /// lseek's SEEK_DATA and SEEK_HOLE on the plaintext: where the next data or hole starts at or after `offset`; nil
+    /// (ENXIO) when `offset` is at or past the end, or when no data follows it. A block is a hole when its stored
+    /// bytes include a hole of the stored file (it was never written); every block past the stored ones is a hole,
+    /// and so is the end of the file. SEEK_HOLE at a data offset always lands past it, so copy tools make progress.
+    package func seek(to region: Region, from offset: Int64) throws -> Int64? {
+        try lock.withReadLock {
+            try checkOpen()
+            guard offset >= 0, offset < record.length else { return nil }
+            let first = layout.blockIndex(containing: offset)
+            let storedEnd = min(record.extent, layout.blockCount(plaintextSize: record.length))
+            switch region {
+            case .data:
+                guard let block = try firstDataBlock(from: first, before: storedEnd) else { return nil }
+                return max(offset, block * layout.blockSize)
+            case .hole:
+                let block = first < storedEnd ? min(storedEnd, try firstHoleBlock(from: first)) : first
+                return min(record.length, max(offset, block * layout.blockSize))
+            }
+        }
+    }
+
+    /// The first block at or after `block` whose stored bytes include a hole (the stored file's end counts as one).
+    private func firstHoleBlock(from block: Int64) throws -> Int64 {
+        let hole = ps_seek_hole(descriptor.rawValue, layout.storedOffset(ofBlock: block))
+        if hole < 0 {
+            guard Foundation.errno == ENXIO else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "seek to a hole") }
+            return block  // at or past the stored file's end
+        }
+        return max(block, layout.blockIndex(atStoredOffset: hole))
+    }
+
+    /// The first block in `block..<end` with no hole in its stored bytes.
+    private func firstDataBlock(from block: Int64, before end: Int64) throws -> Int64? {
+        var candidate = block
+        while candidate < end {
+            let hole = try firstHoleBlock(from: candidate)
+            if hole > candidate { return candidate }
+            let data = ps_seek_data(descriptor.rawValue, layout.storedOffset(ofBlock: candidate))
+            if data < 0 {
+                guard Foundation.errno == ENXIO else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "seek to data") }
+                return nil
+            }
+            // A block whose stored bytes start inside the data found has a hole before it, so it is a hole too.
+            let containing = layout.blockIndex(atStoredOffset: data)
+            candidate = max(candidate + 1, data == layout.storedOffset(ofBlock: containing) ? containing : containing + 1)
+        }
+        return nil
     }
 
     /// Flushes data and metadata to stable storage (fsync).
@@ -392,6 +460,17 @@ public final class EncryptedFile: @unchecked Sendable {
             failedWrite = error
             throw error
         }
+    }
+
+    /// Reserves disk space (fallocate, keeping the stored size) for the stored blocks of the plaintext `range`.
+    /// False when the backing file system cannot reserve space; throws ENOSPC, EDQUOT and the like, having changed nothing.
+    private func reserveSpace(plaintext range: Range<Int64>) throws -> Bool {
+        let start = layout.storedOffset(ofBlock: layout.blockIndex(containing: range.lowerBound))
+        let end = layout.storedOffset(ofBlock: layout.blockCount(plaintextSize: range.upperBound))
+        guard ps_reserve_space(descriptor.rawValue, start, end - start) != 0 else { return true }
+        let failure = Errno(rawValue: Foundation.errno)
+        guard failure != .notSupported && failure != .noFunction else { return false }
+        throw ProtectedStoreError.io(failure, path: path, doing: "reserve space for \(range.count) bytes at offset \(range.lowerBound) (the file is unchanged)")
     }
 
     private func checkWritable() throws {

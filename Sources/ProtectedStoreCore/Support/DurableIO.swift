@@ -25,6 +25,8 @@ package enum DurableOperation: Sendable {
     case create(directory: FileIdentity, name: String, FileIdentity, isDirectory: Bool)
     case rename(fromDirectory: FileIdentity, fromName: String, toDirectory: FileIdentity, toName: String)
     case unlink(directory: FileIdentity, name: String)
+    /// A second name for an existing file (a hard link).
+    case link(directory: FileIdentity, name: String, FileIdentity)
 }
 
 /// Receives every durable operation while it is installed (the power-cut simulator's recorder).
@@ -104,6 +106,23 @@ package enum DurableIO {
             recording.record(.rename(fromDirectory: from, fromName: fromLeaf, toDirectory: to, toName: toLeaf))
         }
         return result
+    }
+
+    /// linkat (a hard link, the symlink itself if `name` is one); reported when it succeeds. Returns 0, or -1 with errno set.
+    package static func link(_ name: String, relativeTo directory: Int32, to newName: String, relativeTo newDirectory: Int32) -> Int32 {
+        let result = linkat(directory, name, newDirectory, newName, 0)
+        var info = stat()
+        if result == 0, let recording = activeRecorder, let (parent, leaf) = place(of: newName, relativeTo: newDirectory),
+           fstatat(newDirectory, newName, &info, AT_SYMLINK_NOFOLLOW) == 0 {
+            recording.record(.link(directory: parent, name: leaf, FileIdentity(info)))
+        }
+        return result
+    }
+
+    /// mknodat of a FIFO or a socket. Not reported: such a name holds no data, so a power-cut state has nothing to
+    /// rebuild for it. Returns 0, or -1 with errno set.
+    package static func makeSpecialFile(_ name: String, relativeTo directory: Int32, mode: mode_t) -> Int32 {
+        mknodat(directory, name, mode, 0)
     }
 
     /// The directory holding `name` and the name within it: `name` may be a whole path when `directory` is AT_FDCWD.

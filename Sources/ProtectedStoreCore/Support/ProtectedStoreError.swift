@@ -71,9 +71,9 @@ public struct ProtectedStoreError: Error, Sendable, CustomStringConvertible, Loc
         case .permissionDenied, .notPermitted:
             kind = .io
             remedy = "Check the permissions of the file and its directories"
-        case .noSpace:
+        case .noSpace, .diskQuotaExceeded:
             kind = .io
-            remedy = "Free some disk space and try again"
+            remedy = errno == .noSpace ? "Free some disk space and try again" : "Free some space within your disk quota and try again"
         case .fileExists:
             kind = .alreadyExists
             remedy = "Choose another name or remove the existing item first"

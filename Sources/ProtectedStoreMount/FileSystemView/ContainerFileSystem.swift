@@ -97,7 +97,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let handle = try table.handle(number)
         var info = try Self.status(of: handle.file.file.metadataDescriptor)
         info.st_size = off_t(handle.file.file.size)
-        if currentPath(of: handle.file)?.isWithin(container.inboxPath) == true { info.st_mode &= ~0o222 }
+        if isInInbox(handle.file) { info.st_mode &= ~0o222 }
         return info
     }
 
@@ -106,8 +106,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let requested = mode & 0o7777
         if let handle {
             let open = try table.handle(handle).file
-            if requested & 0o222 != 0, let path = currentPath(of: open) {
-                try container.refuseInboxChange(path, displayPath: display(path), doing: "made writable")
+            if requested & 0o222 != 0 {
+                for path in currentPaths(of: open) { try container.refuseInboxChange(path, displayPath: display(path), doing: "made writable") }
             }
             try Self.check(fchmod(open.file.metadataDescriptor.rawValue, requested))
             return
@@ -292,6 +292,32 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try Self.check(symlinkat(target, item.parent.descriptor.rawValue, item.name))
     }
 
+    /// link(2): a second name for a file. Creating one in the Inbox is refused (EACCES), and so is a name elsewhere for
+    /// an Inbox item, through which it could be written; the container's own folders have no second names (EPERM).
+    package func link(_ kernelSource: String, to kernelTarget: String) throws {
+        let source = try containerPath(kernelSource)
+        let target = try containerPath(kernelTarget, creating: true)
+        try container.refuseInboxChange(target, displayPath: display(target), doing: "created by linking")
+        try container.refuseInboxChange(source, displayPath: display(source), doing: "given a second name (it could be written through it); move it out of the Inbox first")
+        let from = try resolve(source), to = try resolve(target)
+        defer { withExtendedLifetime((from, to)) {} }
+        try Self.check(DurableIO.link(from.name, relativeTo: from.parent.descriptor.rawValue, to: to.name, relativeTo: to.parent.descriptor.rawValue))
+    }
+
+    /// mknod of a FIFO or a Unix socket (what mkfifo and bind make): a name with no data at rest, so no class applies.
+    /// Device nodes are refused (EPERM): an app container holds none, as on iOS, and the mount is nodev.
+    package func createSpecialFile(_ kernelPath: String, mode: mode_t) throws {
+        guard mode & S_IFMT == S_IFIFO || mode & S_IFMT == S_IFSOCK else {
+            logger.info("mknod \(kernelPath): device nodes can't be made in a container; only files, FIFOs and sockets")
+            throw Errno.notPermitted
+        }
+        let path = try containerPath(kernelPath, creating: true)
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        try Self.check(DurableIO.makeSpecialFile(item.name, relativeTo: item.parent.descriptor.rawValue, mode: mode & (S_IFMT | 0o7777)))
+    }
+
     /// readlink; a link that would lead out of the container when followed (one made outside the mount, or through
     /// other links) is refused (EPERM), so the kernel never follows it.
     package func symbolicLinkTarget(_ kernelPath: String) throws -> String {
@@ -385,6 +411,16 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let handle = try table.handle(number)
         guard handle.isWritable else { throw Errno.badFileDescriptor }
         try withKeyBroughtBack(handle.file.file) { try handle.file.file.allocate(from: offset, length: length, keepSize: mode == keepSize) }
+    }
+
+    /// lseek's SEEK_DATA and SEEK_HOLE (the kernel answers the other kinds itself): ENXIO at or past the end, or
+    /// when no data follows.
+    package func seek(_ number: UInt64, from offset: Int64, whence: Int32) throws -> Int {
+        let (seekData, seekHole): (Int32, Int32) = (3, 4)
+        guard whence == seekData || whence == seekHole else { throw Errno.invalidArgument }
+        let file = try table.handle(number).file.file
+        guard let found = try file.seek(to: whence == seekData ? .data : .hole, from: offset) else { throw Errno.noSuchAddressOrDevice }
+        return Int(found)
     }
 
     /// fsync and fdatasync.
@@ -606,9 +642,13 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     private func display(_ path: ContainerPath) -> String { container.directory.displayPath(path) }
 
-    /// Where an open file is shown now, as a container path; nil once unlinked.
-    private func currentPath(of file: OpenFile) -> ContainerPath? {
-        table.path(of: file).flatMap { try? containerPath($0) }
+    /// Every name an open file is shown under now (hard links give it several), as container paths; none once unlinked.
+    private func currentPaths(of file: OpenFile) -> [ContainerPath] {
+        table.paths(of: file).compactMap { try? containerPath($0) }
+    }
+
+    private func isInInbox(_ file: OpenFile) -> Bool {
+        currentPaths(of: file).contains { $0.isWithin(container.inboxPath) }
     }
 
     private func refuseLayoutChange(_ path: ContainerPath, doing action: String) throws {
@@ -655,6 +695,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         case Int(DT_DIR): S_IFDIR
         case Int(DT_LNK): S_IFLNK
         case Int(DT_REG): S_IFREG
+        case Int(DT_FIFO): S_IFIFO
+        case Int(DT_SOCK): S_IFSOCK
         default: 0
         }
     }

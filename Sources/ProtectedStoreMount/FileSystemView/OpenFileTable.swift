@@ -8,15 +8,15 @@ import SystemPackage
 final class OpenFile: @unchecked Sendable {
     let identity: FileIdentity
     let file: EncryptedFile
-    /// Where the file system shows it now, for dropping the kernel's cached pages at a lock; nil once unlinked.
-    /// Guarded by the table's lock.
-    var path: String?
+    /// The names it was opened by that still show it, for dropping the kernel's cached pages at a lock: the kernel
+    /// keeps a page cache per name of a hard-linked file. Empty once unlinked. Guarded by the table's lock.
+    var paths: Set<String>
     var openCount = 1
 
     init(identity: FileIdentity, file: EncryptedFile, path: String) {
         self.identity = identity
         self.file = file
-        self.path = path
+        self.paths = [path]
     }
 }
 
@@ -43,7 +43,7 @@ final class OpenFileTable: @unchecked Sendable {
             if let existing = files[identity] {
                 try reuse(existing)
                 existing.openCount += 1
-                existing.path = path
+                existing.paths.insert(path)
                 openFile = existing
             } else {
                 openFile = OpenFile(identity: identity, file: try open(), path: path)
@@ -97,7 +97,7 @@ final class OpenFileTable: @unchecked Sendable {
     func renamed(_ from: String, to: String) {
         mutex.withLock {
             for file in files.values {
-                if let moved = file.path.flatMap({ Self.moved($0, from: from, to: to) }) { file.path = moved }
+                file.paths = Set(file.paths.map { Self.moved($0, from: from, to: to) ?? $0 })
             }
         }
     }
@@ -106,8 +106,7 @@ final class OpenFileTable: @unchecked Sendable {
     func exchanged(_ first: String, _ second: String) {
         mutex.withLock {
             for file in files.values {
-                guard let path = file.path else { continue }
-                if let moved = Self.moved(path, from: first, to: second) ?? Self.moved(path, from: second, to: first) { file.path = moved }
+                file.paths = Set(file.paths.map { Self.moved($0, from: first, to: second) ?? Self.moved($0, from: second, to: first) ?? $0 })
             }
         }
     }
@@ -120,17 +119,17 @@ final class OpenFileTable: @unchecked Sendable {
 
     /// The name is gone (unlinked, or replaced by a rename); a descriptor on the file still works.
     func unlinked(_ path: String) {
-        mutex.withLock { for file in files.values where file.path == path { file.path = nil } }
+        mutex.withLock { for file in files.values { file.paths.remove(path) } }
     }
 
-    /// Where the open files among `encrypted` are shown now.
+    /// Where the open files among `encrypted` are shown now, every name of each.
     func paths(of encrypted: [EncryptedFile]) -> [String] {
         let wanted = Set(encrypted.map(ObjectIdentifier.init))
-        return mutex.withLock { files.values.filter { wanted.contains(ObjectIdentifier($0.file)) }.compactMap(\.path) }
+        return mutex.withLock { files.values.filter { wanted.contains(ObjectIdentifier($0.file)) }.flatMap(\.paths) }
     }
 
-    /// Where `file` is shown now (read under the table's lock, which guards it); nil once unlinked.
-    func path(of file: OpenFile) -> String? { mutex.withLock { file.path } }
+    /// Where `file` is shown now (read under the table's lock, which guards it); empty once unlinked.
+    func paths(of file: OpenFile) -> [String] { mutex.withLock { Array(file.paths) } }
 
     // MARK: Directories
 

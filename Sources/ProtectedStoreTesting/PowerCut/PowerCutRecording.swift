@@ -82,6 +82,7 @@ package final class PowerCutRecording: DurableOperationRecorder, @unchecked Send
             return true
         case .rename(let fromDirectory, _, let toDirectory, _): return known.contains(fromDirectory) || known.contains(toDirectory)
         case .unlink(let directory, _): return known.contains(directory)
+        case .link(let directory, _, let file): return known.contains(directory) && known.contains(file)
         }
     }
 
@@ -102,6 +103,8 @@ package final class PowerCutRecording: DurableOperationRecorder, @unchecked Send
         case .rename(let fromDirectory, let fromName, let toDirectory, let toName):
             return .rename(fromDirectory: node(fromDirectory), fromName: fromName, toDirectory: node(toDirectory), toName: toName)
         case .unlink(let directory, let name): return .unlink(directory: node(directory), name: name)
+        // Another name for a file already known: the same node, no new generation.
+        case .link(let directory, let name, let file): return .create(directory: node(directory), name: name, node(file), isDirectory: false)
         }
     }
 }

@@ -202,16 +202,23 @@ struct RebuiltTree {
 
     /// Writes the state out under `path` (which must not exist).
     func materialize(at path: String) throws {
-        try materialize(directory: root, at: path)
+        var written: [RecordedNode: String] = [:]
+        try materialize(directory: root, at: path, written: &written)
     }
 
-    private func materialize(directory: RecordedNode, at path: String) throws {
+    private func materialize(directory: RecordedNode, at path: String, written: inout [RecordedNode: String]) throws {
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         for (name, node) in entries[directory] ?? [:] {
             let child = (path as NSString).appendingPathComponent(name)
             if directories.contains(node) {
-                try materialize(directory: node, at: child)
+                try materialize(directory: node, at: child, written: &written)
+            } else if let first = written[node] {
+                // A hard link: the state holds one file under both names.
+                guard link(first, child) == 0 else {
+                    throw ProtectedStoreError(.io, path: child, problem: "cannot link a rebuilt power-cut state's second name", remedy: "Check the scratch folder")
+                }
             } else {
+                written[node] = child
                 guard FileManager.default.createFile(atPath: child, contents: Data(files[node] ?? []), attributes: [.posixPermissions: 0o600]) else {
                     throw ProtectedStoreError(.io, path: child, problem: "cannot write a rebuilt power-cut state", remedy: "Check the scratch folder's free space")
                 }

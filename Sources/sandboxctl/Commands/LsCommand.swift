@@ -69,6 +69,7 @@ struct LsCommand: ParsableCommand {
         case .typeRegular: "file"
         case .typeDirectory: "directory"
         case .typeSymbolicLink: "symlink"
+        case .typeSocket: "socket"
         default: "other"
         }
     }
