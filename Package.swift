@@ -123,7 +123,7 @@ let package = Package(
         // notes-bench: the notes store against the same SQL on SQLite's own VFS (make bench).
         .executableTarget(
             name: "notes-bench",
-            dependencies: ["Notes", "ProtectedStore", "CSQLite"],
+            dependencies: ["Notes", "ProtectedStore", "ProtectedStoreTesting", "CSQLite"],
             path: "Examples/Notes/Sources/NotesBenchmark"
         ),
         .testTarget(

@@ -85,6 +85,31 @@ public final class TestDevice: @unchecked Sendable {
         }
     }
 
+    /// The device a power-cut state left in `directory` (its `root` and `device.secret`), brought up in this process
+    /// as after the power came back: before first unlock. It owns `directory` and removes it when released.
+    init(poweringUp directory: String, bundleIdentifier: String, gracePeriod: TimeInterval) throws {
+        self.directory = directory
+        self.root = (directory as NSString).appendingPathComponent("root")
+        self.secretPath = (directory as NSString).appendingPathComponent("device.secret")
+        self.keyHolder = .inProcess
+        self.gracePeriod = gracePeriod
+        self.bundleIdentifier = bundleIdentifier
+        do {
+            let device = try Device.open(root: root, deviceSecretPath: secretPath, notificationCenter: NotificationCenter())
+            device.gracePeriod = gracePeriod
+            currentContainer = try device.container(bundleIdentifier: bundleIdentifier)
+            currentDevice = device
+        } catch {
+            try? FileManager.default.removeItem(atPath: directory)
+            throw error
+        }
+    }
+
+    /// The device secret's path (beside the root, never inside it).
+    var deviceSecretPath: String { secretPath }
+    /// The bundle identifier of `container`.
+    var containerBundleIdentifier: String { bundleIdentifier }
+
     deinit {
         currentDevice.powerOff()
         daemon?.stop()

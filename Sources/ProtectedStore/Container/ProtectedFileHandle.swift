@@ -44,6 +44,9 @@ public final class ProtectedFileHandle: @unchecked Sendable {
     /// The file's class.
     public var protection: FileProtectionType { file.protectionClass.fileProtectionType }
 
+    /// Plaintext bytes per encrypted block: a write covering only part of a block reads the rest of it first.
+    public var blockSize: Int { file.blockSize }
+
     /// Plaintext size in bytes.
     public var size: UInt64 { UInt64(file.size) }
 

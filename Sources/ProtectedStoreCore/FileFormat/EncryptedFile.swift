@@ -33,6 +33,8 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Blocks below this were durable at the last completed fsync (written into the next record, or at close).
     private var synchronizedExtent: Int64 = 0
     private var isClosed = false
+    /// Writes to the stored file since the current mutation began (under the write lock; a parallel store counts once).
+    private var storedWrites = 0
     /// Whether some block below the extent may be a hole of the stored file, which a write must allocate. Until one
     /// is, writes inside the extent only overwrite allocated blocks and need no space reserved first.
     private var mayHaveInteriorHoles = false
@@ -271,6 +273,9 @@ public final class EncryptedFile: @unchecked Sendable {
                 // disk or quota then fails the call before anything changed, not part-way through. (Where the backing
                 // file system cannot reserve space, a full disk fails the pwrite instead.)
                 let first = layout.blockIndex(containing: offset), last = layout.blockIndex(containing: end - 1)
+                // An injected full disk (testing kit) fails here too, before anything changed; with the length record's sector.
+                try FaultInjection.checkWrite(descriptor, count: layout.storedOffset(ofBlock: last + 1) - layout.storedOffset(ofBlock: first) + BlockLayout.sectorSize,
+                                              path: path, consuming: false)
                 if last >= record.extent || mayHaveInteriorHoles {
                     _ = try reserveSpace(plaintext: offset..<end)
                 }
@@ -452,11 +457,13 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
-    /// Runs a mutation; if it fails after touching the disk, the handle refuses further use instead of trusting stale state.
+    /// Runs a mutation; if it fails after touching the disk, the handle refuses further use instead of trusting stale
+    /// state. A failure before any write (a damaged block it had to read first, say) leaves the handle usable.
     private func mutating(_ body: () throws -> Void) throws {
+        storedWrites = 0
         do {
             try body()
-        } catch let error as ProtectedStoreError where error.kind == .io || error.kind == .integrity {
+        } catch let error as ProtectedStoreError where (error.kind == .io || error.kind == .integrity) && storedWrites > 0 {
             failedWrite = error
             throw error
         }
@@ -710,6 +717,8 @@ public final class EncryptedFile: @unchecked Sendable {
         let storedBlock = Int(layout.storedBlockSize)
         let storedCount = blockCount * storedBlock
         reserveScratch(storedCount)
+        // Counted here, not in the workers' writes, which run in parallel.
+        storedWrites += 1
         // One CSPRNG call for all nonces instead of one per block.
         var nonces = [UInt8](repeating: 0, count: blockCount * BlockLayout.nonceBytes)
         nonces.withUnsafeMutableBytes { Random.fill($0) }
@@ -778,7 +787,8 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Fills `buffer` from the stored bytes at `offset` as far as the file goes; returns the bytes read.
     private func readStored(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
-        try FileSystem.mappingErrno(path: path, doing: "read") {
+        try FaultInjection.checkRead(descriptor, path: path)
+        return try FileSystem.mappingErrno(path: path, doing: "read") {
             var total = 0
             while total < buffer.count {
                 let n = try descriptor.read(fromAbsoluteOffset: offset + Int64(total),
@@ -791,6 +801,7 @@ public final class EncryptedFile: @unchecked Sendable {
     }
 
     private func writeStored(_ bytes: [UInt8], at offset: Int64) throws {
+        storedWrites += 1
         try bytes.withUnsafeBytes { try writeStored($0, at: offset) }
     }
 

@@ -53,6 +53,7 @@ package enum DurableIO {
 
     /// pwrite of all of `bytes` at `offset`.
     package static func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64, to descriptor: FileDescriptor, path: String) throws {
+        try FaultInjection.checkWrite(descriptor, count: Int64(bytes.count), path: path)
         _ = try FileSystem.mappingErrno(path: path, doing: "write") { try descriptor.writeAll(toAbsoluteOffset: offset, bytes) }
         if let recording = activeRecorder, let identity = identity(of: descriptor) {
             recording.record(.write(identity, offset: offset, bytes: Array(bytes)))
@@ -67,6 +68,7 @@ package enum DurableIO {
 
     /// fsync: a file's data and size, or a directory's names, survive a power cut once this returns.
     package static func synchronize(_ descriptor: FileDescriptor, path: String) throws {
+        try FaultInjection.checkSynchronize(descriptor, path: path)
         guard fsync(descriptor.rawValue) == 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "fsync") }
         if let recording = activeRecorder, let identity = identity(of: descriptor) { recording.record(.synchronize(identity)) }
     }

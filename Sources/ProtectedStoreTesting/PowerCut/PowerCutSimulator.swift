@@ -15,6 +15,34 @@ package struct PowerCutState: Sendable {
     package let description: String
 }
 
+/// Names one state a recording can leave: the point of the cut (how many recorded operations were issued) and which
+/// of the states at that point (0: everything pending lost, 1: everything kept, 2…: random mixtures drawn from
+/// `seed`). Its text form, `seed:cut:sample`, is what a failure reports and a replay takes.
+public struct PowerCutStateID: Hashable, Sendable, CustomStringConvertible, LosslessStringConvertible {
+    public let seed: UInt64
+    public let cut: Int
+    public let sample: Int
+
+    package init(seed: UInt64, cut: Int, sample: Int) {
+        self.seed = seed
+        self.cut = cut
+        self.sample = sample
+    }
+
+    public init?(_ description: String) {
+        let parts = description.split(separator: ":")
+        guard parts.count == 3, let seed = UInt64(parts[0]), let cut = Int(parts[1]), let sample = Int(parts[2]), cut >= 0, sample >= 0 else { return nil }
+        self.init(seed: seed, cut: cut, sample: sample)
+    }
+
+    public var description: String { "\(seed):\(cut):\(sample)" }
+
+    /// The generator of this state's random fates: its own, so any state can be rebuilt without the others.
+    var random: SplitMix64 {
+        SplitMix64(seed: seed ^ (UInt64(cut) &* 0x9E37_79B9_7F4A_7C15) ^ (UInt64(sample) &* 0xBF58_476D_1CE4_E5B9))
+    }
+}
+
 /// What checking a recording found.
 package struct PowerCutReport: Sendable, CustomStringConvertible {
     package let workload: String
@@ -35,33 +63,43 @@ package struct PowerCutReport: Sendable, CustomStringConvertible {
 extension PowerCutRecording {
     static let sectorSize: Int64 = 512
 
+    /// Every state the recording can leave as this checker samples them: at each point between two recorded
+    /// operations, everything pending lost, everything kept, and `randomPerCut` random mixtures.
+    package func stateIDs(randomPerCut: Int, seed: UInt64) -> [PowerCutStateID] {
+        let steps = self.steps
+        return (0...steps.count).flatMap { cut -> [PowerCutStateID] in
+            if cut > 0, case .mark = steps[cut - 1] { return [] }
+            return (0..<(randomPerCut + 2)).map { PowerCutStateID(seed: seed, cut: cut, sample: $0) }
+        }
+    }
+
+    /// Rebuilds state `id` as the folder `root` inside `folder` (which must not exist yet).
+    package func materialize(_ id: PowerCutStateID, in folder: String) throws -> PowerCutState {
+        let steps = self.steps
+        let cut = min(id.cut, steps.count)
+        let prefix = Array(steps[0..<cut])
+        let marks = prefix.compactMap { step -> Int? in if case .mark(let label) = step { label } else { nil } }
+        let policy: CutPolicy = id.sample == 0 ? .loseAll : id.sample == 1 ? .keepAll : .random
+        var random = id.random
+        var fates: [String] = []
+        let tree = rebuild(prefix, policy: policy, random: &random, fates: &fates)
+        let path = (folder as NSString).appendingPathComponent("root")
+        try tree.materialize(at: path)
+        return PowerCutState(path: path, cut: cut, marks: marks, description: fates.isEmpty ? "nothing pending" : fates.joined(separator: ", "))
+    }
+
     /// Rebuilds `statesPerCut` random states (plus "everything after the fsyncs lost" and "everything kept") at every
     /// point between two recorded operations, and runs `check` on each; `check` returns the problems it found.
     package func check(workload: String, statesPerCut: Int, seed: UInt64, scratch: String,
                        _ check: (PowerCutState) throws -> [String]) throws -> PowerCutReport {
         var report = PowerCutReport(workload: workload, seed: seed)
-        var random = SplitMix64(seed: seed)
-        let steps = self.steps
-        var marks: [Int] = []
-        for cut in 0...steps.count {
-            if cut > 0, case .mark(let label) = steps[cut - 1] {
-                marks.append(label)
-                continue
-            }
-            let prefix = Array(steps[0..<cut])
-            for sample in 0..<(statesPerCut + 2) {
-                let policy: CutPolicy = sample == 0 ? .loseAll : sample == 1 ? .keepAll : .random
-                var fates: [String] = []
-                let tree = rebuild(prefix, policy: policy, random: &random, fates: &fates)
-                let folder = (scratch as NSString).appendingPathComponent("state-\(cut)-\(sample)")
-                let path = (folder as NSString).appendingPathComponent("root")
-                try tree.materialize(at: path)
-                defer { try? FileManager.default.removeItem(atPath: folder) }
-                let state = PowerCutState(path: path, cut: cut, marks: marks, description: fates.isEmpty ? "nothing pending" : fates.joined(separator: ", "))
-                report.statesChecked += 1
-                for problem in try check(state) {
-                    report.violations.append("after operation \(cut) (\(state.description)): \(problem)")
-                }
+        for id in stateIDs(randomPerCut: statesPerCut, seed: seed) {
+            let folder = (scratch as NSString).appendingPathComponent("state-\(id.cut)-\(id.sample)")
+            defer { try? FileManager.default.removeItem(atPath: folder) }
+            let state = try materialize(id, in: folder)
+            report.statesChecked += 1
+            for problem in try check(state) {
+                report.violations.append("after operation \(id.cut) (\(state.description)): \(problem)")
             }
         }
         return report

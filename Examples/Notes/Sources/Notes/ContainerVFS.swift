@@ -74,14 +74,45 @@ private final class OpenFile {
     let deleteOnClose: Bool
     /// A rollback journal: a block of it that fails authentication was torn by a crash before SQLite synced it.
     let isJournal: Bool
+    /// A main database: a block of it that fails authentication while a hot journal exists was torn by a crash in
+    /// the middle of a transaction, and the journal holds the page as it was.
+    let isMainDatabase: Bool
     let vfs: ContainerVFS
 
-    init(handle: ProtectedFileHandle, path: String, deleteOnClose: Bool, isJournal: Bool, vfs: ContainerVFS) {
+    init(handle: ProtectedFileHandle, path: String, deleteOnClose: Bool, isJournal: Bool, isMainDatabase: Bool, vfs: ContainerVFS) {
         self.handle = handle
         self.path = path
         self.deleteOnClose = deleteOnClose
         self.isJournal = isJournal
+        self.isMainDatabase = isMainDatabase
         self.vfs = vfs
+    }
+
+    /// Replaces with zeros each of the two blocks at the ends of `range` that fails authentication (cutting the file
+    /// there if it is the last block): the ones a write of `range` must read.
+    func clearTornBlocks(around range: Range<UInt64>) throws {
+        let blockSize = UInt64(handle.blockSize)
+        for start in Set([range.lowerBound / blockSize * blockSize, (range.upperBound - 1) / blockSize * blockSize]).sorted(by: >) {
+            do {
+                _ = try handle.read(upToCount: Int(blockSize), atOffset: start)
+                continue
+            } catch let error as CocoaError where error.code == .fileReadCorruptFile {}
+            if start + blockSize <= handle.size {
+                try handle.write(contentsOf: Data(count: Int(blockSize)), atOffset: start)
+            } else {
+                try handle.truncate(atOffset: start)
+            }
+        }
+    }
+
+    /// Whether a torn block of this file reads as zeros: always in a journal (SQLite's checksums reject it); in a
+    /// database only while its rollback journal is there to put the page back (SQLite plays it back before using
+    /// the page). Without a journal a bad block is corruption, and is reported.
+    func tornBlockReadsAsZeros() -> Bool {
+        if isJournal { return true }
+        guard isMainDatabase else { return false }
+        let journal = (try? vfs.container.attributesOfItem(atPath: path + "-journal"))?[.size] as? UInt64
+        return (journal ?? 0) > 0
     }
 
     static func from(_ file: UnsafeMutablePointer<sqlite3_file>?) -> OpenFile {
@@ -133,7 +164,7 @@ private let vfsOpen: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafeP
             handle = try container.createFile(atPath: path)
         }
         let opened = OpenFile(handle: handle, path: path, deleteOnClose: flags & SQLITE_OPEN_DELETEONCLOSE != 0 || name == nil,
-                              isJournal: isJournal, vfs: context)
+                              isJournal: isJournal, isMainDatabase: flags & SQLITE_OPEN_MAIN_DB != 0, vfs: context)
         wrapper.pointee.handle = Unmanaged.passRetained(opened).toOpaque()
         wrapper.pointee.base.pMethods = UnsafePointer(ioMethods)
         outFlags?.pointee = flags
@@ -210,10 +241,12 @@ nonisolated(unsafe) private let ioMethods: UnsafeMutablePointer<sqlite3_io_metho
                 let data = try opened.handle.read(upToCount: Int(amount), atOffset: UInt64(offset))
                 data.copyBytes(to: buffer!.assumingMemoryBound(to: UInt8.self), count: data.count)
                 read = data.count
-            } catch let error as CocoaError where opened.isJournal && error.code == .fileReadCorruptFile {
-                // Torn by a crash before SQLite synced it (see xOpen): zeros, as a plain file system could show,
-                // which SQLite's own checksums then reject.
-                read = 0
+            } catch let error as CocoaError where error.code == .fileReadCorruptFile && opened.tornBlockReadsAsZeros() {
+                // Torn by a power cut before SQLite synced it (see tornBlockReadsAsZeros): zeros, as a plain file
+                // system could show; a journal's checksums then reject them, a database's journal rewrites them.
+                let size = opened.handle.size
+                read = opened.isJournal || offset >= size ? 0 : Int(min(UInt64(amount), size - UInt64(offset)))
+                memset(buffer!, 0, read)
             }
         }
         guard status == SQLITE_OK else { return status }
@@ -227,7 +260,16 @@ nonisolated(unsafe) private let ioMethods: UnsafeMutablePointer<sqlite3_io_metho
     methods.xWrite = { file, buffer, amount, offset in
         let opened = OpenFile.from(file)
         return opened.run(PS_SQLITE_IOERR_WRITE) {
-            try opened.handle.write(contentsOf: Data(bytes: buffer!, count: Int(amount)), atOffset: UInt64(offset))
+            let data = Data(bytes: buffer!, count: Int(amount))
+            do {
+                try opened.handle.write(contentsOf: data, atOffset: UInt64(offset))
+            } catch let error as CocoaError where error.code == .fileReadCorruptFile && opened.isJournal {
+                // Writing part of a journal block means reading the rest of it first; a block a power cut tore holds
+                // nothing this session wrote (its own writes leave whole blocks), only an old journal's bytes, which
+                // SQLite ignores: replace them with zeros, as its checksums would reject them, and write again.
+                try opened.clearTornBlocks(around: UInt64(offset)..<UInt64(offset) + UInt64(amount))
+                try opened.handle.write(contentsOf: data, atOffset: UInt64(offset))
+            }
         }
     }
     methods.xTruncate = { file, size in

@@ -2,9 +2,11 @@ import CSQLite
 import Foundation
 import Notes
 import ProtectedStore
+import ProtectedStoreTesting
 
 // What the container costs SQLite: the notes store against the same SQL on SQLite's own unix VFS, in one run, in
-// the same folder, with the same pragmas. Usage: notes-bench [--notes N] [--rounds R]
+// the same folder, with the same pragmas; then what the testing kit's everyPowerCut costs per state of an add, beside
+// what one plain reboot and reopen of the store costs. Usage: notes-bench [--notes N] [--rounds R] [--power-cut-states S]
 
 func option(_ name: String, default value: Int) -> Int {
     guard let index = CommandLine.arguments.firstIndex(of: name), index + 1 < CommandLine.arguments.count,
@@ -13,6 +15,7 @@ func option(_ name: String, default value: Int) -> Int {
 }
 let noteCount = option("--notes", default: 300)
 let rounds = option("--rounds", default: 3)
+let powerCutStates = option("--power-cut-states", default: 200)
 
 /// The same statements through SQLite's default VFS on a plain file: the baseline.
 final class PlainNotes {
@@ -110,3 +113,38 @@ for (name, plainTimes, storeTimes) in rows {
     let (p, s) = (median(plainTimes), median(storeTimes))
     print(name.padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.3f   %11.3f   %5.2f", p, s, s / p))
 }
+
+// everyPowerCut over one add: each state is rebuilt as a folder, brought up before first unlock, unlocked, and the
+// store opened and checked; the baseline is the same bring-up after a plain reboot, without the simulator.
+func checkStore(_ device: TestDevice) async throws {
+    try await device.unlock()
+    let store = try NotesStore(container: device.container)
+    defer { store.close() }
+    try store.verifyIntegrity()
+    let notes = try store.notes()
+    precondition(notes.count >= 20)
+}
+let kit = try TestDevice()
+let kitStore = try NotesStore(container: kit.container)
+for index in 0..<20 { try kitStore.add(title: "n\(index)", body: body) }
+var checked = 0
+let powerCutStart = DispatchTime.now().uptimeNanoseconds
+let summary = try await kit.everyPowerCut(maxStates: powerCutStates, seed: 1, during: { try kitStore.add(title: "in flight", body: body) },
+                                          afterReboot: { rebooted in
+                                              try await checkStore(rebooted)
+                                              checked += 1
+                                          })
+let perState = Double(DispatchTime.now().uptimeNanoseconds - powerCutStart) / 1e6 / Double(max(1, checked))
+kitStore.close()
+var rebootTimes: [Double] = []
+for _ in 0..<20 {
+    let start = DispatchTime.now().uptimeNanoseconds
+    try kit.reboot()
+    try await checkStore(kit)
+    rebootTimes.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6)
+}
+let rebootMedian = median(rebootTimes)
+print("power cuts during one add (everyPowerCut): \(summary)")
+print("milliseconds per state".padding(toLength: 44, withPad: " ", startingAt: 0) + "plain reboot   power-cut state   ratio")
+print("bring up, unlock, open, check".padding(toLength: 44, withPad: " ", startingAt: 0)
+      + String(format: "%12.2f   %15.2f   %5.2f", rebootMedian, perState, perState / rebootMedian))

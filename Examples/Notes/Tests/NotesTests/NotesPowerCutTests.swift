@@ -1,0 +1,103 @@
+import Foundation
+import Notes
+import ProtectedStore
+import ProtectedStoreTesting
+import Testing
+
+/// The notes store against the kit's power cuts and disk faults: every acknowledged note survives any power cut
+/// during add, delete and the fold of the locked journal; a full disk and a failed fsync are reported and lose nothing.
+@Suite("Notes store: power cuts and disk faults")
+struct NotesPowerCutTests {
+    /// What a rebooted device's store holds once unlocked, as (title, body) pairs; the database must pass integrity_check.
+    static func notesAfterReboot(_ rebooted: TestDevice) async throws -> [String] {
+        try await rebooted.unlock()
+        let store = try NotesStore(container: rebooted.container)
+        defer { store.close() }
+        try store.verifyIntegrity()
+        #expect(try store.pendingChangeCount() == 0, "the journal is folded at the first open after the unlock")
+        return try store.notes().map(\.title)
+    }
+
+    /// Throws unless `found` is one of the `allowed` lists of titles.
+    static func expect(_ found: [String], in allowed: [[String]]) throws {
+        guard allowed.contains(found) else {
+            throw CocoaError(.fileReadCorruptFile, userInfo: [NSLocalizedDescriptionKey: "the store holds \(found), expected one of \(allowed)"])
+        }
+    }
+
+    @Test("a power cut at any point of an add leaves every acknowledged note, and the new one at most once")
+    func powerCutDuringAdd() async throws {
+        let device = try TestDevice()
+        let store = try NotesStore(container: device.container)
+        try store.add(title: "first", body: "saved before")
+        try store.add(title: "second", body: "saved before")
+        let summary = try await device.everyPowerCut(maxStates: 200, seed: 11, during: {
+            try store.add(title: "third", body: "in flight")
+        }, afterReboot: { rebooted in
+            try Self.expect(try await Self.notesAfterReboot(rebooted), in: [["first", "second"], ["first", "second", "third"]])
+        })
+        print("notes add: \(summary)")
+    }
+
+    @Test("a power cut at any point of a delete leaves the note or not, and every other one")
+    func powerCutDuringDelete() async throws {
+        let device = try TestDevice()
+        let store = try NotesStore(container: device.container)
+        try store.add(title: "keep", body: "")
+        let doomed = try store.add(title: "doomed", body: "")
+        try store.add(title: "also keep", body: "")
+        let summary = try await device.everyPowerCut(maxStates: 200, seed: 12, during: {
+            try store.delete(id: doomed.id)
+        }, afterReboot: { rebooted in
+            try Self.expect(try await Self.notesAfterReboot(rebooted), in: [["keep", "doomed", "also keep"], ["keep", "also keep"]])
+        })
+        print("notes delete: \(summary)")
+    }
+
+    @Test("a power cut while the unlock folds the locked journal into the database loses no note and applies none twice")
+    func powerCutDuringJournalFold() async throws {
+        let device = try TestDevice()
+        let store = try NotesStore(container: device.container)
+        try store.add(title: "before", body: "")
+        await device.lock()
+        try store.add(title: "locked 1", body: "")
+        try store.add(title: "locked 2", body: "")
+        let summary = try await device.everyPowerCut(maxStates: 800, seed: 13, during: {
+            try await device.unlock()
+        }, afterReboot: { rebooted in
+            try Self.expect(try await Self.notesAfterReboot(rebooted), in: [["before", "locked 1", "locked 2"]])
+        })
+        print("notes journal fold: \(summary)")
+        #expect(try store.notes().map(\.title) == ["before", "locked 1", "locked 2"])
+    }
+
+    @Test("a full disk during a save gives fileWriteOutOfSpace and loses nothing already saved; the store goes on after")
+    func fullDisk() async throws {
+        let device = try TestDevice()
+        let store = try NotesStore(container: device.container)
+        try store.add(title: "saved", body: "before the disk filled")
+        let error = await #expect(throws: CocoaError.self) {
+            try await device.failingWrites(with: .noSpace) { try store.add(title: "lost", body: "the disk is full") }
+        }
+        #expect(error?.code == .fileWriteOutOfSpace, "\(String(describing: error))")
+        #expect(try store.notes().map(\.title) == ["saved"])
+        try store.verifyIntegrity()
+        try store.add(title: "after", body: "space again")
+        #expect(try store.notes().map(\.title) == ["saved", "after"])
+    }
+
+    @Test("a failed fsync during a save is reported, not swallowed, and the save is not acknowledged")
+    func failedSynchronize() async throws {
+        let device = try TestDevice()
+        let store = try NotesStore(container: device.container)
+        try store.add(title: "saved", body: "")
+        let error = await #expect(throws: CocoaError.self) {
+            try await device.failingSynchronize { try store.add(title: "unsure", body: "fsync failed") }
+        }
+        #expect((error?.underlying as? POSIXError)?.code == .EIO, "\(String(describing: error))")
+        #expect(try store.notes().map(\.title) == ["saved"], "a save whose fsync failed is rolled back")
+        try store.verifyIntegrity()
+        try store.add(title: "after", body: "")
+        #expect(try store.notes().map(\.title) == ["saved", "after"])
+    }
+}

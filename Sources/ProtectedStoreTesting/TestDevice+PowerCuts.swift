@@ -1,0 +1,142 @@
+import Foundation
+import ProtectedStore
+import ProtectedStoreCore
+import SystemPackage
+
+/// What `TestDevice.everyPowerCut` checked.
+public struct PowerCutSummary: Sendable, CustomStringConvertible {
+    /// The seed the states were drawn with; pass it back to check the same states again.
+    public let seed: UInt64
+    /// Writes, truncations, fsyncs and name changes the operation made to the device's files.
+    public let operationsRecorded: Int
+    /// States the operation can leave, as the simulator counts them (every cut point, each with its mixtures).
+    public let statesPossible: Int
+    /// States brought up and checked (all of them, or a sample of `maxStates` drawn with `seed`).
+    public let statesChecked: Int
+
+    public var description: String {
+        "\(statesChecked) of \(statesPossible) power-cut states checked after \(operationsRecorded) recorded operations (seed \(seed))"
+    }
+}
+
+/// The check failed on the device a power cut left: which state, what the cut did to the pending writes, and why.
+public struct PowerCutFailure: Error, CustomStringConvertible {
+    /// The state; `replayPowerCut(_:during:afterReboot:)` brings up exactly this one again.
+    public let state: PowerCutStateID
+    /// The writes and names the cut lost, kept and tore.
+    public let whatTheCutDid: String
+    /// What the check threw.
+    public let underlying: any Error
+
+    public var description: String {
+        "the check failed after power cut \(state) (\(whatTheCutDid)): \(underlying). Replay this state with "
+            + "device.replayPowerCut(\"\(state)\", during: …, afterReboot: …)"
+    }
+}
+
+extension TestDevice {
+    /// Runs `operation` once while recording every write, truncation, fsync and name change it makes to the device's
+    /// files, then, for each state a power cut during it could leave (writes after a file's last fsync lost, kept or
+    /// torn at 512-byte sectors, names persisting in order), brings up a device on that state, before first unlock as
+    /// after a real power loss, and runs `afterReboot` on it. The first state whose check throws ends the run with a
+    /// `PowerCutFailure` naming it. Throw (or `#require`) in the check: a failed `#expect` is not tied to the state.
+    ///
+    /// At most `maxStates` states are checked, drawn reproducibly from `seed` when there are more (a random seed
+    /// unless given; the summary and any failure name it). Works with either key holder: the operation runs against
+    /// this device, and each state is brought up in this process. Recordings in one process take turns, so tests
+    /// running at once wait for each other here.
+    @discardableResult
+    public func everyPowerCut(isolation: isolated (any Actor)? = #isolation, maxStates: Int = 200, seed: UInt64? = nil,
+                              during operation: () async throws -> Void,
+                              afterReboot check: (TestDevice) async throws -> Void) async throws -> PowerCutSummary {
+        precondition(maxStates > 0, "maxStates must be at least 1")
+        let seed = seed ?? UInt64.random(in: 0...UInt64.max)
+        let recording = try await record(operation)
+        let cutPoints = recording.stateIDs(randomPerCut: 0, seed: seed).count / 2
+        let all = recording.stateIDs(randomPerCut: max(0, maxStates / max(1, cutPoints) - 2), seed: seed)
+        var chosen = all
+        if chosen.count > maxStates {
+            var random = SplitMix64(seed: seed)
+            chosen.shuffle(using: &random)
+            chosen = chosen.prefix(maxStates).sorted { ($0.cut, $0.sample) < ($1.cut, $1.sample) }
+        }
+        for state in chosen {
+            try await bringUp(state, of: recording, check: check)
+        }
+        return PowerCutSummary(seed: seed, operationsRecorded: recording.steps.count(where: { if case .mark = $0 { false } else { true } }),
+                               statesPossible: all.count, statesChecked: chosen.count)
+    }
+
+    /// Runs `operation` again under a recording and checks only `state` (as a `PowerCutFailure` reported it), so a
+    /// failing state can be debugged alone. The operation must make the same calls as when the state was reported.
+    public func replayPowerCut(_ state: String, isolation: isolated (any Actor)? = #isolation,
+                               during operation: () async throws -> Void,
+                               afterReboot check: (TestDevice) async throws -> Void) async throws {
+        guard let id = PowerCutStateID(state) else {
+            throw ProtectedStoreError(.invalidArgument, path: nil, problem: "\"\(state)\" is not a power-cut state",
+                                      remedy: "Pass the state a PowerCutFailure reported, as seed:cut:sample")
+        }
+        let recording = try await record(operation)
+        try await bringUp(id, of: recording, check: check)
+    }
+
+    private func record(isolation: isolated (any Actor)? = #isolation, _ operation: () async throws -> Void) async throws -> PowerCutRecording {
+        await RecordingTurns.shared.acquire()
+        let recording: PowerCutRecording
+        do {
+            recording = try PowerCutRecording.start(root: root)
+        } catch {
+            await RecordingTurns.shared.release()
+            throw error
+        }
+        do {
+            try await operation()
+        } catch {
+            recording.stop()
+            await RecordingTurns.shared.release()
+            throw error
+        }
+        recording.stop()
+        await RecordingTurns.shared.release()
+        return recording
+    }
+
+    private func bringUp(isolation: isolated (any Actor)? = #isolation, _ id: PowerCutStateID, of recording: PowerCutRecording,
+                         check: (TestDevice) async throws -> Void) async throws {
+        let folder = (NSTemporaryDirectory() as NSString).appendingPathComponent("pst-cut-\(UUID().uuidString.prefix(13))")
+        let state: PowerCutState
+        do {
+            state = try recording.materialize(id, in: folder)
+            try FileManager.default.copyItem(atPath: deviceSecretPath, toPath: (folder as NSString).appendingPathComponent("device.secret"))
+        } catch {
+            try? FileManager.default.removeItem(atPath: folder)
+            throw error
+        }
+        do {
+            let rebooted = try TestDevice(poweringUp: folder, bundleIdentifier: containerBundleIdentifier, gracePeriod: gracePeriod)
+            try await check(rebooted)
+        } catch {
+            throw PowerCutFailure(state: id, whatTheCutDid: state.description, underlying: error)
+        }
+    }
+}
+
+/// One power-cut recording at a time in a process (the recorder sees every file operation of the process); the
+/// others wait their turn.
+private actor RecordingTurns {
+    static let shared = RecordingTurns()
+    private var busy = false
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+
+    func acquire() async {
+        guard busy else {
+            busy = true
+            return
+        }
+        await withCheckedContinuation { waiting.append($0) }
+    }
+
+    func release() {
+        if waiting.isEmpty { busy = false } else { waiting.removeFirst().resume() }
+    }
+}
