@@ -43,8 +43,8 @@ extension TestDevice {
     ///
     /// At most `maxStates` states are checked, drawn reproducibly from `seed` when there are more (a random seed
     /// unless given; the summary and any failure name it). Works with either key holder: the operation runs against
-    /// this device, and each state is brought up in this process. Recordings in one process take turns, so tests
-    /// running at once wait for each other here.
+    /// this device (a daemon-backed one runs its daemon in this process, so the daemon's writes are recorded too),
+    /// and each state is brought up in this process. Tests may record different devices at the same time.
     @discardableResult
     public func everyPowerCut(isolation: isolated (any Actor)? = #isolation, maxStates: Int = 200, seed: UInt64? = nil,
                               during operation: () async throws -> Void,
@@ -81,23 +81,9 @@ extension TestDevice {
     }
 
     private func record(isolation: isolated (any Actor)? = #isolation, _ operation: () async throws -> Void) async throws -> PowerCutRecording {
-        await RecordingTurns.shared.acquire()
-        let recording: PowerCutRecording
-        do {
-            recording = try PowerCutRecording.start(root: root)
-        } catch {
-            await RecordingTurns.shared.release()
-            throw error
-        }
-        do {
-            try await operation()
-        } catch {
-            recording.stop()
-            await RecordingTurns.shared.release()
-            throw error
-        }
-        recording.stop()
-        await RecordingTurns.shared.release()
+        let recording = try PowerCutRecording.start(root: root)
+        defer { recording.stop() }
+        try await operation()
         return recording
     }
 
@@ -118,25 +104,5 @@ extension TestDevice {
         } catch {
             throw PowerCutFailure(state: id, whatTheCutDid: state.description, underlying: error)
         }
-    }
-}
-
-/// One power-cut recording at a time in a process (the recorder sees every file operation of the process); the
-/// others wait their turn.
-private actor RecordingTurns {
-    static let shared = RecordingTurns()
-    private var busy = false
-    private var waiting: [CheckedContinuation<Void, Never>] = []
-
-    func acquire() async {
-        guard busy else {
-            busy = true
-            return
-        }
-        await withCheckedContinuation { waiting.append($0) }
-    }
-
-    func release() {
-        if waiting.isEmpty { busy = false } else { waiting.removeFirst().resume() }
     }
 }

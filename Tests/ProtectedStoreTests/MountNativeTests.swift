@@ -106,7 +106,6 @@ extension MountTests {
         let writer = open(second, O_RDWR)
         #expect(pwrite(writer, "LINKED", 6, 0) == 6)
         let reader = open(first, O_RDONLY)
-        defer { close(reader); close(writer) }
         #expect(readString(reader) == "LINKED secret", "a write through one name is read through the other")
 
         try mounted.lock()

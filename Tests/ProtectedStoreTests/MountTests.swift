@@ -379,8 +379,6 @@ struct MountTests {
         #expect(posixError(Int(open(mounted.path("Documents/.sandboxctl-x"), O_CREAT | O_WRONLY, 0o600))) == EPERM)
         #expect(posixError(Int(rmdir(mounted.path("Documents/Inbox")))) == EPERM)
         #expect(posixError(Int(rename(mounted.path("tmp"), mounted.path("Documents/tmp")))) == EPERM)
-        #expect(posixError(Int(link(a, mounted.path("Documents/hard")))) == EPERM)
-        #expect(posixError(Int(mkfifo(mounted.path("Documents/fifo"), 0o600))) == EPERM)
 
         // Byte-range locks (SQLite's) and flock, between this process and another.
         let lockScript = """

@@ -37,19 +37,28 @@ package protocol DurableOperationRecorder: AnyObject, Sendable {
 /// The one layer through which the store changes durable state. Each call is the plain system call; while a recorder
 /// is installed, each successful call is also reported to it, so a power-cut simulator can replay what the disk saw.
 package enum DurableIO {
-    private static let recorder = Mutex<(any DurableOperationRecorder)?>(nil)
+    private static let recorders = Mutex<[any DurableOperationRecorder]>([])
 
-    /// Installs `newRecorder` (nil removes it); returns the one it replaced.
-    @discardableResult
-    package static func install(_ newRecorder: (any DurableOperationRecorder)?) -> (any DurableOperationRecorder)? {
-        recorder.withLock { current in
-            let previous = current
-            current = newRecorder
-            return previous
-        }
+    /// Reports every later durable operation to `recorder` until `remove(_:)`. Several may listen at once (each keeps
+    /// what concerns its own folder), so tests recording different devices run side by side.
+    package static func add(_ recorder: any DurableOperationRecorder) {
+        recorders.withLock { $0.append(recorder) }
     }
 
-    private static var activeRecorder: (any DurableOperationRecorder)? { recorder.withLock { $0 } }
+    package static func remove(_ recorder: any DurableOperationRecorder) {
+        recorders.withLock { $0.removeAll { $0 === recorder } }
+    }
+
+    /// The recorders listening now, as one; nil (and no work) when none is.
+    private static var activeRecorder: Listeners? {
+        let listening = recorders.withLock { $0 }
+        return listening.isEmpty ? nil : Listeners(recorders: listening)
+    }
+
+    private struct Listeners {
+        let recorders: [any DurableOperationRecorder]
+        func record(_ operation: DurableOperation) { recorders.forEach { $0.record(operation) } }
+    }
 
     /// pwrite of all of `bytes` at `offset`.
     package static func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64, to descriptor: FileDescriptor, path: String) throws {

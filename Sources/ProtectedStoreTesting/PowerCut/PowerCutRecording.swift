@@ -41,21 +41,17 @@ package final class PowerCutRecording: DurableOperationRecorder, @unchecked Send
     }
 
     /// Takes a snapshot of everything under `root` (the state as of the last fsync: the caller syncs before) and
-    /// records every durable operation from now on. Only one recording runs at a time in a process.
+    /// records every durable operation on it from now on. Recordings of other folders may run at the same time.
     package static func start(root: String) throws -> PowerCutRecording {
         let recording = PowerCutRecording(root: root, baseline: try TreeSnapshot(root: root))
-        if DurableIO.install(recording) != nil {
-            DurableIO.install(nil)
-            throw ProtectedStoreError(.invalidArgument, path: root, problem: "another power-cut recording is already running in this process",
-                                      remedy: "Stop the other recording first; recordings see every file operation of the process")
-        }
+        DurableIO.add(recording)
         return recording
     }
 
     /// Stops recording; the steps so far are what `check` replays.
     package func stop() {
         mutex.withLock { isStopped = true }
-        DurableIO.install(nil)
+        DurableIO.remove(self)
     }
 
     /// Adds a mark between operations: the workload's note of something it was told (a write returned, an fsync
