@@ -5,8 +5,8 @@ import ProtectedStore
 import ProtectedStoreTesting
 
 // What the container costs SQLite: the notes store against the same SQL on SQLite's own unix VFS, in one run, in
-// the same folder, with the same pragmas; then what the testing kit's everyPowerCut costs per state of an add, beside
-// what one plain reboot and reopen of the store costs. Usage: notes-bench [--notes N] [--rounds R] [--power-cut-states S]
+// the same folder, with the same pragmas; then what the testing kit's everyPowerCut costs per state of a notes add and
+// of a small save, beside a plain reboot and the same check. Usage: notes-bench [--notes N] [--rounds R] [--power-cut-states S]
 
 func option(_ name: String, default value: Int) -> Int {
     guard let index = CommandLine.arguments.firstIndex(of: name), index + 1 < CommandLine.arguments.count,
@@ -114,37 +114,59 @@ for (name, plainTimes, storeTimes) in rows {
     print(name.padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.3f   %11.3f   %5.2f", p, s, s / p))
 }
 
-// everyPowerCut over one add: each state is rebuilt as a folder, brought up before first unlock, unlocked, and the
-// store opened and checked; the baseline is the same bring-up after a plain reboot, without the simulator.
-func checkStore(_ device: TestDevice) async throws {
+// everyPowerCut's cost per state: each state is rebuilt as a folder, brought up before first unlock, and checked; the
+// baseline is the same bring-up and check after a plain reboot, without the simulator.
+func measurePowerCuts(_ device: TestDevice, during operation: () throws -> Void,
+                      check: (TestDevice) async throws -> Void) async throws -> (summary: PowerCutSummary, perState: Double, reboot: Double) {
+    var checked = 0
+    let start = DispatchTime.now().uptimeNanoseconds
+    let summary = try await device.everyPowerCut(maxStates: powerCutStates, seed: 1, during: operation, afterReboot: { rebooted in
+        try await check(rebooted)
+        checked += 1
+    })
+    let perState = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6 / Double(max(1, checked))
+    var reboots: [Double] = []
+    for _ in 0..<20 {
+        let rebootStart = DispatchTime.now().uptimeNanoseconds
+        try device.reboot()
+        try await check(device)
+        reboots.append(Double(DispatchTime.now().uptimeNanoseconds - rebootStart) / 1e6)
+    }
+    return (summary, perState, median(reboots))
+}
+
+// One add to a store of 20 notes: the check opens the store and runs SQLite's integrity check.
+let notesDevice = try TestDevice()
+let notesStore = try NotesStore(container: notesDevice.container)
+for index in 0..<20 { try notesStore.add(title: "n\(index)", body: body) }
+// The store closes after the add, so the reboots that follow can open the database again.
+let notesCuts = try await measurePowerCuts(notesDevice, during: {
+    try notesStore.add(title: "in flight", body: body)
+    notesStore.close()
+}, check: { device in
     try await device.unlock()
     let store = try NotesStore(container: device.container)
     defer { store.close() }
     try store.verifyIntegrity()
     let notes = try store.notes()
     precondition(notes.count >= 20)
-}
-let kit = try TestDevice()
-let kitStore = try NotesStore(container: kit.container)
-for index in 0..<20 { try kitStore.add(title: "n\(index)", body: body) }
-var checked = 0
-let powerCutStart = DispatchTime.now().uptimeNanoseconds
-let summary = try await kit.everyPowerCut(maxStates: powerCutStates, seed: 1, during: { try kitStore.add(title: "in flight", body: body) },
-                                          afterReboot: { rebooted in
-                                              try await checkStore(rebooted)
-                                              checked += 1
-                                          })
-let perState = Double(DispatchTime.now().uptimeNanoseconds - powerCutStart) / 1e6 / Double(max(1, checked))
-kitStore.close()
-var rebootTimes: [Double] = []
-for _ in 0..<20 {
-    let start = DispatchTime.now().uptimeNanoseconds
-    try kit.reboot()
-    try await checkStore(kit)
-    rebootTimes.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6)
-}
-let rebootMedian = median(rebootTimes)
-print("power cuts during one add (everyPowerCut): \(summary)")
+})
+
+// A small save, as in the testing guide: a settings file replaced whole.
+let settingsPath = "Library/Preferences/settings.json"
+let settingsDevice = try TestDevice()
+try settingsDevice.container.write(Data(#"{"theme":"light"}"#.utf8), toPath: settingsPath)
+let settingsCuts = try await measurePowerCuts(settingsDevice, during: {
+    try settingsDevice.container.write(Data(#"{"theme":"dark"}"#.utf8), toPath: settingsPath)
+}, check: { device in
+    try await device.unlock()
+    let settings = try device.container.contents(atPath: settingsPath)
+    precondition(!settings.isEmpty)
+})
+
+print("power cuts (everyPowerCut): one notes add: \(notesCuts.summary); one settings save: \(settingsCuts.summary)")
 print("milliseconds per state".padding(toLength: 44, withPad: " ", startingAt: 0) + "plain reboot   power-cut state   ratio")
-print("bring up, unlock, open, check".padding(toLength: 44, withPad: " ", startingAt: 0)
-      + String(format: "%12.2f   %15.2f   %5.2f", rebootMedian, perState, perState / rebootMedian))
+for (name, measured) in [("notes add: bring up, unlock, open, check", notesCuts), ("settings save: bring up, unlock, read", settingsCuts)] {
+    print(name.padding(toLength: 44, withPad: " ", startingAt: 0)
+          + String(format: "%12.2f   %15.2f   %5.2f", measured.reboot, measured.perState, measured.perState / measured.reboot))
+}

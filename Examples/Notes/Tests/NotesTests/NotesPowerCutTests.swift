@@ -8,6 +8,9 @@ import Testing
 /// during add, delete and the fold of the locked journal; a full disk and a failed fsync are reported and lose nothing.
 @Suite("Notes store: power cuts and disk faults")
 struct NotesPowerCutTests {
+    /// States per test; under the sanitizers (make verify) a fifth, with the same checks.
+    static func states(_ count: Int) -> Int { runsUnderSanitizer ? count / 5 : count }
+
     /// What a rebooted device's store holds once unlocked, as (title, body) pairs; the database must pass integrity_check.
     static func notesAfterReboot(_ rebooted: TestDevice) async throws -> [String] {
         try await rebooted.unlock()
@@ -31,7 +34,7 @@ struct NotesPowerCutTests {
         let store = try NotesStore(container: device.container)
         try store.add(title: "first", body: "saved before")
         try store.add(title: "second", body: "saved before")
-        let summary = try await device.everyPowerCut(maxStates: 200, seed: 11, during: {
+        let summary = try await device.everyPowerCut(maxStates: Self.states(200), seed: 11, during: {
             try store.add(title: "third", body: "in flight")
         }, afterReboot: { rebooted in
             try Self.expect(try await Self.notesAfterReboot(rebooted), in: [["first", "second"], ["first", "second", "third"]])
@@ -46,7 +49,7 @@ struct NotesPowerCutTests {
         try store.add(title: "keep", body: "")
         let doomed = try store.add(title: "doomed", body: "")
         try store.add(title: "also keep", body: "")
-        let summary = try await device.everyPowerCut(maxStates: 200, seed: 12, during: {
+        let summary = try await device.everyPowerCut(maxStates: Self.states(200), seed: 12, during: {
             try store.delete(id: doomed.id)
         }, afterReboot: { rebooted in
             try Self.expect(try await Self.notesAfterReboot(rebooted), in: [["keep", "doomed", "also keep"], ["keep", "also keep"]])
@@ -62,7 +65,7 @@ struct NotesPowerCutTests {
         await device.lock()
         try store.add(title: "locked 1", body: "")
         try store.add(title: "locked 2", body: "")
-        let summary = try await device.everyPowerCut(maxStates: 800, seed: 13, during: {
+        let summary = try await device.everyPowerCut(maxStates: Self.states(800), seed: 13, during: {
             try await device.unlock()
         }, afterReboot: { rebooted in
             try Self.expect(try await Self.notesAfterReboot(rebooted), in: [["before", "locked 1", "locked 2"]])
