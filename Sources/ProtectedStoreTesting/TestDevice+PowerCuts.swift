@@ -19,6 +19,15 @@ public struct PowerCutSummary: Sendable, CustomStringConvertible {
     }
 }
 
+/// Where a power cut struck, as the check on the device it left sees it (`TestDevice.powerCut`).
+public struct PowerCutContext: Sendable {
+    /// The state; `replayPowerCut` takes its text form.
+    public let state: PowerCutStateID
+    /// Whether every write of the operation had been issued: it had returned, so what it made durable (fsynced)
+    /// must be there; what it did not may still be lost.
+    public let operationHadReturned: Bool
+}
+
 /// The check failed on the device a power cut left: which state, what the cut did to the pending writes, and why.
 public struct PowerCutFailure: Error, CustomStringConvertible {
     /// The state; `replayPowerCut(_:during:afterReboot:)` brings up exactly this one again.
@@ -40,6 +49,8 @@ extension TestDevice {
     /// torn at 512-byte sectors, names persisting in order), brings up a device on that state, before first unlock as
     /// after a real power loss, and runs `afterReboot` on it. The first state whose check throws ends the run with a
     /// `PowerCutFailure` naming it. Throw (or `#require`) in the check: a failed `#expect` is not tied to the state.
+    /// `rebooted.powerCut?.operationHadReturned` tells the states after the operation returned, where what it made
+    /// durable must be there.
     ///
     /// At most `maxStates` states are checked, drawn reproducibly from `seed` when there are more (a random seed
     /// unless given; the summary and any failure name it). Works with either key holder: the operation runs against
@@ -99,7 +110,8 @@ extension TestDevice {
             throw error
         }
         do {
-            let rebooted = try TestDevice(poweringUp: folder, bundleIdentifier: containerBundleIdentifier, gracePeriod: gracePeriod)
+            let context = PowerCutContext(state: id, operationHadReturned: state.cut >= recording.steps.count)
+            let rebooted = try TestDevice(poweringUp: folder, after: context, bundleIdentifier: containerBundleIdentifier, gracePeriod: gracePeriod)
             try await check(rebooted)
         } catch {
             throw PowerCutFailure(state: id, whatTheCutDid: state.description, underlying: error)

@@ -34,6 +34,8 @@ public final class TestDevice: @unchecked Sendable {
     public let keyHolder: KeyHolder
     /// The seconds between *will become unavailable* and discarding the keys when an observer is not done.
     public let gracePeriod: TimeInterval
+    /// On a device `everyPowerCut` brought up: the state, and whether the operation had returned when the power went.
+    public let powerCut: PowerCutContext?
 
     private let secretPath: String
     private let bundleIdentifier: String
@@ -61,6 +63,7 @@ public final class TestDevice: @unchecked Sendable {
         self.keyHolder = keyHolder
         self.gracePeriod = gracePeriod
         self.bundleIdentifier = bundleIdentifier
+        self.powerCut = nil
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             let created = try Device.create(root: root, deviceSecretPath: secretPath, passcode: try Passcode(Self.passcode), kdf: .fast,
@@ -87,7 +90,8 @@ public final class TestDevice: @unchecked Sendable {
 
     /// The device a power-cut state left in `directory` (its `root` and `device.secret`), brought up in this process
     /// as after the power came back: before first unlock. It owns `directory` and removes it when released.
-    init(poweringUp directory: String, bundleIdentifier: String, gracePeriod: TimeInterval) throws {
+    init(poweringUp directory: String, after powerCut: PowerCutContext, bundleIdentifier: String, gracePeriod: TimeInterval) throws {
+        self.powerCut = powerCut
         self.directory = directory
         self.root = (directory as NSString).appendingPathComponent("root")
         self.secretPath = (directory as NSString).appendingPathComponent("device.secret")

@@ -186,7 +186,8 @@ public final class EncryptedFile: @unchecked Sendable {
         }
         if isWritable {
             let firstHole = ps_seek_hole(descriptor.rawValue, BlockLayout.bodyOffset)
-            mayHaveInteriorHoles = firstHole < 0 || firstHole < min(storedSize, layout.storedOffset(ofBlock: record.extent))
+            // A stored file shorter than its extent (an append a power cut lost) counts: its end is a hole below it.
+            mayHaveInteriorHoles = firstHole < 0 || firstHole < layout.storedOffset(ofBlock: record.extent)
         }
     }
 
@@ -273,8 +274,9 @@ public final class EncryptedFile: @unchecked Sendable {
                 // disk or quota then fails the call before anything changed, not part-way through. (Where the backing
                 // file system cannot reserve space, a full disk fails the pwrite instead.)
                 let first = layout.blockIndex(containing: offset), last = layout.blockIndex(containing: end - 1)
-                // An injected full disk (testing kit) fails here too, before anything changed; with the length record's sector.
-                try FaultInjection.checkWrite(descriptor, count: layout.storedOffset(ofBlock: last + 1) - layout.storedOffset(ofBlock: first) + BlockLayout.sectorSize,
+                // An injected full disk (testing kit) fails here too, before anything changed; with a length record per pass.
+                let passes = (last - first) / blocksPerPass + 1
+                try FaultInjection.checkWrite(descriptor, count: layout.storedOffset(ofBlock: last + 1) - layout.storedOffset(ofBlock: first) + passes * BlockLayout.sectorSize,
                                               path: path, consuming: false)
                 if last >= record.extent || mayHaveInteriorHoles {
                     _ = try reserveSpace(plaintext: offset..<end)
@@ -477,6 +479,9 @@ public final class EncryptedFile: @unchecked Sendable {
         guard ps_reserve_space(descriptor.rawValue, start, end - start) != 0 else { return true }
         let failure = Errno(rawValue: Foundation.errno)
         guard failure != .notSupported && failure != .noFunction else { return false }
+        // ext4 and XFS keep what a failed fallocate managed to take past the end; setting the same size gives it back,
+        // so a failed write leaves the disk's free space as it found it. (Size and content are unchanged either way.)
+        if let size = try? FileSystem.fileSize(descriptor, path: path) { _ = try? descriptor.resize(to: Int64(size), retryOnInterrupt: true) }
         throw ProtectedStoreError.io(failure, path: path, doing: "reserve space for \(range.count) bytes at offset \(range.lowerBound) (the file is unchanged)")
     }
 
@@ -801,6 +806,8 @@ public final class EncryptedFile: @unchecked Sendable {
     }
 
     private func writeStored(_ bytes: [UInt8], at offset: Int64) throws {
+        // An injected failure writes nothing, so it does not count as touching the disk.
+        try FaultInjection.checkWrite(descriptor, count: Int64(bytes.count), path: path, consuming: false)
         storedWrites += 1
         try bytes.withUnsafeBytes { try writeStored($0, at: offset) }
     }

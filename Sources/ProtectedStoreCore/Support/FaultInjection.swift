@@ -65,6 +65,8 @@ package enum FaultInjection {
             for index in state.installed.indices where state.installed[index].rule.covers(file) {
                 guard case .write(let allowed) = state.installed[index].rule.operation else { continue }
                 if count > allowed {
+                    // Full is full: smaller writes after this one fail too.
+                    state.installed[index].rule = state.installed[index].rule.allowing(0)
                     throw ProtectedStoreError.io(state.installed[index].rule.errno, path: path, doing: "write \(count) bytes (injected failure)")
                 }
                 if consuming { state.installed[index].rule = state.installed[index].rule.allowing(allowed - count) }

@@ -73,7 +73,12 @@ package final class PowerCutRecording: DurableOperationRecorder, @unchecked Send
         switch operation {
         case .write(let file, _, _), .truncate(let file, _), .synchronize(let file): return known.contains(file)
         case .create(let directory, _, let file, _):
-            guard known.contains(directory) else { return false }
+            guard known.contains(directory) else {
+                // The kernel reused the inode of a file of this root that is gone, for a file elsewhere (another
+                // recording's, say): it is not this root's any more.
+                known.remove(file)
+                return false
+            }
             known.insert(file)
             return true
         case .rename(let fromDirectory, _, let toDirectory, _): return known.contains(fromDirectory) || known.contains(toDirectory)

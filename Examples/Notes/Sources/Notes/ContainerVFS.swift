@@ -18,6 +18,9 @@ final class ContainerVFS: @unchecked Sendable {
     private let cName: UnsafeMutablePointer<CChar>
     private let mutex = NSLock()
     private var lastFailure: (any Error)?
+    /// Databases that had a rollback journal when they were opened (a transaction a crash interrupted), until SQLite
+    /// removes it: the only time a torn database block is expected.
+    private var interruptedDatabases: Set<String> = []
 
     init(container: Container) throws {
         guard let base = sqlite3_vfs_find(nil) else {
@@ -59,6 +62,18 @@ final class ContainerVFS: @unchecked Sendable {
         mutex.withLock { lastFailure = error }
         return code
     }
+
+    fileprivate func noteOpened(database path: String) {
+        let journal = (try? container.attributesOfItem(atPath: path + "-journal"))?[.size] as? UInt64
+        if (journal ?? 0) > 0 { mutex.withLock { _ = interruptedDatabases.insert(path) } }
+    }
+
+    fileprivate func noteDeleted(_ path: String) {
+        guard path.hasSuffix("-journal") else { return }
+        mutex.withLock { _ = interruptedDatabases.remove(String(path.dropLast("-journal".count))) }
+    }
+
+    fileprivate func wasInterrupted(database path: String) -> Bool { mutex.withLock { interruptedDatabases.contains(path) } }
 
     fileprivate var lastFailureDescription: String { mutex.withLock { lastFailure.map { "\($0)" } ?? "" } }
 
@@ -106,13 +121,11 @@ private final class OpenFile {
     }
 
     /// Whether a torn block of this file reads as zeros: always in a journal (SQLite's checksums reject it); in a
-    /// database only while its rollback journal is there to put the page back (SQLite plays it back before using
-    /// the page). Without a journal a bad block is corruption, and is reported.
+    /// database only if it was opened with a rollback journal left by an interrupted transaction, until SQLite has
+    /// played it back and removed it (the journal holds every page the transaction changed, as it was). Any other
+    /// bad block is corruption, and is reported.
     func tornBlockReadsAsZeros() -> Bool {
-        if isJournal { return true }
-        guard isMainDatabase else { return false }
-        let journal = (try? vfs.container.attributesOfItem(atPath: path + "-journal"))?[.size] as? UInt64
-        return (journal ?? 0) > 0
+        isJournal || isMainDatabase && vfs.wasInterrupted(database: path)
     }
 
     static func from(_ file: UnsafeMutablePointer<sqlite3_file>?) -> OpenFile {
@@ -163,8 +176,10 @@ private let vfsOpen: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafeP
             try container.removeItem(atPath: path)
             handle = try container.createFile(atPath: path)
         }
+        let isMainDatabase = flags & SQLITE_OPEN_MAIN_DB != 0
+        if isMainDatabase { context.noteOpened(database: path) }
         let opened = OpenFile(handle: handle, path: path, deleteOnClose: flags & SQLITE_OPEN_DELETEONCLOSE != 0 || name == nil,
-                              isJournal: isJournal, isMainDatabase: flags & SQLITE_OPEN_MAIN_DB != 0, vfs: context)
+                              isJournal: isJournal, isMainDatabase: isMainDatabase, vfs: context)
         wrapper.pointee.handle = Unmanaged.passRetained(opened).toOpaque()
         wrapper.pointee.base.pMethods = UnsafePointer(ioMethods)
         outFlags?.pointee = flags
@@ -178,7 +193,9 @@ private let vfsDelete: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, Unsaf
     let context = ContainerVFS.from(vfs)
     do {
         // Removing makes the directory entry durable itself, so syncDir needs nothing more.
-        try context.container.removeItem(atPath: String(cString: name!))
+        let path = String(cString: name!)
+        try context.container.removeItem(atPath: path)
+        context.noteDeleted(path)
         return SQLITE_OK
     } catch let error as CocoaError where error.protectedStoreError?.kind == .notFound {
         return PS_SQLITE_IOERR_DELETE_NOENT
