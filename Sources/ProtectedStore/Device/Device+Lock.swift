@@ -89,18 +89,18 @@ extension Device {
         if observers == nil {
             // The latest lock wins: one that arrives during another's grace period ends it by its own deadline, so
             // `lock --grace 0` typed now means now, whatever an earlier lock allowed.
-            lockTimers.asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt, discardClassKeys) }
+            lockSteps.asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt, discardClassKeys) }
         }
         if let observers {
-            observers.done.notify(queue: lockTimers) { self.discardKeys(for: attempt, discardClassKeys) }
+            observers.done.notify(queue: lockSteps) { self.discardKeys(for: attempt, discardClassKeys) }
             // The grace period runs from the moment every observer has the event, so a grace of 0 still lets each
             // one be entered first; an observer stuck in an earlier callback is waited for at most max(grace, 1 s).
             let startGrace: @Sendable () -> Void = {
                 guard attempt.startGracePeriod() else { return }
-                lockTimers.asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt, discardClassKeys) }
+                self.lockSteps.asyncAfter(deadline: .now() + grace) { self.discardKeys(for: attempt, discardClassKeys) }
             }
-            observers.handedOver.notify(queue: lockTimers, execute: startGrace)
-            lockTimers.asyncAfter(deadline: .now() + max(grace, 1), execute: startGrace)
+            observers.handedOver.notify(queue: lockSteps, execute: startGrace)
+            lockSteps.asyncAfter(deadline: .now() + max(grace, 1), execute: startGrace)
         }
     }
 
@@ -161,8 +161,8 @@ extension Device {
             }
             if allowed { inboxReceivers.members.forEach { $0.deliverPending() } }
         }
-        observers.done.notify(queue: lockTimers, execute: start)
-        lockTimers.asyncAfter(deadline: .now() + max(gracePeriod, 1), execute: start)
+        observers.done.notify(queue: lockSteps, execute: start)
+        lockSteps.asyncAfter(deadline: .now() + max(gracePeriod, 1), execute: start)
         return observers
     }
 

@@ -49,6 +49,10 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     var openURLsAllowed: Bool
     // Taken around a state change and the hand-off of its event, so observers see events in state order.
     let deliveryLock = NSLock()
+    /// Where this device's grace periods end and its lock and unlock steps run: a serial queue of its own, so a step
+    /// that waits (a key discard waits for the file operation in flight) delays only this device's lock, never another
+    /// device's deadline in the same process (the daemon serves one device; a test process runs many at once).
+    let lockSteps = DispatchQueue(label: "ProtectedStore.lock-steps", qos: .userInitiated)
     var openFiles: [ObjectIdentifier: TrackedFile] = [:]
     /// Told which files lost their keys; guarded by `mutex`.
     var keysDiscardedHandlers: [@Sendable ([EncryptedFile]) -> Void] = []

@@ -212,7 +212,7 @@ package final class OnceFlag: @unchecked Sendable {
     }
 }
 
-/// Where grace periods end and lock steps run: a queue of its own, with a thread of its own, so a lock keeps its
-/// deadline when the global pool is busy (on Linux it has a thread per core, and blocked or CPU-bound work from
-/// observers and big file operations queues ahead of anything sent there).
+/// Where the waits for observers end: a queue of its own, with a thread of its own, so a deadline holds when the global
+/// pool is busy (on Linux it has a thread per core, and blocked or CPU-bound work from observers and big file
+/// operations queues ahead of anything sent there). Only quick steps run here; a device's lock steps have its own.
 let lockTimers = DispatchQueue(label: "ProtectedStore.lock-timers", qos: .userInitiated)
