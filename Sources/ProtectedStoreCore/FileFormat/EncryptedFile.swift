@@ -261,7 +261,8 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Writes the contents of `buffer` at `offset`, extending the file (with a hole, which costs no storage) if
     /// `offset` is past the end. Only the blocks the write covers are written, then the length record if it changed.
-    /// Their space is reserved first, so a full disk (ENOSPC, EDQUOT) fails the call with the file unchanged.
+    /// A full disk (ENOSPC, EDQUOT) fails the call with the file unchanged: its space is reserved first, or, for an
+    /// append, what it stored is cut off again.
     public func write(from buffer: UnsafeRawBufferPointer, at offset: Int64) throws {
         precondition(offset >= 0, "negative offset")
         try lock.withWriteLock {
@@ -270,20 +271,24 @@ public final class EncryptedFile: @unchecked Sendable {
             let end = offset + Int64(buffer.count)
             try checkSize(end)
             try withKey { key in
-                // Space first, where the write needs new space (blocks past the extent, or holes below it): a full
-                // disk or quota then fails the call before anything changed, not part-way through. (Where the backing
-                // file system cannot reserve space, a full disk fails the pwrite instead.)
                 let first = layout.blockIndex(containing: offset), last = layout.blockIndex(containing: end - 1)
                 // An injected full disk (testing kit) fails here too, before anything changed; with a length record per pass.
                 let passes = (last - first) / blocksPerPass + 1
                 try FaultInjection.checkWrite(descriptor, count: layout.storedOffset(ofBlock: last + 1) - layout.storedOffset(ofBlock: first) + passes * BlockLayout.sectorSize,
                                               path: path, consuming: false)
-                if last >= record.extent || mayHaveInteriorHoles {
+                // A one-pass write wholly past the extent (an append: SQLite's journal, a growing database) shows nothing
+                // until its length record, so a full disk under it is undone by cutting the stored file back. Any other
+                // write that needs new space (blocks past the extent, or holes below it) reserves it first, so a full
+                // disk fails it before anything changed. (Where the backing file system cannot reserve space, a full
+                // disk fails the pwrite instead.)
+                let isAppend = first >= record.extent && passes == 1
+                if !isAppend && (last >= record.extent || mayHaveInteriorHoles) {
                     _ = try reserveSpace(plaintext: offset..<end)
                 }
                 // A gap between the extent and this write stays a hole of the stored file.
                 if first > record.extent { mayHaveInteriorHoles = true }
-                try mutating {
+                let undo = isAppend ? (extent: record.extent, what: "write \(buffer.count) bytes at offset \(offset) (the file is unchanged)") : nil
+                try mutating(undoingAppend: undo) {
                     var position = offset
                     while position < end {
                         let first = layout.blockIndex(containing: position)
@@ -461,11 +466,17 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Runs a mutation; if it fails after touching the disk, the handle refuses further use instead of trusting stale
     /// state. A failure before any write (a damaged block it had to read first, say) leaves the handle usable.
-    private func mutating(_ body: () throws -> Void) throws {
+    /// An append (`undoingAppend`) that meets a full disk before its length record is undone instead: the stored file
+    /// is cut back to the extent it had, and the handle stays usable.
+    private func mutating(undoingAppend append: (extent: Int64, what: String)? = nil, _ body: () throws -> Void) throws {
         storedWrites = 0
         do {
             try body()
         } catch let error as ProtectedStoreError where (error.kind == .io || error.kind == .integrity) && storedWrites > 0 {
+            if let append, let errno = error.errno, errno == .noSpace || errno == .diskQuotaExceeded, record.extent == append.extent,
+               (try? DurableIO.truncate(descriptor, to: layout.storedOffset(ofBlock: append.extent), path: path)) != nil {
+                throw ProtectedStoreError.io(errno, path: path, doing: append.what)
+            }
             failedWrite = error
             throw error
         }
