@@ -276,12 +276,13 @@ public final class EncryptedFile: @unchecked Sendable {
                 let passes = (last - first) / blocksPerPass + 1
                 try FaultInjection.checkWrite(descriptor, count: layout.storedOffset(ofBlock: last + 1) - layout.storedOffset(ofBlock: first) + passes * BlockLayout.sectorSize,
                                               path: path, consuming: false)
-                // A one-pass write wholly past the extent (an append: SQLite's journal, a growing database) shows nothing
-                // until its length record, so a full disk under it is undone by cutting the stored file back. Any other
-                // write that needs new space (blocks past the extent, or holes below it) reserves it first, so a full
-                // disk fails it before anything changed. (Where the backing file system cannot reserve space, a full
-                // disk fails the pwrite instead.)
-                let isAppend = first >= record.extent && passes == 1
+                // A small one-pass write with no holes below the extent stores its blocks past the extent first (they
+                // show nothing until the length record), then the ones it overwrites, which need no new space: a full
+                // disk under it is undone by cutting the stored file back. Any other write that needs new space (holes
+                // below the extent, large or multi-pass writes) reserves it first. Either way a full disk fails the
+                // call before anything a reader sees changed. (fallocate is not free: a reservation before every
+                // journal write cost SQLite's inserts 10 %.)
+                let isAppend = passes == 1 && !mayHaveInteriorHoles && Int64(buffer.count) < Self.parallelThresholdBytes
                 if !isAppend && (last >= record.extent || mayHaveInteriorHoles) {
                     _ = try reserveSpace(plaintext: offset..<end)
                 }
@@ -661,7 +662,7 @@ public final class EncryptedFile: @unchecked Sendable {
             UnsafeMutableRawBufferPointer(rebasing: assembled[Int(coveredStart - blockStart)..<Int(coveredEnd - blockStart)])
                 .copyMemory(from: UnsafeRawBufferPointer(rebasing: source[Int(coveredStart - offset)..<Int(coveredEnd - offset)]))
         }
-        try encryptAndStore(firstBlock: first, blockCount: Int(last - first + 1), key: key) { index in
+        try encryptAndStore(firstBlock: first, blockCount: Int(last - first + 1), key: key, newBlocksFrom: record.extent) { index in
             if let edge = edges[index] { return UnsafeRawBufferPointer(edge) }
             let blockStart = index * layout.blockSize
             return UnsafeRawBufferPointer(rebasing: source[Int(blockStart - offset)..<Int(blockStart - offset + layout.blockSize)])
@@ -726,9 +727,9 @@ public final class EncryptedFile: @unchecked Sendable {
     }
 
     /// Seals blocks `first..<first+count` (each exactly one block of plaintext, from `plaintextOfBlock`) and writes
-    /// them with one pwrite.
+    /// them, those from `newBlocksFrom` on (new space) before the ones below it.
     private func encryptAndStore(firstBlock first: Int64, blockCount: Int, key: UnsafeRawBufferPointer,
-                                 plaintextOfBlock: (Int64) -> UnsafeRawBufferPointer) throws {
+                                 newBlocksFrom newBlocks: Int64? = nil, plaintextOfBlock: (Int64) -> UnsafeRawBufferPointer) throws {
         let storedStart = layout.storedOffset(ofBlock: first)
         let storedBlock = Int(layout.storedBlockSize)
         let storedCount = blockCount * storedBlock
@@ -756,7 +757,11 @@ public final class EncryptedFile: @unchecked Sendable {
                     // Each range writes its own bytes, so one range's pwrite overlaps another's encryption.
                     let rangeStart = range.lowerBound * storedBlock
                     let rangeEnd = range.upperBound * storedBlock
-                    try writeStored(UnsafeRawBufferPointer(rebasing: stored[rangeStart..<rangeEnd]), at: storedStart + Int64(rangeStart))
+                    // Blocks past the extent (new space) go first: if the disk is full, nothing stored has changed yet.
+                    let split = newBlocks.map { min(rangeEnd, max(rangeStart, Int($0 - first) * storedBlock)) } ?? rangeStart
+                    for part in [split..<rangeEnd, rangeStart..<split] where !part.isEmpty {
+                        try writeStored(UnsafeRawBufferPointer(rebasing: stored[part]), at: storedStart + Int64(part.lowerBound))
+                    }
                     return nil
                 }
             }

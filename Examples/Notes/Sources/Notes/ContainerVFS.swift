@@ -64,8 +64,11 @@ final class ContainerVFS: @unchecked Sendable {
     }
 
     fileprivate func noteOpened(database path: String) {
-        let journal = (try? container.attributesOfItem(atPath: path + "-journal"))?[.size] as? UInt64
-        if (journal ?? 0) > 0 { mutex.withLock { _ = interruptedDatabases.insert(path) } }
+        // A plain stat of the stored journal, not the container's item lookup (which reads its header): this runs at
+        // every open of the database. Past the 1 KiB header and length record means a non-empty journal.
+        var info = stat()
+        guard stat("\(container.dataPath)/\(path)-journal", &info) == 0, info.st_size > 1024 else { return }
+        mutex.withLock { _ = interruptedDatabases.insert(path) }
     }
 
     fileprivate func noteDeleted(_ path: String) {
