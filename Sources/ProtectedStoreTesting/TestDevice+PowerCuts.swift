@@ -104,14 +104,14 @@ extension TestDevice {
         let state: PowerCutState
         do {
             state = try recording.materialize(id, in: folder)
-            try FileManager.default.copyItem(atPath: deviceSecretPath, toPath: (folder as NSString).appendingPathComponent("device.secret"))
+            try FileManager.default.copyItem(atPath: secretPath, toPath: (folder as NSString).appendingPathComponent("device.secret"))
         } catch {
             try? FileManager.default.removeItem(atPath: folder)
             throw error
         }
         do {
             let context = PowerCutContext(state: id, operationHadReturned: state.cut >= recording.steps.count)
-            let rebooted = try TestDevice(poweringUp: folder, after: context, bundleIdentifier: containerBundleIdentifier, gracePeriod: gracePeriod)
+            let rebooted = try TestDevice(poweringUp: folder, after: context, bundleIdentifier: bundleIdentifier, gracePeriod: gracePeriod)
             try await check(rebooted)
         } catch {
             throw PowerCutFailure(state: id, whatTheCutDid: state.description, underlying: error)

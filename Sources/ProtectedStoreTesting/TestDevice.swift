@@ -37,8 +37,8 @@ public final class TestDevice: @unchecked Sendable {
     /// On a device `everyPowerCut` brought up: the state, and whether the operation had returned when the power went.
     public let powerCut: PowerCutContext?
 
-    private let secretPath: String
-    private let bundleIdentifier: String
+    let secretPath: String
+    let bundleIdentifier: String
     private let mutex = NSLock()
     private var currentDevice: Device
     private var currentContainer: Container
@@ -108,11 +108,6 @@ public final class TestDevice: @unchecked Sendable {
             throw error
         }
     }
-
-    /// The device secret's path (beside the root, never inside it).
-    var deviceSecretPath: String { secretPath }
-    /// The bundle identifier of `container`.
-    var containerBundleIdentifier: String { bundleIdentifier }
 
     deinit {
         currentDevice.powerOff()

@@ -28,19 +28,24 @@ struct NotesPowerCutTests {
         }
     }
 
+    /// Every power cut during `change` leaves the notes `before` or `after`; once `change` has returned, `after` only.
+    static func expectEveryPowerCut(on device: TestDevice, seed: UInt64, before: [String], after: [String],
+                                    during change: () throws -> Void) async throws -> PowerCutSummary {
+        try await device.everyPowerCut(maxStates: states(200), seed: seed, during: change, afterReboot: { rebooted in
+            let returned = rebooted.powerCut?.operationHadReturned == true
+            try expect(try await notesAfterReboot(rebooted), in: (returned ? [] : [before]) + [after])
+        })
+    }
+
     @Test("a power cut at any point of an add leaves every acknowledged note, and the new one at most once; once the add returned, the new one too")
     func powerCutDuringAdd() async throws {
         let device = try TestDevice()
         let store = try NotesStore(container: device.container)
         try store.add(title: "first", body: "saved before")
         try store.add(title: "second", body: "saved before")
-        let summary = try await device.everyPowerCut(maxStates: Self.states(200), seed: 11, during: {
+        let summary = try await Self.expectEveryPowerCut(on: device, seed: 11, before: ["first", "second"], after: ["first", "second", "third"]) {
             try store.add(title: "third", body: "in flight")
-        }, afterReboot: { rebooted in
-            // Once the add has returned, its note is durable: only the new list will do.
-            let returned = rebooted.powerCut?.operationHadReturned == true
-            try Self.expect(try await Self.notesAfterReboot(rebooted), in: (returned ? [] : [["first", "second"]]) + [["first", "second", "third"]])
-        })
+        }
         print("notes add: \(summary)")
     }
 
@@ -51,12 +56,9 @@ struct NotesPowerCutTests {
         try store.add(title: "keep", body: "")
         let doomed = try store.add(title: "doomed", body: "")
         try store.add(title: "also keep", body: "")
-        let summary = try await device.everyPowerCut(maxStates: Self.states(200), seed: 12, during: {
+        let summary = try await Self.expectEveryPowerCut(on: device, seed: 12, before: ["keep", "doomed", "also keep"], after: ["keep", "also keep"]) {
             try store.delete(id: doomed.id)
-        }, afterReboot: { rebooted in
-            let returned = rebooted.powerCut?.operationHadReturned == true
-            try Self.expect(try await Self.notesAfterReboot(rebooted), in: (returned ? [] : [["keep", "doomed", "also keep"]]) + [["keep", "also keep"]])
-        })
+        }
         print("notes delete: \(summary)")
     }
 
