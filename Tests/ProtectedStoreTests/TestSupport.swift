@@ -107,8 +107,15 @@ func expectError<R>(_ kind: ProtectedStoreError.Kind, sourceLocation: SourceLoca
 func readRaw(_ path: String) -> [UInt8] { Array(FileManager.default.contents(atPath: path)!) }
 func writeRaw(_ bytes: [UInt8], _ path: String) { precondition(FileManager.default.createFile(atPath: path, contents: Data(bytes))) }
 
+/// A deterministic byte pattern that never repeats within a block; filled in place because a
+/// closure per byte dominated the large-file tests under the sanitizers.
 func pattern(_ count: Int, seed: UInt8 = 0) -> [UInt8] {
-    (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ Int(seed) &+ $0 >> 8) }
+    [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+        for index in 0..<count {
+            buffer[index] = UInt8(truncatingIfNeeded: index &* 31 &+ Int(seed) &+ index >> 8)
+        }
+        initialized = count
+    }
 }
 
 extension Array where Element == UInt8 {
