@@ -11,7 +11,7 @@ let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingL
 let package = Package(
     name: "ProtectedStoreFuzz",
     dependencies: [.package(path: "..")],
-    targets: [.target(name: "FuzzDriver")] + ["FuzzKeybag", "FuzzFileHeader", "FuzzFrame"].map { name in
+    targets: [.target(name: "FuzzDriver")] + ["FuzzKeybag", "FuzzFileHeader", "FuzzFrame", "FuzzNames"].map { name in
         .executableTarget(name: name, dependencies: ["FuzzDriver", .product(name: "_ProtectedStoreFuzzing", package: root)])
     },
     swiftLanguageModes: [.v6]

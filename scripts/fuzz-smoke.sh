@@ -9,7 +9,7 @@ scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p Crashes
 failed=0
-for target in keybag:FuzzKeybag file-header:FuzzFileHeader frame:FuzzFrame; do
+for target in keybag:FuzzKeybag file-header:FuzzFileHeader frame:FuzzFrame names:FuzzNames; do
     corpus="${target%%:*}"; binary=".build/debug/${target##*:}"
     mkdir -p "$scratch/$corpus"
     if "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="Crashes/$corpus-" \

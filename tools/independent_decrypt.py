@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Independent decryptor for ProtectedStore: reads encrypted-file format
-version 2 (keybag and device secret: version 1).
+version 2, encrypted names version 2 and the Inbox queue (keybag and device
+secret: version 1).
 
 Written only from docs/FORMAT.md, as a check that the specification is
 sufficient. Depends on PyNaCl (libsodium bindings) and the standard library.
@@ -8,20 +9,43 @@ sufficient. Depends on PyNaCl (libsodium bindings) and the standard library.
 Usage:
     python3 tools/independent_decrypt.py --root ROOT --device-secret SECRET_FILE \
         [--out DIR] FILE... < passcode
+    python3 tools/independent_decrypt.py --root ROOT --device-secret SECRET_FILE \
+        [--out DIR] --container BUNDLE_ID < passcode
 
 The passcode is read as one line from stdin (the line terminator is removed,
 nothing else). For each FILE the output is "FILE: OK <size> bytes class <X>",
 <size> being the plaintext size L from the file's length record (§4.2).
-Exit status: 0 all files OK, 1 at least one file rejected, 2 keybag/device
-secret/passcode problem (nothing decrypted).
+
+With --container, the whole data directory <ROOT>/containers/<BUNDLE_ID>/Data
+is decrypted (§7): names, files and link targets; reserved entries
+(".sandboxctl…") are skipped. One line per item, with its decrypted path
+relative to Data:
+    Documents/Projects/: OK directory
+    Documents/notes.txt: OK 12 bytes class C
+    Documents/link -> Projects/x: OK link
+then one line per Inbox queue record (§6), its JSON on one line:
+    inbox-queue <sequence>: {...}
+With --out, the plaintext tree is recreated under DIR (directories, files,
+symbolic links with their decrypted targets, FIFOs). A rejected item is
+reported on stderr as "<stored path>: FAILED <reason>" and the rest is still
+processed. Control characters in decrypted names and targets are printed as
+\\xNN escapes.
+
+Exit status: 0 all files (items) OK, 1 at least one file, name, link target or
+queue record rejected, 2 keybag/device secret/passcode problem (nothing
+decrypted).
 """
 
 import argparse
+import base64
 import hashlib
 import hmac
+import json
 import os
+import stat
 import struct
 import sys
+import tempfile
 
 try:
     import nacl.bindings as sodium
@@ -334,15 +358,395 @@ def decrypt_file(path: str, kbid: bytes, keys: dict, pk_b: bytes, sink=None):
     return CLASS_LETTERS[cid], L
 
 
+# ------------------------------------------------------------ names (§7)
+
+RESERVED_PREFIX = b".sandboxctl"        # ProtectedStore's own entries, stored as they are
+DIRIV_NAME = b".sandboxctl-diriv"
+DIRIV_SIZE = 16
+LONG_NAME_FILE_PREFIX = b".sandboxctl-name-"
+LONG_NAME_MARK = b"~"                   # base64url has no "~": never a stored name
+NAME_MAX = 255                          # bytes of UTF-8 in a plaintext name
+SHORT_NAME_MAX = 144                    # longest name whose stored form fits in 255 characters
+NONCE_SIZE = 24
+TAG_SIZE = 16
+NAME_PAD = 16
+MIN_STORED_NAME = NONCE_SIZE + NAME_PAD + TAG_SIZE   # 56: a name is at least one padded block
+B64URL_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def container_name_keys(ds: bytes, kbid: bytes, bundle_id: str):
+    """§7 Keys. Returns (K_siv, K_name); NK needs the device secret only."""
+    nk = HK(ds, b"ProtectedStore v2 name key" + kbid + bundle_id.encode("utf-8"))
+    return HK(nk, b"ProtectedStore v2 name siv"), HK(nk, b"ProtectedStore v2 name encryption")
+
+
+def b64url(b: bytes) -> bytes:
+    """RFC 4648 §5, no padding."""
+    return base64.urlsafe_b64encode(b).rstrip(b"=")
+
+
+def b64url_decode(s: bytes, what: str) -> bytes:
+    """Accepts canonical unpadded base64url only: the stored form of a value is
+    unique, so a re-encoding that differs (padding, non-zero spare bits) is
+    not ours."""
+    if not set(s) <= B64URL_ALPHABET or len(s) % 4 == 1:
+        raise FormatError(f"{what}: not base64url")
+    raw = base64.urlsafe_b64decode(s + b"=" * (-len(s) % 4))
+    if b64url(raw) != s:
+        raise FormatError(f"{what}: not canonical base64url")
+    return raw
+
+
+def check_plain_name(n: bytes):
+    """§7: 1 to 255 bytes of UTF-8, no '/' or NUL, not '.' or '..'."""
+    if not 1 <= len(n) <= NAME_MAX:
+        raise FormatError(f"name: {len(n)} bytes (1 to {NAME_MAX} allowed)")
+    if b"/" in n or b"\0" in n or n in (b".", b".."):
+        raise FormatError("name: contains '/' or NUL, or is '.' or '..'")
+    try:
+        n.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormatError("name: not valid UTF-8") from None
+
+
+def decrypt_name(k_siv: bytes, k_name: bytes, iv: bytes, stored: bytes) -> bytes:
+    """§7 A name: the checks in the order the spec lists them."""
+    raw = b64url_decode(stored, "name")
+    if len(raw) < MIN_STORED_NAME or (len(raw) - NONCE_SIZE - TAG_SIZE) % NAME_PAD:
+        raise FormatError(f"name: {len(raw)} bytes decoded, not a padded name")
+    nonce = raw[:NONCE_SIZE]
+    p = aead_open(k_name, nonce, raw[NONCE_SIZE:], b"N" + iv, "name")
+    # SIV: the nonce must be the one the name itself determines, else one name
+    # could have many stored forms in a directory.
+    if not hmac.compare_digest(HK(k_siv, iv + p)[:NONCE_SIZE], nonce):
+        raise FormatError("name: nonce is not the one derived from the name (not canonical)")
+    n = p.rstrip(b"\0")  # a name has no NUL, so every trailing zero is padding
+    if len(p) - len(n) >= NAME_PAD:
+        raise FormatError(f"name: {len(p) - len(n)} bytes of padding (fewer than {NAME_PAD} allowed)")
+    check_plain_name(n)
+    return n
+
+
+def read_long_name(dirpath: bytes, entry: bytes) -> bytes:
+    """§7 Long names: returns the stored name kept for `entry` ("~" + hash),
+    after checking it hashes to the entry."""
+    digest = b64url_decode(entry[1:], "long name entry")
+    if len(digest) != 32:
+        raise FormatError(f"long name entry: hash of {len(digest)} bytes, expected 32")
+    path = os.path.join(dirpath, LONG_NAME_FILE_PREFIX + entry[1:])
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise FormatError("long name: its .sandboxctl-name- file is missing") from None
+    with os.fdopen(fd, "rb") as f:
+        stored = f.read()
+    if not hmac.compare_digest(H(stored), digest):
+        raise FormatError("long name: file contents do not hash to the entry")
+    return stored
+
+
+def entry_name(k_siv: bytes, k_name: bytes, dirpath: bytes, iv: bytes, entry: bytes) -> bytes:
+    """The plaintext name of a (non-reserved) entry, short or long. Each name
+    has one stored form, so a name stored in the other form is rejected."""
+    if entry.startswith(LONG_NAME_MARK):
+        n = decrypt_name(k_siv, k_name, iv, read_long_name(dirpath, entry))
+        if len(n) <= SHORT_NAME_MAX:
+            raise FormatError(f"name of {len(n)} bytes stored as a long name")
+    else:
+        n = decrypt_name(k_siv, k_name, iv, entry)
+        if len(n) > SHORT_NAME_MAX:
+            raise FormatError(f"name of {len(n)} bytes stored as a short name")
+    return n
+
+
+def decrypt_link_target(k_name: bytes, iv: bytes, stored: bytes) -> bytes:
+    """§7 Link targets: random nonce, AD "L" || IV of the link's directory."""
+    raw = b64url_decode(stored, "link target")
+    if len(raw) < NONCE_SIZE + TAG_SIZE:
+        raise FormatError(f"link target: {len(raw)} bytes decoded, too short")
+    target = aead_open(k_name, raw[:NONCE_SIZE], raw[NONCE_SIZE:], b"L" + iv, "link target")
+    if not target or b"\0" in target:  # no symbolic link can hold it
+        raise FormatError("link target: empty or contains NUL")
+    return target
+
+
+def read_dir_iv(dirpath: bytes) -> bytes:
+    """§7 Directory IV: .sandboxctl-diriv, exactly 16 bytes."""
+    try:
+        fd = os.open(os.path.join(dirpath, DIRIV_NAME), os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise FormatError("directory has no .sandboxctl-diriv") from None
+    with os.fdopen(fd, "rb") as f:
+        iv = f.read(DIRIV_SIZE + 1)
+    if len(iv) != DIRIV_SIZE:
+        raise FormatError(f"directory IV is {len(iv)} bytes, expected {DIRIV_SIZE}")
+    return iv
+
+
+# -------------------------------------------------------- Inbox queue (§6)
+
+QUEUE_RECORD_SUFFIX = ".sealed"
+QUEUE_SEQUENCE_DIGITS = 20
+
+
+def queue_sequence(filename: str) -> int:
+    """<sequence>.sealed, the sequence as 20 decimal digits."""
+    digits = filename[:-len(QUEUE_RECORD_SUFFIX)]
+    if len(digits) != QUEUE_SEQUENCE_DIGITS or not (digits.isascii() and digits.isdigit()):
+        raise FormatError(f"record name is not {QUEUE_SEQUENCE_DIGITS} decimal digits")
+    seq = int(digits)
+    if seq >= 2**64:  # the AD holds it as 8 bytes
+        raise FormatError("record sequence does not fit 8 bytes")
+    return seq
+
+
+def _reject_duplicate_keys(pairs):
+    obj = {}
+    for k, v in pairs:
+        if k in obj:
+            raise FormatError(f"record: key {k!r} appears twice")
+        obj[k] = v
+    return obj
+
+
+def _reject_constant(c):
+    raise FormatError(f"record: {c} is not JSON")
+
+
+def open_queue_record(k_name: bytes, seq: int, sealed: bytes) -> dict:
+    """§6: nonce (24) || AEAD(K_name, nonce, json, "R" || "inbox-queue" || seq (u64))."""
+    if len(sealed) < NONCE_SIZE + TAG_SIZE:
+        raise FormatError(f"record: {len(sealed)} bytes, too short")
+    ad = b"R" + b"inbox-queue" + struct.pack("<Q", seq)
+    text = aead_open(k_name, sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], ad, "record")
+    try:
+        obj = json.loads(text.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
+                         parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FormatError(f"record: not UTF-8 JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise FormatError("record: not a JSON object")
+    s = obj.get("sequence")
+    if type(s) is not int or s != seq:  # bool is an int subclass: not a sequence
+        raise FormatError(f"record: sequence {s!r} differs from its file name's {seq}")
+    # Records naming nothing deliverable are ignored by receivers (§6).
+    for key in ("name", "stagingName"):
+        n = obj.get(key)
+        if not isinstance(n, str) or n in ("", ".", "..") or "/" in n or "\0" in n:
+            raise FormatError(f"record: {key} {n!r} is empty, '.', '..', or contains '/' or NUL")
+    return obj
+
+
+# ---------------------------------------------------------- container (§7)
+
+def show(b: bytes) -> str:
+    """A decrypted name or target for one output line: names may hold any
+    character but '/' and NUL (a line break would forge a line), and a target
+    need not be UTF-8, so control characters and invalid bytes are escaped."""
+    def esc(c):
+        o = ord(c)
+        if o < 0x20 or 0x7f <= o < 0xa0 or c in "\u2028\u2029":
+            return f"\\x{o:02x}" if o <= 0xff else f"\\u{o:04x}"
+        return c
+    return "".join(esc(c) for c in b.decode("utf-8", "backslashreplace"))
+
+
+def _umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
+def decrypt_file_to(path, out_dir, name, kbid, keys, pk_b):
+    """decrypt_file, writing the plaintext to out_dir/name when out_dir is
+    given. Only a fully authenticated file is ever left under its name: the
+    plaintext goes to a hidden temporary file, renamed on success and removed
+    on failure. mkstemp, not a name derived from `name`: that could exceed
+    NAME_MAX or be another decrypted name."""
+    if out_dir is None:
+        return decrypt_file(path, kbid, keys, pk_b)
+    dest = os.path.join(os.fsencode(out_dir), os.fsencode(name))
+    fd, tmp = tempfile.mkstemp(prefix=b".partial-", dir=os.fsencode(out_dir))
+    try:
+        with os.fdopen(fd, "wb") as sink:
+            os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
+            result = decrypt_file(path, kbid, keys, pk_b, sink)
+        os.replace(tmp, dest)
+        tmp = None
+        return result
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+class ContainerDecryptor:
+    """Walks a container's data directory (bytes paths throughout: stored names
+    are whatever is on disk) and, with an output directory, rebuilds the
+    plaintext tree. Failures are reported and counted, never fatal, so one bad
+    entry does not hide the rest."""
+
+    def __init__(self, container_dir: str, out, kbid, keys, pk_b, k_siv, k_name):
+        self.container_dir = os.fsencode(container_dir)
+        self.out = None if out is None else os.fsencode(out)
+        self.kbid, self.keys, self.pk_b = kbid, keys, pk_b
+        self.k_siv, self.k_name = k_siv, k_name
+        self.failed = 0
+
+    def fail(self, stored: bytes, message: str, plain: str = None):
+        where = os.fsdecode(stored) + (f" ({plain})" if plain else "")
+        print(f"{where}: FAILED {message}", file=sys.stderr)
+        self.failed += 1
+
+    def run(self):
+        data = os.path.join(self.container_dir, b"Data")
+        if self.out is not None:
+            os.makedirs(self.out, exist_ok=True)
+        self.walk(data, "", self.out)
+        self.decrypt_queue(os.path.join(self.container_dir, b"inbox-queue"))
+
+    def walk(self, dirpath: bytes, rel: str, out_dir):
+        """Decrypts the names in dirpath, then each item in name order.
+        `rel` is dirpath's decrypted path relative to Data ("" or ending in "/")."""
+        try:
+            entries = sorted(os.listdir(dirpath))
+            iv = read_dir_iv(dirpath)
+        except (FormatError, OSError) as e:
+            self.fail(dirpath, str(e), rel or None)
+            return
+        if rel:
+            print(f"{rel}: OK directory")
+        items = []
+        for entry in entries:
+            if entry.startswith(RESERVED_PREFIX):
+                continue
+            stored = os.path.join(dirpath, entry)
+            try:
+                items.append((entry_name(self.k_siv, self.k_name, dirpath, iv, entry), stored))
+            except (FormatError, OSError) as e:
+                self.fail(stored, str(e))
+        for name, stored in sorted(items):
+            self.item(stored, name, rel + show(name), iv, out_dir)
+
+    def item(self, stored: bytes, name: bytes, rel: str, iv: bytes, out_dir):
+        """One non-reserved entry, by its type on disk (never followed)."""
+        dest = None if out_dir is None else os.path.join(out_dir, name)
+        try:
+            mode = os.lstat(stored).st_mode
+            if stat.S_ISDIR(mode):
+                if dest is not None:
+                    self.ensure_output(dest, stat.S_ISDIR, os.mkdir)
+                self.walk(stored, rel + "/", dest)
+            elif stat.S_ISREG(mode):
+                letter, size = decrypt_file_to(stored, out_dir, name, self.kbid, self.keys, self.pk_b)
+                print(f"{rel}: OK {size} bytes class {letter}")
+            elif stat.S_ISLNK(mode):
+                target = decrypt_link_target(self.k_name, iv, os.readlink(stored))
+                if dest is not None:
+                    self.replace_with_symlink(target, dest)
+                print(f"{rel} -> {show(target)}: OK link")
+            elif stat.S_ISFIFO(mode):
+                if dest is not None:
+                    self.ensure_output(dest, stat.S_ISFIFO, os.mkfifo)
+                print(f"{rel}: OK fifo")
+            else:  # a socket means nothing once copied; nodev: no device nodes
+                print(f"{rel}: OK {stat.filemode(mode)[0]} (not recreated)")
+        except (FormatError, OSError) as e:
+            self.fail(stored, str(e), rel)
+
+    @staticmethod
+    def ensure_output(dest: bytes, is_kind, make):
+        """Makes dest unless an earlier run left one of the same kind. lstat,
+        not stat: a link left at dest must not lead the output elsewhere (make
+        then fails with EEXIST)."""
+        try:
+            if is_kind(os.lstat(dest).st_mode):
+                return
+        except FileNotFoundError:
+            pass
+        make(dest)
+
+    @staticmethod
+    def replace_with_symlink(target: bytes, dest: bytes):
+        """A symbolic link at dest (replacing a link or file left by an earlier run)."""
+        tmp = os.path.join(os.path.dirname(dest), os.fsencode(f".partial-link-{os.getpid()}"))
+        os.symlink(target, tmp)
+        try:
+            os.replace(tmp, dest)
+        except OSError:
+            os.unlink(tmp)
+            raise
+
+    def decrypt_queue(self, queue_dir: bytes):
+        """§6: every <sequence>.sealed record, in sequence order. The lock, the
+        counter file and hidden temporary files are not records."""
+        try:
+            names = os.listdir(os.fsdecode(queue_dir))
+        except FileNotFoundError:
+            return  # nothing was ever delivered
+        except OSError as e:
+            self.fail(queue_dir, str(e))
+            return
+        for filename in sorted(names):
+            if filename.startswith(".") or not filename.endswith(QUEUE_RECORD_SUFFIX):
+                continue
+            path = os.path.join(queue_dir, os.fsencode(filename))
+            try:
+                seq = queue_sequence(filename)
+                with open(path, "rb") as f:
+                    obj = open_queue_record(self.k_name, seq, f.read())
+            except (FormatError, OSError) as e:
+                self.fail(path, str(e))
+                continue
+            print(f"inbox-queue {seq}: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}")
+
+
 # ------------------------------------------------------------------- CLI
 
+def decrypt_container(args, ds, kbid, keys, pk_b) -> int:
+    try:
+        k_siv, k_name = container_name_keys(ds, kbid, args.container)
+    except UnicodeEncodeError:  # an argv that is not UTF-8
+        print("error: --container: bundle identifier is not valid UTF-8", file=sys.stderr)
+        return 2
+    walker = ContainerDecryptor(os.path.join(args.root, "containers", args.container),
+                                args.out or None, kbid, keys, pk_b, k_siv, k_name)
+    try:
+        walker.run()
+    except OSError as e:  # the output directory itself
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if walker.failed:
+        print(f"error: {walker.failed} item(s) rejected", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Independent ProtectedStore decryptor, encrypted-file format v2 (passcode on stdin).")
+    ap = argparse.ArgumentParser(
+        description="Independent ProtectedStore decryptor: encrypted files (format v2), or with "
+                    "--container a whole container's data directory (encrypted names v2) and its "
+                    "Inbox queue. Passcode on stdin. Exit status: 0 all OK, 1 something rejected, "
+                    "2 keybag/device secret/passcode problem.")
     ap.add_argument("--root", required=True, help="device root (contains 'keybag')")
     ap.add_argument("--device-secret", required=True, help="64-byte device secret file")
-    ap.add_argument("--out", help="directory to write plaintexts to (as <basename>)")
-    ap.add_argument("files", nargs="+", metavar="FILE")
+    ap.add_argument("--out", help="directory to write plaintexts to (FILE: as <basename>; "
+                                  "--container: the decrypted tree of Data)")
+    ap.add_argument("--container", metavar="BUNDLE_ID",
+                    help="decrypt <root>/containers/BUNDLE_ID: every name, file and link target "
+                         "under Data, and the Inbox queue records (instead of FILE arguments)")
+    ap.add_argument("files", nargs="*", metavar="FILE")
     args = ap.parse_args(argv)
+    if args.container is None and not args.files:
+        ap.error("give FILE arguments or --container")
+    if args.container is not None:
+        if args.files:
+            ap.error("FILE arguments and --container are exclusive")
+        # It names a folder under <root>/containers, nothing outside it.
+        if args.container in ("", ".", "..") or "/" in args.container or "\0" in args.container:
+            ap.error(f"--container: {args.container!r} is not a bundle identifier")
 
     line = sys.stdin.buffer.readline()
     passcode = line[:-1] if line.endswith(b"\n") else line
@@ -361,34 +765,20 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    if args.container is not None:
+        return decrypt_container(args, ds, kbid, keys, pk_b)
+
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     failed = 0
     for path in args.files:
-        tmp = None
         try:
-            if args.out:
-                # Only a fully authenticated file is ever left under its name:
-                # the plaintext goes to a hidden temporary file, renamed on
-                # success and removed on failure.
-                dest = os.path.join(args.out, os.path.basename(path))
-                tmp = os.path.join(args.out, f".{os.path.basename(path)}.partial-{os.getpid()}")
-                with open(tmp, "wb") as sink:
-                    letter, size = decrypt_file(path, kbid, keys, pk_b, sink)
-                os.replace(tmp, dest)
-                tmp = None
-            else:
-                letter, size = decrypt_file(path, kbid, keys, pk_b)
+            letter, size = decrypt_file_to(path, args.out or None, os.path.basename(path),
+                                           kbid, keys, pk_b)
         except (FormatError, OSError) as e:
             print(f"{path}: FAILED {e}", file=sys.stderr)
             failed += 1
             continue
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
         print(f"{path}: OK {size} bytes class {letter}")
     if failed:
         print(f"error: {failed} of {len(args.files)} file(s) rejected", file=sys.stderr)

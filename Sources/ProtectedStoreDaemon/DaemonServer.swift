@@ -422,6 +422,17 @@ final class DaemonServer: @unchecked Sendable {
             } catch {
                 send(.failure(id: request.id, Self.libraryError(error)), to: connection)
             }
+        case .nameKey:
+            do {
+                guard let bundleIdentifier = request.container else {
+                    throw ProtectedStoreError(.invalidArgument, problem: "name-key needs the container's bundle identifier", remedy: "See docs/PROTOCOL.md")
+                }
+                let nameKey = try device.nameKey(forContainer: bundleIdentifier)
+                defer { nameKey.discard() }
+                send(DaemonReply(id: request.id), attachment: nameKey, to: connection)
+            } catch {
+                send(.failure(id: request.id, Self.libraryError(error)), to: connection)
+            }
         case .unwrap:
             do {
                 guard let protectionClass = request.protectionClass.flatMap(ProtectionClass.init(name:)),

@@ -51,6 +51,31 @@ public enum FuzzHarness {
         }
     }
 
+    /// The stored-name parsers on text from the input (the first 16 bytes are the directory's IV): a stored name,
+    /// a long name's encrypted name, a link target, base64url. Then, so the fuzzer reaches past authentication, the
+    /// text as a plaintext name, which must round-trip through the cipher.
+    public static func names(_ bytes: [UInt8]) {
+        guard bytes.count >= NameCipher.directoryIVBytes else { return }
+        let iv = Array(bytes.prefix(NameCipher.directoryIVBytes))
+        let text = String(decoding: bytes.dropFirst(NameCipher.directoryIVBytes), as: UTF8.self)
+        _ = fuzzingNames.name(fromEncrypted: text, directoryIV: iv)
+        _ = fuzzingNames.linkTarget(fromSealed: text, directoryIV: iv)
+        _ = NameCipher.isLongEntry(text)
+        if let decoded = Base64URL.decode(text) { precondition(Base64URL.encode(decoded) == text, "base64url is not canonical") }
+        let isName = !text.isEmpty && text != "." && text != ".." && !text.contains("/") && !text.utf8.contains(0) && text.utf8.count <= 255
+        guard isName, let stored = try? fuzzingNames.storedName(for: text, directoryIV: iv) else { return }
+        let encrypted: String
+        switch stored {
+        case .short(let name): encrypted = name
+        case .long(let entry, let name):
+            precondition(entry.utf8.count <= NameCipher.maximumEntryBytes && NameCipher.isLongEntry(entry), "a long entry is too long")
+            encrypted = name
+        }
+        precondition(fuzzingNames.name(fromEncrypted: encrypted, directoryIV: iv) == text, "a name did not round-trip")
+    }
+
+    private static let fuzzingNames = try! NameCipher(nameKey: SecureBytes(count: AEAD.keyBytes) { $0.initializeMemory(as: UInt8.self, repeating: 9) })
+
     /// A device secret made once per process, in a temporary file removed at once (it lives on in memory).
     private static let fuzzingSecret: DeviceSecret = {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("ps-fuzz-secret-\(getpid())-\(UUID().uuidString)").path

@@ -50,7 +50,9 @@ extension TestDevice {
                                    _ pattern: String?, _ body: () async throws -> Result) async rethrows -> Result {
         // A pattern names files in the container; without one, every file of the device (the keybag too) fails.
         let folder = pattern == nil ? root : container.dataPath
-        let token = FaultInjection.install(FaultInjection.Rule(operation, folder: folder, pattern: pattern, errno: failure.errno))
+        let directory = container.directory
+        let token = FaultInjection.install(FaultInjection.Rule(operation, folder: folder, pattern: pattern,
+                                                               plaintextPath: { try? directory.plaintextPath(ofStored: $0) }, errno: failure.errno))
         defer { FaultInjection.remove(token) }
         return try await body()
     }

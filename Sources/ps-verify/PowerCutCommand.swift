@@ -16,7 +16,9 @@ struct PowerCutCommand: ParsableCommand {
             two operations the harness rebuilds the states a power cut could leave (docs/SECURITY.md, "Power cuts") and \
             opens each as a device: files hold their old or new content, the keybag opens with the old or the new passcode, \
             every acknowledged Inbox delivery is there once with its event pending. The growth kind appends and shrinks \
-            through an open handle, fsyncing after each call: every synced byte must survive. The v1-growth kind does the \
+            through an open handle, fsyncing after each call: every synced byte must survive. The names kind makes, fills, \
+            renames and removes folders and files with short and long (encrypted) names: every directory must list, and \
+            every acknowledged item be there. The v1-growth kind does the \
             same appends in format version 1's layout, which re-encrypts the synced final block: there the harness must find \
             violations, to show it can. Exits 1 on a violation elsewhere, or if v1-growth finds none.
             """)
@@ -46,6 +48,9 @@ struct PowerCutCommand: ParsableCommand {
         let growth = try PowerCutRun.growth(operations: count, statesPerCut: states, seed: seed)
         tallies.append(growth)
         if !json { emitLine(growth.line) }
+        let names = try PowerCutRun.names(operations: count, statesPerCut: states, seed: seed)
+        tallies.append(names)
+        if !json { emitLine(names.line) }
         let version1 = try PowerCutRun.version1Growth(operations: count, statesPerCut: states, seed: seed)
         tallies.append(version1)
         if !json { emitLine(version1.line + " (format version 1's hazard: violations expected)") }
@@ -156,7 +161,7 @@ struct PowerCutRun {
         var history: EncryptedFileHistory?
         let run = PowerCutRun(kind: growthKind, operations: operations, statesPerCut: statesPerCut, seed: seed)
         return try run.run({ device, container, recording in
-            let name = String(((container.dataPath as NSString).appendingPathComponent(growthPath)).dropFirst(device.root.count + 1))
+            let name = String(try container.storedPath(growthPath).dropFirst(device.root.count + 1))
             let model = EncryptedFileHistory(name: name, initialContent: initial, recording: recording)
             history = model
             let handle = try container.fileHandle(forUpdatingAtPath: growthPath)
@@ -187,6 +192,63 @@ struct PowerCutRun {
                 return history.check(state, keys: device)
             } catch {
                 return ["the device does not open: \(error)"]
+            }
+        })
+    }
+
+    static let namesKind = "names"
+
+    /// Operation `version` of the names kind: a folder (long-named every other time) with a long-named file in it; the
+    /// previous folder renamed to a long name, and the one before removed.
+    static func namesFolder(_ version: Int) -> String {
+        "Documents/" + (version % 2 == 0 ? "folder \(version)" : String(repeating: "ф", count: 90) + " \(version)")
+    }
+    static func namesMoved(_ version: Int) -> String { namesFolder(version) + String(repeating: " moved", count: 10) }
+    static func namesFile(_ version: Int) -> String { String(repeating: "n", count: 150) + "-\(version).txt" }
+
+    /// Names at rest through power cuts: each operation makes a folder with its IV, a long-named file in it (whose
+    /// encrypted name is written first), renames the previous folder to a long name and removes the one before. Every
+    /// state must list every directory without an integrity error and hold every acknowledged operation's result.
+    static func names(operations: Int, statesPerCut: Int, seed: UInt64) throws -> PowerCutTally {
+        let run = PowerCutRun(kind: namesKind, operations: operations, statesPerCut: statesPerCut, seed: seed)
+        return try run.run({ _, container, recording in
+            for version in 1...operations {
+                try container.createDirectory(atPath: namesFolder(version))
+                try container.write(Data("content \(version)".utf8), toPath: namesFolder(version) + "/" + namesFile(version), options: .noFileProtection)
+                if version >= 2 { try container.moveItem(atPath: namesFolder(version - 1), toPath: namesMoved(version - 1)) }
+                if version >= 3 { try container.removeItem(atPath: namesMoved(version - 2)) }
+                recording.mark(version)
+            }
+        }, check: { state, rebuilt in
+            let acknowledged = state.marks.last ?? 0
+            do {
+                let device = try rebuilt.open()
+                defer { device.powerOff() }
+                let container = try device.container(bundleIdentifier: ScratchDevice.bundleIdentifier)
+                func listEverything(_ path: String) throws {
+                    for item in try container.contentsOfDirectory(atPath: path) where item.type == .typeDirectory {
+                        try listEverything(path.isEmpty ? item.name : path + "/" + item.name)
+                    }
+                }
+                try listEverything("")
+                var violations: [String] = []
+                // The operation in flight may have gone on to move the last folder and remove the one before it.
+                if acknowledged >= 1 {
+                    let file = "/" + namesFile(acknowledged)
+                    let found = [namesFolder(acknowledged), namesMoved(acknowledged)].compactMap { try? container.contents(atPath: $0 + file) }
+                    if found != [Data("content \(acknowledged)".utf8)] {
+                        violations.append("operation \(acknowledged) was acknowledged, but its file is missing, wrong or in two places")
+                    }
+                }
+                if acknowledged >= 2, container.fileExists(atPath: namesFolder(acknowledged - 1)) {
+                    violations.append("operation \(acknowledged) moved folder \(acknowledged - 1), but it is still at its old name")
+                }
+                if acknowledged >= 3, container.fileExists(atPath: namesMoved(acknowledged - 2)) {
+                    violations.append("operation \(acknowledged) removed folder \(acknowledged - 2), but it is still there")
+                }
+                return violations
+            } catch {
+                return ["a directory does not list or open: \(error)"]
             }
         })
     }

@@ -1,4 +1,5 @@
 import Foundation
+import ProtectedStore
 import Testing
 
 /// The file commands end to end, through the real binary, in embedded mode.
@@ -17,6 +18,12 @@ struct CLIContainerTests {
         @discardableResult
         func run(_ arguments: [String], stdin: String? = nil) throws -> CLI.Result {
             try CLI.run(arguments, stdin: stdin, environment: environment)
+        }
+
+        /// Where a container path is stored under the root (names are encrypted at rest).
+        func storedPath(_ bundleIdentifier: String, _ path: String) throws -> String {
+            let device = try Device.open(root: directory.file("root"), deviceSecretPath: directory.file("secret"))
+            return try device.container(bundleIdentifier: bundleIdentifier).storedPath(path)
         }
 
         /// Every file under the root with its bytes, to prove a failed command changed nothing.
@@ -119,9 +126,9 @@ struct CLIContainerTests {
         let foreign = try Shell()
         #expect(try foreign.run(["create", "com.example.notes"]).status == 0)
         #expect(try foreign.run(["put", "-", "com.example.notes:Documents/theirs", "--protection", "D"], stdin: "theirs").status == 0)
-        let stolen = try Data(contentsOf: URL(fileURLWithPath: foreign.directory.file("root/containers/com.example.notes/Data/Documents/theirs")))
-        try stolen.write(to: URL(fileURLWithPath: shell.directory.file("root/containers/com.example.notes/Data/Documents/theirs")))
-        try Data(String(repeating: "just text, not an encrypted file. ", count: 10).utf8).write(to: URL(fileURLWithPath: shell.directory.file("root/containers/com.example.notes/Data/Documents/text")))
+        let stolen = try Data(contentsOf: URL(fileURLWithPath: try foreign.storedPath("com.example.notes", "Documents/theirs")))
+        try stolen.write(to: URL(fileURLWithPath: try shell.storedPath("com.example.notes", "Documents/theirs")))
+        try Data(String(repeating: "just text, not an encrypted file. ", count: 10).utf8).write(to: URL(fileURLWithPath: try shell.storedPath("com.example.notes", "Documents/text")))
         let before = shell.snapshot()
 
         let cases: [(arguments: [String], status: Int32, message: String)] = [

@@ -19,7 +19,7 @@ import Testing
         }
     }
 
-    @Test(arguments: ["keybag", "file-header", "frame"])
+    @Test(arguments: ["keybag", "file-header", "frame", "names"])
     func committedInputsPassThroughTheirTarget(_ target: String) throws {
         let inputs = try Self.inputs(target)
         #expect(inputs.count >= 2, "the seed corpus of \(target) is missing")
@@ -27,6 +27,7 @@ import Testing
             switch target {
             case "keybag": FuzzHarness.keybag(bytes)
             case "file-header": FuzzHarness.fileHeader(bytes)
+            case "names": FuzzHarness.names(bytes)
             default: FuzzHarness.frames(bytes)
             }
         }

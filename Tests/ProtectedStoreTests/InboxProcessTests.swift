@@ -169,10 +169,11 @@ struct InboxProcessTests {
         #expect(result.status == 1, "\(result.stderr)")
         #expect(result.stderr.contains("No space left on device") || result.stderr.contains("Free some disk space"), "\(result.stderr)")
         #expect(result.stderr.contains("delivered before the failure: Documents/Inbox/small.txt"), "\(result.stderr)")
-        let inbox = (root as NSString).appendingPathComponent("containers/com.example.full/Data/Documents/Inbox")
-        #expect(try FileManager.default.contentsOfDirectory(atPath: inbox) == ["small.txt"], "no staged file left")
-        let queue = (root as NSString).appendingPathComponent("containers/com.example.full/inbox-queue")
-        #expect(try FileManager.default.contentsOfDirectory(atPath: queue).filter { $0.hasSuffix(".json") }.count == 1, "the queue holds the one delivery")
+        let container = try Device.open(root: root, deviceSecretPath: secret).container(bundleIdentifier: "com.example.full")
+        #expect(try container.contentsOfDirectory(atPath: "Documents/Inbox").map(\.name) == ["small.txt"])
+        let stored = try FileManager.default.contentsOfDirectory(atPath: try container.storedPath("Documents/Inbox"))
+        #expect(!stored.contains { $0.hasPrefix(FileSystem.temporaryPrefix) }, "no staged file left: \(stored)")
+        #expect(try container.inboxQueue.entries().map(\.name) == ["small.txt"], "the queue holds the one delivery")
     }
 
     @Test("a 1 GiB delivery streams in constant memory: peak resident size under 64 MiB")

@@ -247,7 +247,7 @@ struct InboxTests {
         expectInboxDenied { try container.setAttributes([.protectionKey: FileProtectionType.completeUnlessOpen], ofItemAtPath: inboxItem) }
         expectInboxDenied { try container.setProtection(.none, ofItemAtPath: "Documents/Inbox") }
         // A symbolic link elsewhere leading into the Inbox is no way around the rule.
-        #expect(symlink("Inbox", container.dataPath + "/Documents/in") == 0)
+        try container.createSymbolicLink(atPath: "Documents/in", withDestinationPath: "Inbox")
         expectInboxDenied { try container.write(Data("x".utf8), toPath: "Documents/in/sneaky.txt") }
         expectInboxDenied { try container.write(Data("x".utf8), toPath: "Documents/in/report.pdf") }
 
@@ -290,7 +290,7 @@ struct InboxTests {
         expectCocoaError(.invalidArgument) { try container.deliverToInbox(fileAtPath: fifo) }
         #expect(try container.inboxItems().isEmpty)
         #expect(try container.inboxQueue.entries().isEmpty, "the queue is untouched")
-        #expect(try FileManager.default.contentsOfDirectory(atPath: container.dataPath + "/Documents/Inbox").isEmpty, "no staged file left")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: try container.storedPath("Documents/Inbox")) == [DirectoryNames.ivName], "no staged file left")
 
         let names = try (0..<3).map { _ in try container.deliverToInbox(fileAtPath: source).name }
         #expect(names == ["report.pdf", "report-1.pdf", "report-2.pdf"])
@@ -321,9 +321,9 @@ struct InboxTests {
         let removed = try container.deliverToInbox(fileAtPath: sourceFile(test, "removed.txt", "gone"))
         // As if the sender died after recording: the item is still under its staging name, the event pending.
         var entry = try #require(try container.inboxQueue.entries().first)
-        let inbox = container.dataPath + "/Documents/Inbox/"
+        let inbox = try container.storedPath("Documents/Inbox")
         entry.stagingName = FileSystem.temporaryPrefix + "0123456789abcdef"
-        #expect(rename(inbox + kept.name, inbox + entry.stagingName) == 0)
+        #expect(rename(try container.storedPath(kept.path), inbox + "/" + entry.stagingName) == 0)
         try container.inboxQueue.remove(entry)
         try container.inboxQueue.record(entry)
         try container.removeItem(atPath: removed.path)

@@ -22,9 +22,13 @@ struct InteropTests {
     }()
 
     static func decrypt(root: String, secret: String, passcode: String, out: String, files: [String]) throws -> (Int32, String) {
+        try run(["--root", root, "--device-secret", secret, "--out", out] + files, passcode: passcode)
+    }
+
+    static func run(_ arguments: [String], passcode: String) throws -> (Int32, String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", script, "--root", root, "--device-secret", secret, "--out", out] + files
+        process.arguments = ["python3", script] + arguments
         let input = Pipe(), output = Pipe()
         process.standardInput = input
         process.standardOutput = output
@@ -88,5 +92,43 @@ struct InteropTests {
         writeRaw(tampered, files[0])
         let (tamperedStatus, tamperedLog) = try Self.decrypt(root: test.root, secret: test.secretPath, passcode: "pässcode ✓", out: out, files: [files[0]])
         #expect(tamperedStatus == 1, "\(tamperedLog)")
+    }
+
+    @Test("a whole container: every name, long name, link target and Inbox record decrypts there, and a planted name is refused",
+          .enabled(if: pyNaClAvailable, "python3 with PyNaCl is not installed (pip install pynacl); skipping the independent decryptor"))
+    func independentDecryptorReadsOurNames() throws {
+        let test = try TestDevice()
+        let container = try test.makeContainer()
+        let long = String(repeating: "é", count: 100) + ".bin"
+        var expected: [String: Data] = [:]
+        try container.createDirectory(atPath: "Documents/Projects/" + String(repeating: "p", count: 180), withIntermediateDirectories: true)
+        for (index, protectionClass) in ProtectionClass.allCases.enumerated() {
+            let path = "Documents/Projects/class \(protectionClass.letter).txt"
+            expected[path] = Data(pattern(4096 * index + 7, seed: UInt8(index)))
+            try container.write(expected[path]!, toPath: path, options: protectionClass.writingOption)
+        }
+        let deep = "Documents/Projects/" + String(repeating: "p", count: 180) + "/" + long
+        expected[deep] = Data("deep".utf8)
+        try container.write(expected[deep]!, toPath: deep, options: .noFileProtection)
+        try container.createSymbolicLink(atPath: "Documents/shortcut", withDestinationPath: "Projects/class A.txt")
+        let source = test.path("report.pdf")
+        writeRaw(Array("delivered".utf8), source)
+        try container.deliverToInbox(fileAtPath: source, sourceApplication: "com.example.mail")
+        expected["Documents/Inbox/report.pdf"] = Data("delivered".utf8)
+
+        let out = test.path("tree")
+        let arguments = ["--root", test.root, "--device-secret", test.secretPath, "--container", TestDevice.bundleIdentifier, "--out", out]
+        let (status, log) = try Self.run(arguments, passcode: TestDevice.passcode)
+        #expect(status == 0, "\(log)")
+        for (path, contents) in expected {
+            #expect(FileManager.default.contents(atPath: (out as NSString).appendingPathComponent(path)) == contents, "\(path): \(log)")
+        }
+        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: (out as NSString).appendingPathComponent("Documents/shortcut")) == "Projects/class A.txt")
+        #expect(log.contains("report.pdf") && log.contains("com.example.mail"), "the Inbox record: \(log)")
+
+        writeRaw([1, 2, 3], try container.storedPath("Documents") + "/planted")
+        let (plantedStatus, plantedLog) = try Self.run(arguments, passcode: TestDevice.passcode)
+        #expect(plantedStatus == 1, "\(plantedLog)")
+        #expect(plantedLog.contains("planted"), "the refusal names the stored entry: \(plantedLog)")
     }
 }

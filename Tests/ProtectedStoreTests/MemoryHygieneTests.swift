@@ -22,7 +22,7 @@ import Testing
             _ = try handle.read(upToCount: 5000, atOffset: 4000)
             try handle.write(contentsOf: Data(repeating: 9, count: 10_000), atOffset: 299_000)
             try handle.close()
-            let header = try EncryptedFile.header(at: FileLocation(path: "\(container.dataPath)/\(path)"))
+            let header = try EncryptedFile.header(at: FileLocation(path: (try container.storedPath(path))))
             secrets.append(try MaskedSecret("the key of closed file \(name)", header.unwrapFileKey(keys: test.device, path: path)))
         }
 

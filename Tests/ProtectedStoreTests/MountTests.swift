@@ -411,7 +411,7 @@ struct MountTests {
         let mounted = try MountedDevice()
         let path = mounted.path("Documents/sparse.bin")
         writeRaw(Array("head".utf8), path)
-        let stored = (mounted.container.dataPath as NSString).appendingPathComponent("Documents/sparse.bin")
+        let stored = (try mounted.container.storedPath("Documents/sparse.bin"))
         func storedBytes() -> Int64 {
             var info = stat()
             return stat(stored, &info) == 0 ? Int64(info.st_blocks) * 512 : -1
@@ -459,9 +459,8 @@ struct MountTests {
         #expect(symlink("..", mounted.path("Documents/up")) == 0)
         #expect(posixError(Int(symlink("up/..", mounted.path("Documents/out")))) == EPERM)
         #expect(posixError(Int(symlink("../tmp/../..", mounted.path("Documents/zigzag")))) == EPERM)
-        // A link made in the store behind the mount's back is not followed out either.
-        try FileManager.default.createSymbolicLink(atPath: (mounted.container.dataPath as NSString).appendingPathComponent("Documents/planted"),
-                                                   withDestinationPath: "../../../../../etc")
+        // A link made beside the mount (the library stores any target, as FileManager does) is not followed out either.
+        try mounted.container.createSymbolicLink(atPath: "Documents/planted", withDestinationPath: "../../../../../etc")
         #expect(posixError(Int(open(mounted.path("Documents/planted/passwd"), O_RDONLY))) == EPERM)
         #expect(eventually { mounted.log.contains("following it could leave the container") }, "\(mounted.log)")
     }

@@ -21,7 +21,6 @@ struct PathConfinementTests {
             try FileManager.default.createDirectory(atPath: canary, withIntermediateDirectories: true)
             writeRaw(Array("do not touch".utf8), canary + "/victim.txt")
             try container.write(Data("inside".utf8), toPath: "Documents/secret.txt", options: .noFileProtection)
-            let documents = container.dataPath + "/Documents"
             let links: [(String, String)] = [
                 ("abs", canary),                                   // absolute, to a real directory outside
                 ("abs-file", canary + "/victim.txt"),               // absolute, to a file outside
@@ -38,7 +37,7 @@ struct PathConfinementTests {
                 ("marker", ".sandboxctl-class"),                    // a reserved name, reached through a link
             ]
             for (name, target) in links {
-                try FileManager.default.createSymbolicLink(atPath: documents + "/" + name, withDestinationPath: target)
+                try container.createSymbolicLink(atPath: "Documents/" + name, withDestinationPath: target)
             }
         }
 
@@ -132,14 +131,18 @@ struct PathConfinementTests {
         try container.createDirectory(atPath: "Documents/dir")
         let resolved = try container.directory.resolve(try ContainerPath("Documents/dir/file", container: "t"), followingFinalSymlink: true)
         // Swap the directory itself for a link outside after it was opened: the open descriptor still names the old directory.
-        let dirPath = container.dataPath + "/Documents/dir"
-        try FileManager.default.removeItem(atPath: dirPath)
-        try FileManager.default.createSymbolicLink(atPath: dirPath, withDestinationPath: fixture.canary)
+        try FileManager.default.removeItem(atPath: try container.storedPath("Documents/dir"))
+        try container.createSymbolicLink(atPath: "Documents/dir", withDestinationPath: fixture.canary)
         let file = try? EncryptedFile.create(at: resolved.location, protectionClass: .none, keys: container.device)
         try? file?.close()
         #expect(!FileManager.default.fileExists(atPath: fixture.canary + "/file"), "the write did not land outside")
         // And a fresh resolution now refuses the link.
         expectCocoaError(.invalidArgument) { try container.write(Data(), toPath: "Documents/dir/file") }
+        // A link planted in the store, its target not sealed for this directory, is not followed at all.
+        try FileManager.default.createSymbolicLink(atPath: try container.storedPath("Documents/planted"), withDestinationPath: "dir")
+        let error = expectCocoaError(.integrity) { try container.contents(atPath: "Documents/planted/x") }
+        #expect(error?.protectedStoreError?.problem.contains("stored target does not decrypt") == true)
+        #expect(!FileManager.default.fileExists(atPath: fixture.canary + "/x"))
     }
 
     @Test("bundle identifiers are validated")

@@ -90,7 +90,6 @@ struct ReadmeExampleTests {
         #expect(try notes.contents(atPath: "Documents/report.pdf") == Data("figures".utf8))
         #expect(myStore.annotation(of: "Documents/Inbox/report.pdf") == #"{"subject":"Q3"}"#)
         // The receiver records the event as handled just after the observers return; let it, before the device goes.
-        #expect(try eventually { try FileManager.default.contentsOfDirectory(atPath: test.root + "/containers/com.example.notes/inbox-queue")
-            .contains { $0.hasSuffix(".json") && (try? String(contentsOfFile: test.root + "/containers/com.example.notes/inbox-queue/" + $0, encoding: .utf8))?.contains("\"eventDelivered\":true") == true } })
+        #expect(try eventually { try notes.inboxQueue.entries().contains { $0.eventDelivered } })
     }
 }

@@ -25,7 +25,7 @@ import Testing
     @Test func powerCutHarnessFindsNoViolationInEveryKindAndFindsTheVersion1GrowthHazard() throws {
         let (status, output) = try run(["powercut", "--operations", "2", "--states-per-cut", "2", "--seed", "3"])
         #expect(status == 0, "\(output)")
-        for kind in ["write", "overwrite", "move", "protection", "passcode", "inbox"] {
+        for kind in ["write", "overwrite", "move", "protection", "passcode", "inbox", "growth", "names"] {
             #expect(output.contains("  \(kind.padding(toLength: 11, withPad: " ", startingAt: 0)) 2 ops, ") && output.contains("violations 0"),
                     "no clean tally for \(kind): \(output)")
         }

@@ -23,11 +23,6 @@ int ps_fallocate(int fd, int mode, long long offset, long long length);
 /// renameat2(RENAME_EXCHANGE): swaps the two names atomically. Returns 0, or -1 with errno set.
 int ps_rename_exchange(int old_directory, const char *old_name, int new_directory, const char *new_name);
 
-/// openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV (close-on-exec):
-/// the kernel itself refuses any path that would leave `directory` or pass a symlink. -1 with errno set
-/// (ENOSYS before Linux 5.6, ELOOP at a symlink, EXDEV on the way out).
-int ps_open_beneath(int directory, const char *path, int flags);
-
 /// A non-blocking, close-on-exec Unix stream socket bound to `path` and listening; -1 with errno set
 /// (ENAMETOOLONG when the path does not fit a sockaddr_un).
 int ps_unix_listen(const char *path, int backlog);

@@ -2,51 +2,270 @@ import Foundation
 import ProtectedStoreCore
 import SystemPackage
 
-/// An open directory descriptor, closed when released.
+/// An open directory descriptor, closed when released, with what encrypts the names in it.
 package final class OpenDirectory: @unchecked Sendable {
     package let descriptor: FileDescriptor
     /// Its path inside the container, after symlinks.
     let path: ContainerPath
+    /// The container's name cipher and this directory's IV.
+    package let names: DirectoryNames
 
-    package init(descriptor: FileDescriptor, path: ContainerPath) {
+    /// Takes ownership of `descriptor`; reads the directory's IV, so a directory without one is refused here.
+    init(descriptor: FileDescriptor, path: ContainerPath, cipher: NameCipher, displayPath: String) throws {
         self.descriptor = descriptor
         self.path = path
+        do {
+            names = DirectoryNames(cipher: cipher, iv: try DirectoryNames.readIV(in: descriptor, displayPath: displayPath))
+        } catch {
+            try? descriptor.close()
+            throw error
+        }
+    }
+
+    init(descriptor: FileDescriptor, path: ContainerPath, names: DirectoryNames) {
+        self.descriptor = descriptor
+        self.path = path
+        self.names = names
     }
 
     deinit { try? descriptor.close() }
 
-    /// `name` in this directory, named in errors as `displayPath`.
-    func location(_ name: String, displayPath: String) -> FileLocation {
-        FileLocation(directory: descriptor, name: name, displayPath: displayPath)
+    /// The directory entry that stands for `name` here: its encrypted form, or `name` itself for ProtectedStore's
+    /// own files (reserved names) and "." or "..".
+    package func entry(for name: String) throws -> String { try names.entry(for: name) }
+
+    /// `name` (a plaintext name) in this directory, named in errors as `displayPath`.
+    package func location(_ name: String, displayPath: String) throws -> FileLocation {
+        FileLocation(directory: descriptor, name: try entry(for: name), displayPath: displayPath)
     }
 
     /// Opens the subdirectory `name` relative to this descriptor, refusing a symlink: what was checked is what is opened.
     package func subdirectory(_ name: String, displayPath: String) throws -> OpenDirectory {
         let fd = try location(name, displayPath: displayPath).open(.readOnly, options: [.directory], doing: "open the directory")
-        return OpenDirectory(descriptor: fd, path: path.appending(name))
+        return try OpenDirectory(descriptor: fd, path: path.appending(name), cipher: names.cipher, displayPath: displayPath)
     }
 
     /// A new open file description of this directory, so a listing has its own read position.
-    func reopened() throws -> FileDescriptor {
+    package func reopened() throws -> FileDescriptor {
         try location(".", displayPath: path.description).open(.readOnly, options: [.directory], doing: "open the directory")
+    }
+
+    /// The plaintext names of the entries read from this directory, skipping "." and "..", and ProtectedStore's own
+    /// files unless `includingReserved` (those are returned as stored). An entry whose name does not decrypt is an
+    /// integrity error naming it.
+    package func plaintextNames(includingReserved: Bool = false, displayPath: String) throws -> [String] {
+        var names: [String] = []
+        for entry in try DirectoryNames.entries(in: try reopened(), displayPath: displayPath) {
+            if entry.hasPrefix(ContainerPath.reservedPrefix) {
+                if includingReserved { names.append(entry) }
+                continue
+            }
+            names.append(try self.names.name(ofEntry: entry, in: descriptor, displayPath: displayPath))
+        }
+        return names
+    }
+
+    /// Creates the subdirectory `name` with its own IV (and whatever `prepare` adds, such as a class marker), built
+    /// under a temporary name and renamed into place, so no directory is ever seen without its IV.
+    package func makeSubdirectory(_ name: String, mode: mode_t, displayPath: String,
+                                  prepare: (OpenDirectory) throws -> Void = { _ in }) throws {
+        let target = try names.storedName(for: name)
+        try names.recordLongName(target, in: descriptor, displayPath: displayPath)
+        let staging = FileLocation(directory: descriptor, name: "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)", displayPath: displayPath)
+        guard DurableIO.makeDirectory(staging.name, relativeTo: descriptor.rawValue, mode: 0o700) == 0 else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "create the directory")
+        }
+        do {
+            let fd = try staging.open(.readOnly, options: [.directory], doing: "open the new directory")
+            let created = OpenDirectory(descriptor: fd, path: path.appending(name),
+                                        names: DirectoryNames(cipher: names.cipher, iv: Random.bytes(NameCipher.directoryIVBytes)))
+            try FileSystem.writeAtomically(created.names.iv, to: FileLocation(directory: fd, name: DirectoryNames.ivName, displayPath: displayPath), replacing: false)
+            try prepare(created)
+            if mode & 0o7777 != 0o700 {
+                // Last, since a mode without the owner's write bit would keep the files above from being written.
+                guard fchmod(fd.rawValue, mode & 0o7777) == 0 else {
+                    throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "set the new directory's mode")
+                }
+            }
+            try staging.rename(to: FileLocation(directory: descriptor, name: target.entry, displayPath: displayPath), replacing: false)
+        } catch {
+            Self.removeOwnEntry(staging.name, in: descriptor)
+            throw error
+        }
+    }
+
+    /// Removes one of ProtectedStore's own entries: a file, or a directory a crash left half-built (which holds
+    /// only its IV and class marker). Best effort; returns whether it is gone.
+    @discardableResult
+    package static func removeOwnEntry(_ name: String, in parent: FileDescriptor) -> Bool {
+        if DurableIO.unlink(name, relativeTo: parent.rawValue) == 0 || Foundation.errno == ENOENT { return true }
+        guard Foundation.errno == EISDIR || Foundation.errno == EPERM else { return false }
+        let fd = openat(parent.rawValue, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        if fd >= 0 {
+            defer { close(fd) }
+            fchmod(fd, 0o700)
+            let listing = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+            if listing >= 0, let entries = try? DirectoryNames.entries(in: FileDescriptor(rawValue: listing), displayPath: name) {
+                for entry in entries { _ = DurableIO.unlink(entry, relativeTo: fd) }
+            }
+        }
+        return DurableIO.unlink(name, relativeTo: parent.rawValue, flags: AT_REMOVEDIR) == 0
+    }
+}
+
+/// How names are stored in one directory (docs/FORMAT.md §7): the container's name cipher and the directory's IV,
+/// kept in the directory as `.sandboxctl-diriv`; a name too long for an entry is kept beside it in `.sandboxctl-name-…`.
+package struct DirectoryNames: Sendable {
+    /// The file holding a directory's IV.
+    package static let ivName = "\(ContainerPath.reservedPrefix)-diriv"
+    /// Prefix of the file holding a long name's encrypted name; the entry (without its "~") follows.
+    static let longNamePrefix = "\(ContainerPath.reservedPrefix)-name-"
+
+    let cipher: NameCipher
+    let iv: [UInt8]
+
+    /// Reads the IV of the directory open as `descriptor`.
+    static func readIV(in descriptor: FileDescriptor, displayPath: String) throws -> [UInt8] {
+        let location = FileLocation(directory: descriptor, name: ivName, displayPath: displayPath)
+        guard try location.status() != nil else {
+            throw ProtectedStoreError(.integrity, path: displayPath, problem: "the directory has no name IV (\(ivName)): it was made outside ProtectedStore or by a version that stored names in clear, or the file was removed",
+                                      remedy: "Restore the directory from a backup; make directories through the library, the mount or sandboxctl")
+        }
+        let iv = try location.readPrefix(count: NameCipher.directoryIVBytes + 1, what: "directory IV")
+        guard iv.count == NameCipher.directoryIVBytes else {
+            throw ProtectedStoreError(.integrity, path: displayPath, problem: "the directory's name IV (\(ivName)) is \(iv.count) bytes, not \(NameCipher.directoryIVBytes): it was modified or corrupted",
+                                      remedy: "Restore the directory from a backup")
+        }
+        return iv
+    }
+
+    /// The names of the directory open as `descriptor`.
+    package static func load(cipher: NameCipher, in descriptor: FileDescriptor, displayPath: String) throws -> DirectoryNames {
+        DirectoryNames(cipher: cipher, iv: try readIV(in: descriptor, displayPath: displayPath))
+    }
+
+    /// Puts this directory's IV back after it was removed for an rmdir that then failed.
+    package func restoreIV(in descriptor: FileDescriptor, displayPath: String) throws {
+        try FileSystem.writeAtomically(iv, to: FileLocation(directory: descriptor, name: Self.ivName, displayPath: displayPath), replacing: true)
+    }
+
+    /// Writes a fresh IV into an empty directory made outside `OpenDirectory.makeSubdirectory` (a container's data root).
+    static func writeNewIV(in descriptor: FileDescriptor, displayPath: String) throws {
+        try FileSystem.writeAtomically(Random.bytes(NameCipher.directoryIVBytes),
+                                       to: FileLocation(directory: descriptor, name: ivName, displayPath: displayPath), replacing: false)
+    }
+
+    func storedName(for name: String) throws -> NameCipher.StoredName { try cipher.storedName(for: name, directoryIV: iv) }
+
+    func entry(for name: String) throws -> String {
+        if name == "." || name == ".." || name.hasPrefix(ContainerPath.reservedPrefix) { return name }
+        return try storedName(for: name).entry
+    }
+
+    /// Before an entry is created under `stored`: a long name's encrypted name is written beside it (atomically,
+    /// durably), so the entry never exists without it. Deterministic content, so an existing one is simply replaced.
+    func recordLongName(_ stored: NameCipher.StoredName, in descriptor: FileDescriptor, displayPath: String) throws {
+        guard case .long(let entry, let encryptedName) = stored else { return }
+        try FileSystem.writeAtomically(Array(encryptedName.utf8), to: Self.longNameLocation(entry, in: descriptor, displayPath: displayPath), replacing: true)
+    }
+
+    /// As `recordLongName`, for the plaintext `name`.
+    package func recordLongName(of name: String, in descriptor: FileDescriptor, displayPath: String) throws {
+        guard !name.hasPrefix(ContainerPath.reservedPrefix) else { return }
+        try recordLongName(try storedName(for: name), in: descriptor, displayPath: displayPath)
+    }
+
+    /// After the entry `entry` is gone (removed, or renamed away): drops a long name's file. Best effort: one left
+    /// behind by a crash holds only the encrypted name, and goes with its directory.
+    package static func forgetLongName(_ entry: String, in descriptor: FileDescriptor) {
+        guard NameCipher.isLongEntry(entry) else { return }
+        _ = DurableIO.unlink(longNamePrefix + entry.dropFirst(NameCipher.longEntryPrefix.count), relativeTo: descriptor.rawValue)
+    }
+
+    private static func longNameLocation(_ entry: String, in descriptor: FileDescriptor, displayPath: String) -> FileLocation {
+        FileLocation(directory: descriptor, name: longNamePrefix + entry.dropFirst(NameCipher.longEntryPrefix.count), displayPath: displayPath)
+    }
+
+    /// The plaintext name of the stored entry `entry` (not a reserved one) of the directory open as `descriptor`.
+    package func name(ofEntry entry: String, in descriptor: FileDescriptor, displayPath: String) throws -> String {
+        var encrypted = entry
+        if NameCipher.isLongEntry(entry) {
+            let location = Self.longNameLocation(entry, in: descriptor, displayPath: displayPath)
+            let bytes = try? location.readPrefix(count: 4096, what: "long name")
+            // Only a name too long for an entry is stored this way: each name has one stored form.
+            guard let bytes, let text = String(validating: bytes, as: UTF8.self), text.utf8.count > NameCipher.maximumEntryBytes,
+                  NameCipher.longEntry(for: text) == entry else {
+                throw ProtectedStoreError(.integrity, path: "\(displayPath)/\(entry)", problem: "the stored entry \(entry) is a long name whose encrypted name (\(location.name)) is missing or does not match it",
+                                          remedy: "Restore the directory from a backup, or remove the stored entry")
+            }
+            encrypted = text
+        }
+        guard let name = cipher.name(fromEncrypted: encrypted, directoryIV: iv) else {
+            throw ProtectedStoreError(.integrity, path: "\(displayPath)/\(entry)", problem: "the stored entry \(entry) is not a name encrypted for this directory: it was made outside ProtectedStore, moved from another directory, or modified",
+                                      remedy: "Restore the directory from a backup, or remove the stored entry")
+        }
+        return name
+    }
+
+    /// The target a symbolic link stores for `target`.
+    package func sealedLinkTarget(_ target: String) throws -> String { try cipher.sealedLinkTarget(target, directoryIV: iv) }
+
+    /// The plaintext target of the symbolic link at `location` in this directory; an integrity error unless authentic.
+    package func linkTarget(at location: FileLocation) throws -> String {
+        let stored = try location.readLink()
+        guard let target = cipher.linkTarget(fromSealed: stored, directoryIV: iv) else {
+            throw ProtectedStoreError(.integrity, path: location.displayPath, problem: "the symbolic link's stored target does not decrypt: it was made outside ProtectedStore, moved from another directory, or modified",
+                                      remedy: "Remove the link and make it again through the library, the mount or sandboxctl")
+        }
+        return target
+    }
+
+    /// Every entry of a directory (closing `descriptor`), as stored, without "." and "..".
+    package static func entries(in descriptor: FileDescriptor, displayPath: String) throws -> [String] {
+        guard let stream = fdopendir(descriptor.rawValue) else {
+            let errno = Errno(rawValue: Foundation.errno)
+            try? descriptor.close()
+            throw ProtectedStoreError.io(errno, path: displayPath, doing: "list the directory")
+        }
+        defer { closedir(stream) }
+        var entries: [String] = []
+        while let entry = readdir(stream) {
+            let name = FileSystem.name(of: entry)
+            if name != "." && name != ".." { entries.append(name) }
+        }
+        return entries
     }
 }
 
 /// Where a container path leads: the opened parent directory and the final name in it.
 package struct ResolvedItem {
     package let parent: OpenDirectory
+    /// The final name, in plaintext.
     package let name: String
+    /// The directory entry that stands for `name` in `parent`.
+    package let entry: String
     /// The path as the caller wrote it, prefixed with the container, for errors.
     package let displayPath: String
 
-    package init(parent: OpenDirectory, name: String, displayPath: String) {
+    package init(parent: OpenDirectory, name: String, displayPath: String) throws {
         self.parent = parent
         self.name = name
+        self.entry = try parent.entry(for: name)
         self.displayPath = displayPath
     }
 
-    package var location: FileLocation { parent.location(name, displayPath: displayPath) }
-    var path: ContainerPath { parent.path.appending(name) }
+    package var location: FileLocation { FileLocation(directory: parent.descriptor, name: entry, displayPath: displayPath) }
+    package var path: ContainerPath { parent.path.appending(name) }
+
+    /// Call before creating the entry (a file, directory, link or rename target): a long name's encrypted name goes first.
+    package func prepareEntry() throws {
+        try parent.names.recordLongName(of: name, in: parent.descriptor, displayPath: displayPath)
+    }
+
+    /// Call once the entry is gone from this place (removed, or renamed away).
+    package func entryRemoved() {
+        DirectoryNames.forgetLongName(entry, in: parent.descriptor)
+    }
 }
 
 /// A container's data directory, through which every path is resolved one component at a time with
@@ -59,12 +278,26 @@ package final class ConfinedDirectory: @unchecked Sendable {
     package let root: FileDescriptor
     /// Names the container in errors ("com.example.app:Documents/x").
     let containerName: String
+    /// The root's names: the container's cipher and the root's IV, read once.
+    let rootNames: DirectoryNames
 
-    init(path: String, containerName: String) throws {
+    init(path: String, containerName: String, cipher: NameCipher) throws {
         // No-follow: a Data symlink would move the whole container elsewhere.
-        root = try FileLocation(path: path).open(.readOnly, options: [.directory, .noFollow], doing: "open the container")
+        let root = try FileLocation(path: path).open(.readOnly, options: [.directory, .noFollow], doing: "open the container")
+        do {
+            rootNames = DirectoryNames(cipher: cipher, iv: try DirectoryNames.readIV(in: root, displayPath: "\(containerName):"))
+        } catch {
+            try? root.close()
+            throw error
+        }
+        self.root = root
         self.containerName = containerName
     }
+
+    package var cipher: NameCipher { rootNames.cipher }
+
+    /// The root, opened afresh.
+    package func openRoot() throws -> OpenDirectory { OpenDirectory(descriptor: try duplicateRoot(), path: .root, names: rootNames) }
 
     deinit { try? root.close() }
 
@@ -77,7 +310,7 @@ package final class ConfinedDirectory: @unchecked Sendable {
         guard !path.isRoot else {
             throw ProtectedStoreError(.invalidArgument, path: display, problem: "the container root is not a file", remedy: "Give a path inside the container")
         }
-        let rootDirectory = OpenDirectory(descriptor: try duplicateRoot(), path: .root)
+        let rootDirectory = try openRoot()
         var opened: [(directory: OpenDirectory, name: String)] = []
         var current: OpenDirectory { opened.last?.directory ?? rootDirectory }
         var remaining = Array(path.components.reversed())
@@ -104,9 +337,9 @@ package final class ConfinedDirectory: @unchecked Sendable {
             }
             let parent = current
             let isFinal = remaining.isEmpty
-            let here = parent.location(component, displayPath: display)
+            let here = try parent.location(component, displayPath: display)
             guard let info = try here.status() else {
-                if isFinal { return ResolvedItem(parent: parent, name: component, displayPath: display) }
+                if isFinal { return try ResolvedItem(parent: parent, name: component, displayPath: display) }
                 throw ProtectedStoreError(.notFound, path: display, problem: "the directory \(parent.path.appending(component)) does not exist",
                                           remedy: "Create it first, or check the path")
             }
@@ -116,7 +349,7 @@ package final class ConfinedDirectory: @unchecked Sendable {
                     throw error("more than \(Self.maximumSymlinks) symbolic links on the way (a loop?)", "Remove the symbolic link loop")
                 }
                 lastLink = parent.path.appending(component)
-                let target = try here.readLink()
+                let target = try parent.names.linkTarget(at: here)
                 guard !target.hasPrefix("/") else {
                     throw error("the symbolic link \(parent.path.appending(component)) points to the absolute path \(target), outside the container",
                                 "Symbolic links may point only inside the container, with a relative target; remove or fix the link")
@@ -134,25 +367,26 @@ package final class ConfinedDirectory: @unchecked Sendable {
                     throw ProtectedStoreError(.invalidArgument, path: display, problem: "it is not a directory, but the path ends with \"/\"",
                                               remedy: "Write the path without the trailing slash")
                 }
-                return ResolvedItem(parent: parent, name: component, displayPath: display)
+                return try ResolvedItem(parent: parent, name: component, displayPath: display)
             }
             guard info.st_mode & S_IFMT == S_IFDIR else {
                 throw ProtectedStoreError(.invalidArgument, path: display, problem: "\(parent.path.appending(component)) is not a directory",
                                           remedy: "Check the path")
             }
             let descriptor = try here.open(.readOnly, options: [.directory], doing: "open the directory")
-            opened.append((OpenDirectory(descriptor: descriptor, path: parent.path.appending(component)), component))
+            opened.append((try OpenDirectory(descriptor: descriptor, path: parent.path.appending(component), cipher: cipher,
+                                             displayPath: displayPath(parent.path.appending(component))), component))
         }
         // Every component was used up by "." or ".." from a symlink: the item is the directory reached.
         guard let last = opened.popLast() else {
             throw error("the path leads to the container root through a symbolic link", "Give a path inside the container")
         }
-        return ResolvedItem(parent: current, name: last.name, displayPath: display)
+        return try ResolvedItem(parent: current, name: last.name, displayPath: display)
     }
 
     /// Opens the directory at `path` (the root for an empty path), following symlinks inside the container.
     package func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
-        guard !path.isRoot else { return OpenDirectory(descriptor: try duplicateRoot(), path: .root) }
+        guard !path.isRoot else { return try openRoot() }
         let item = try resolve(path, followingFinalSymlink: true)
         guard let info = try item.location.status() else {
             throw ProtectedStoreError(.notFound, path: item.displayPath, problem: "no such directory", remedy: "Check the path, or create the directory first")
@@ -161,6 +395,41 @@ package final class ConfinedDirectory: @unchecked Sendable {
             throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "it is a file, not a directory", remedy: "Give the path of a directory")
         }
         return try item.parent.subdirectory(item.name, displayPath: item.displayPath)
+    }
+
+    /// Where `path` is stored below the data directory: its directory entries joined by "/", no symlink followed.
+    /// For tools and tests that look at the bytes at rest.
+    package func storedPath(of path: ContainerPath) throws -> String {
+        var current = try openRoot()
+        var entries: [String] = []
+        for (index, component) in path.components.enumerated() {
+            entries.append(try current.entry(for: component))
+            if index < path.components.count - 1 {
+                current = try current.subdirectory(component, displayPath: displayPath(path))
+            }
+        }
+        return entries.joined(separator: "/")
+    }
+
+    /// The container path stored as `stored` (entries joined by "/", relative to the data directory); reserved
+    /// names (files being written, markers) stay as they are.
+    package func plaintextPath(ofStored stored: String) throws -> String {
+        var current = try openRoot()
+        var names: [String] = []
+        let entries = stored.split(separator: "/").map(String.init)
+        for (index, entry) in entries.enumerated() {
+            if entry.hasPrefix(ContainerPath.reservedPrefix) {
+                names.append(entry)
+            } else {
+                names.append(try current.names.name(ofEntry: entry, in: current.descriptor, displayPath: displayPath(.root)))
+            }
+            if index < entries.count - 1 {
+                let fd = try FileLocation(directory: current.descriptor, name: entry, displayPath: displayPath(.root))
+                    .open(.readOnly, options: [.directory], doing: "open the directory")
+                current = try OpenDirectory(descriptor: fd, path: current.path.appending(names.last!), cipher: cipher, displayPath: displayPath(.root))
+            }
+        }
+        return names.joined(separator: "/")
     }
 
     private func duplicateRoot() throws -> FileDescriptor {

@@ -47,6 +47,7 @@ extension Container {
             let item = try directory.resolve(try filePath(path), followingFinalSymlink: false)
             try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "created")
             let protectionClass = try Self.protectionClass(in: attributes, path: item.displayPath) ?? inheritedClass(in: item.parent)
+            try item.prepareEntry()
             let file = try EncryptedFile.create(at: item.location, protectionClass: protectionClass, keys: device)
             do {
                 let handle = try ProtectedFileHandle(file: file, path: item.displayPath, container: self)
@@ -54,6 +55,7 @@ extension Container {
                 return handle
             } catch {
                 item.location.unlink()
+                item.entryRemoved()
                 throw error
             }
         }
@@ -183,13 +185,9 @@ extension Container {
                                               remedy: "Create it first, or create intermediate directories (mkdir -p)")
                 }
                 try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "created")
-                let inherited = try directoryClass(of: item.parent)
-                guard DurableIO.makeDirectory(item.name, relativeTo: item.parent.descriptor.rawValue, mode: 0o700) == 0 else {
-                    throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "create the directory")
-                }
-                if let directoryClass = explicitClass ?? inherited {
-                    let created = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
-                    try writeDirectoryClass(directoryClass, in: created, displayPath: item.displayPath)
+                let directoryClass = try explicitClass ?? directoryClass(of: item.parent)
+                try item.parent.makeSubdirectory(item.name, mode: 0o700, displayPath: item.displayPath) { created in
+                    if let directoryClass { try writeDirectoryClass(directoryClass, in: created, displayPath: item.displayPath) }
                 }
                 try item.location.synchronizeDirectory()
             }
@@ -207,10 +205,11 @@ extension Container {
             if info.st_mode & S_IFMT == S_IFDIR {
                 try removeTree(named: item.name, in: item.parent, displayPath: item.displayPath)
             } else {
-                guard DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue) == 0 else {
+                guard DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue) == 0 else {
                     throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "remove the file")
                 }
             }
+            item.entryRemoved()
             try item.location.synchronizeDirectory()
         }
     }
@@ -225,8 +224,10 @@ extension Container {
             guard try from.location.status() != nil else {
                 throw ProtectedStoreError(.notFound, path: from.displayPath, problem: "no such file or directory", remedy: "Check the path")
             }
+            try to.prepareEntry()
             do {
                 try from.location.rename(to: to.location, replacing: false)
+                from.entryRemoved()
             } catch let error as ProtectedStoreError where error.errno == .invalidArgument {
                 if to.path.isWithin(from.path) {
                     throw ProtectedStoreError(.invalidArgument, path: to.displayPath, problem: "a directory can't be moved into itself", remedy: "Choose a destination outside \(source)")
@@ -236,6 +237,28 @@ extension Container {
             }
             try to.location.synchronizeDirectory()
             try from.location.synchronizeDirectory()
+        }
+    }
+
+    /// Creates a symbolic link at `path` to `destination`, as FileManager's method of the same name; the target is
+    /// stored encrypted (docs/FORMAT.md §7). Following a link never leaves the container: one whose target would
+    /// (absolute, or climbing above the root) is refused when a path leads through it.
+    public func createSymbolicLink(atPath path: String, withDestinationPath destination: String) throws {
+        try foundationErrors(writing: true) {
+            let item = try directory.resolve(try filePath(path), followingFinalSymlink: false)
+            try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "created")
+            guard !destination.isEmpty, !destination.utf8.contains(0), destination.utf8.count <= ContainerPath.maximumPathBytes else {
+                throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "the link's destination is empty, contains a NUL byte or is longer than \(ContainerPath.maximumPathBytes) bytes",
+                                          remedy: "Give a relative path inside the container, such as ../Library/Caches/x")
+            }
+            guard try item.location.status() == nil else {
+                throw ProtectedStoreError(.alreadyExists, path: item.displayPath, problem: "an item with this name exists", remedy: "Remove it first, or choose another name")
+            }
+            try item.prepareEntry()
+            guard symlinkat(try item.parent.names.sealedLinkTarget(destination), item.parent.descriptor.rawValue, item.entry) == 0 else {
+                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: item.displayPath, doing: "create the symbolic link")
+            }
+            try item.location.synchronizeDirectory()
         }
     }
 
@@ -295,7 +318,7 @@ extension Container {
 
     /// The class set on a directory, if any.
     package func directoryClass(of opened: OpenDirectory) throws -> ProtectionClass? {
-        let marker = opened.location(Self.directoryClassName, displayPath: directory.displayPath(opened.path))
+        let marker = try opened.location(Self.directoryClassName, displayPath: directory.displayPath(opened.path))
         guard try marker.status() != nil else { return nil }
         let bytes = try marker.readPrefix(count: 128, what: "directory class")
         let name = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
@@ -320,6 +343,7 @@ extension Container {
             try data.withUnsafeBytes { try file.write(from: $0, at: 0) }
             try file.synchronize()
             try file.close()
+            try item.prepareEntry()
             try temporary.rename(to: item.location, replacing: replacing)
         } catch {
             try? file.close()
@@ -330,7 +354,7 @@ extension Container {
     }
 
     package func writeDirectoryClass(_ protectionClass: ProtectionClass, in opened: OpenDirectory, displayPath: String) throws {
-        try FileSystem.writeAtomically(Array("\(protectionClass.name)\n".utf8), to: opened.location(Self.directoryClassName, displayPath: displayPath), replacing: true)
+        try FileSystem.writeAtomically(Array("\(protectionClass.name)\n".utf8), to: try opened.location(Self.directoryClassName, displayPath: displayPath), replacing: true)
     }
 
     private func refuseLayoutChange(_ item: ResolvedItem, doing action: String) throws {
@@ -340,29 +364,15 @@ extension Container {
         }
     }
 
-    /// Every name in a directory, including ProtectedStore's own files when `includingReserved`.
+    /// Every name in a directory, in plaintext; with `includingReserved`, ProtectedStore's own files too (as stored).
     package func names(in opened: OpenDirectory, includingReserved: Bool = false) throws -> [String] {
-        let copy = try opened.reopened()
-        guard let stream = fdopendir(copy.rawValue) else {
-            let errno = Errno(rawValue: Foundation.errno)
-            try? copy.close()
-            throw ProtectedStoreError.io(errno, path: directory.displayPath(opened.path), doing: "list the directory")
-        }
-        defer { closedir(stream) }
-        var names: [String] = []
-        while let entry = readdir(stream) {
-            let name = FileSystem.name(of: entry)
-            if name == "." || name == ".." { continue }
-            if !includingReserved && name.hasPrefix(ContainerPath.reservedPrefix) { continue }
-            names.append(name)
-        }
-        return names
+        try opened.plaintextNames(includingReserved: includingReserved, displayPath: directory.displayPath(opened.path))
     }
 
     /// The item `name` in `opened`; nil if nothing is there.
     private func item(named name: String, in opened: OpenDirectory, displayPath: String? = nil) throws -> ContainerItem? {
         let path = opened.path.appending(name)
-        let location = opened.location(name, displayPath: displayPath ?? directory.displayPath(path))
+        let location = try opened.location(name, displayPath: displayPath ?? directory.displayPath(path))
         guard let info = try location.status() else { return nil }
         let modified = Self.modificationDate(info)
         var type = FileAttributeType.typeUnknown
@@ -384,7 +394,7 @@ extension Container {
             protection = try directoryClass(of: subdirectory)?.fileProtectionType
         case S_IFLNK:
             type = .typeSymbolicLink
-            target = try? location.readLink()
+            target = try? opened.names.linkTarget(at: location)
         case S_IFSOCK, S_IFIFO:
             // Made through the mount; a name with no data at rest, so no class. Foundation has no type for a FIFO.
             type = info.st_mode & S_IFMT == S_IFSOCK ? .typeSocket : .typeUnknown
@@ -414,15 +424,22 @@ extension Container {
     private func removeTree(named name: String, in parent: OpenDirectory, displayPath: String) throws {
         let opened = try parent.subdirectory(name, displayPath: displayPath)
         for child in try names(in: opened, includingReserved: true) {
-            let location = opened.location(child, displayPath: displayPath)
+            if child.hasPrefix(ContainerPath.reservedPrefix) {
+                // Own files, or a directory a crash left half-built: no IV to open it by.
+                guard OpenDirectory.removeOwnEntry(child, in: opened.descriptor) else {
+                    throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(opened.path.appending(child)), doing: "remove")
+                }
+                continue
+            }
+            let location = try opened.location(child, displayPath: displayPath)
             guard let info = try location.status() else { continue }
             if info.st_mode & S_IFMT == S_IFDIR {
                 try removeTree(named: child, in: opened, displayPath: directory.displayPath(opened.path.appending(child)))
-            } else if DurableIO.unlink(child, relativeTo: opened.descriptor.rawValue) != 0 && Foundation.errno != ENOENT {
+            } else if DurableIO.unlink(location.name, relativeTo: opened.descriptor.rawValue) != 0 && Foundation.errno != ENOENT {
                 throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(opened.path.appending(child)), doing: "remove")
             }
         }
-        guard DurableIO.unlink(name, relativeTo: parent.descriptor.rawValue, flags: AT_REMOVEDIR) == 0 else {
+        guard DurableIO.unlink(try parent.entry(for: name), relativeTo: parent.descriptor.rawValue, flags: AT_REMOVEDIR) == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "remove the directory")
         }
     }

@@ -37,7 +37,7 @@ public final class Container: @unchecked Sendable {
     package let layoutPaths: Set<ContainerPath>
     package let inboxPath: ContainerPath
     /// The record of Inbox deliveries and their events, beside the data directory.
-    let inboxQueue: InboxQueue
+    package let inboxQueue: InboxQueue
     let receiverLock = NSLock()
     var receiver: InboxReceiver?
 
@@ -54,10 +54,25 @@ public final class Container: @unchecked Sendable {
         self.defaultClass = defaultClass
         self.defaultProtection = defaultClass.fileProtectionType
         self.dataPath = (containerPath as NSString).appendingPathComponent(Self.dataName)
-        self.directory = try ConfinedDirectory(path: dataPath, containerName: bundleIdentifier)
+        let cipher = try Self.nameCipher(device: device, bundleIdentifier: bundleIdentifier)
+        self.directory = try ConfinedDirectory(path: dataPath, containerName: bundleIdentifier, cipher: cipher)
         self.layoutPaths = Set(try Self.layout(bundleIdentifier: bundleIdentifier).map { try ContainerPath($0, container: bundleIdentifier) })
         self.inboxPath = try ContainerPath(Self.documentsInbox, container: bundleIdentifier)
-        self.inboxQueue = InboxQueue(containerPath: containerPath, bundleIdentifier: bundleIdentifier)
+        self.inboxQueue = InboxQueue(containerPath: containerPath, bundleIdentifier: bundleIdentifier, cipher: cipher)
+    }
+
+    /// The cipher of the container's names, from the name key the device's key holder derives.
+    static func nameCipher(device: Device, bundleIdentifier: String) throws -> NameCipher {
+        let nameKey = try device.nameKey(forContainer: bundleIdentifier)
+        defer { nameKey.discard() }
+        return try NameCipher(nameKey: nameKey)
+    }
+
+    /// Where `path` is stored on disk: below `dataPath`, with every name encrypted. For tools and tests that
+    /// look at the bytes at rest; a symlink in the last place is not followed.
+    package func storedPath(_ path: String) throws -> String {
+        let parsed = try self.path(path)
+        return parsed.isRoot ? dataPath : (dataPath as NSString).appendingPathComponent(try directory.storedPath(of: parsed))
     }
 
     static let metadataName = "container.json"
@@ -106,8 +121,14 @@ extension Device {
         let staging = (containersPath as NSString).appendingPathComponent("\(ContainerPath.reservedPrefix)-new-\(Random.bytes(6).hex)")
         do {
             let data = (staging as NSString).appendingPathComponent(Container.dataName)
+            try FileSystem.createDirectories(data)
+            let dataDirectory = try FileLocation(path: data).open(.readOnly, options: [.directory, .noFollow], doing: "open the new container")
+            try dataDirectory.closeAfter { try DirectoryNames.writeNewIV(in: dataDirectory, displayPath: "\(bundleIdentifier):") }
+            let layout = try ConfinedDirectory(path: data, containerName: bundleIdentifier,
+                                               cipher: try Container.nameCipher(device: self, bundleIdentifier: bundleIdentifier))
             for folder in Container.layout(bundleIdentifier: bundleIdentifier) {
-                try FileSystem.createDirectories((data as NSString).appendingPathComponent(folder))
+                let path = try ContainerPath(folder, container: bundleIdentifier)
+                try layout.openDirectory(path.parent).makeSubdirectory(path.name!, mode: 0o700, displayPath: layout.displayPath(path))
             }
             let metadata = Container.Metadata(bundleIdentifier: bundleIdentifier, defaultProtection: defaultClass.name)
             try FileSystem.writeAtomically(Array(try JSONEncoder().encode(metadata)), to: FileLocation(path: (staging as NSString).appendingPathComponent(Container.metadataName)), replacing: false)
@@ -122,6 +143,12 @@ extension Device {
             throw error
         }
         return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: destination)
+    }
+
+    /// The name key of a container (docs/FORMAT.md §7), from this device's key holder: usable in every lock state.
+    package func nameKey(forContainer bundleIdentifier: String) throws -> SecureBytes {
+        try Container.validate(bundleIdentifier: bundleIdentifier)
+        return try holder.nameKey(forContainer: bundleIdentifier, device: self)
     }
 
     /// Opens an existing container.

@@ -16,6 +16,10 @@ final class DaemonKeyHolder: KeyHolder {
         try link.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData)
     }
 
+    func nameKey(forContainer bundleIdentifier: String, device: Device) throws -> SecureBytes {
+        try link.nameKey(forContainer: bundleIdentifier)
+    }
+
     func unwrapFileKey(_ wrapped: WrappedFileKey, device: Device) throws -> SecureBytes? {
         try link.unwrapFileKey(wrapped)
     }

@@ -313,6 +313,16 @@ extension DaemonLink {
         return sealed
     }
 
+    /// The name key of a container, from the daemon (the device secret stays there).
+    func nameKey(forContainer bundleIdentifier: String) throws -> SecureBytes {
+        var request = DaemonRequest(id: 0, op: .nameKey)
+        request.container = bundleIdentifier
+        guard let key = try call(request).attachment, key.count == AEAD.keyBytes else {
+            throw ProtectedStoreError(.unsupportedFormat, path: socketPath, problem: "the key daemon's name-key reply has no key", remedy: "Use a daemon of this version")
+        }
+        return key
+    }
+
     func unwrapFileKey(_ wrapped: WrappedFileKey) throws -> SecureBytes? {
         var request = DaemonRequest(id: 0, op: .unwrap)
         request.protectionClass = wrapped.protectionClass.name

@@ -10,6 +10,7 @@ package struct DaemonRequest: Codable, Sendable {
     package enum Operation: String, Codable, Sendable {
         case hello, status, unlock, lock, subscribe, ack, wrap, unwrap
         case changePasscode = "change-passcode"
+        case nameKey = "name-key"
     }
 
     package var id: UInt64
@@ -21,6 +22,7 @@ package struct DaemonRequest: Codable, Sendable {
     package var ephemeralPublicKey: String?
     package var sealed: String?
     package var seq: UInt64?
+    package var container: String?
 
     package init(id: UInt64, op: Operation) {
         self.id = id

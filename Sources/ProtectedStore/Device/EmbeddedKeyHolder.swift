@@ -31,6 +31,10 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
         try usingClassKey(protectionClass, device: device) { try FileKeySeal.seal(fileKey, classKey: $0, associatedData: associatedData) }
     }
 
+    func nameKey(forContainer bundleIdentifier: String, device: Device) throws -> SecureBytes {
+        try deviceSecret.nameKey(forContainer: bundleIdentifier, keybagID: device.keybagID)
+    }
+
     func unwrapFileKey(_ wrapped: WrappedFileKey, device: Device) throws -> SecureBytes? {
         try usingClassKey(wrapped.protectionClass, device: device) { try FileKeySeal.open(wrapped, classKey: $0, classBPublicKey: device.classBPublicKey) }
     }

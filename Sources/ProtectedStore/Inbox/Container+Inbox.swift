@@ -90,7 +90,7 @@ extension Container {
     /// Streams the source into a hidden file; returns it and the bytes written. Errors name the source and the target.
     private func stream(_ source: InboxSource, to displayPath: String, in inbox: OpenDirectory, protectionClass: ProtectionClass, flags: FileHeader.Flags,
                         progress: ((UInt64, UInt64) -> Void)?) throws -> (FileLocation, UInt64) {
-        let staged = inbox.location(".", displayPath: displayPath).temporarySibling()
+        let staged = try inbox.location(".", displayPath: displayPath).temporarySibling()
         let file = try EncryptedFile.create(at: staged, protectionClass: protectionClass, flags: flags, keys: device)
         do {
             // Registered like any open file, so a lock discards a class A key mid-way.
@@ -138,8 +138,9 @@ extension Container {
             let entry = InboxQueue.Entry(sequence: try inboxQueue.allocateSequence(above: recorded), name: name, stagingName: staged.name,
                                          sourceApplication: sourceApplication, annotation: annotation, size: size, deliveredAt: Date(), eventDelivered: false)
             try inboxQueue.record(entry)
-            let target = inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
+            let target = try inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
             do {
+                try inbox.names.recordLongName(of: name, in: inbox.descriptor, displayPath: target.displayPath)
                 try staged.rename(to: target, replacing: false)
             } catch {
                 // Undone under the lock, so no receiver can finish this delivery after it failed.
@@ -166,7 +167,7 @@ extension Container {
             let listed = try names(in: inbox)
             let records = Dictionary(try inboxQueue.entries().map { ($0.name, $0) }, uniquingKeysWith: { $1 })
             let items: [InboxItem] = try listed.compactMap { name in
-                let location = inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
+                let location = try inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
                 guard let info = try location.status(), info.st_mode & S_IFMT == S_IFREG else { return nil }
                 let record = records[name]
                 let (header, size, problem) = Self.fileDetails(at: location)
@@ -197,14 +198,15 @@ extension Container {
     func inboxItemExists(_ claim: InboxQueue.Claim) throws -> Bool {
         let entry = claim.entry
         let inbox = try directory.openDirectory(inboxPath)
-        let item = inbox.location(entry.name, displayPath: directory.displayPath(inboxPath.appending(entry.name)))
+        let item = try inbox.location(entry.name, displayPath: directory.displayPath(inboxPath.appending(entry.name)))
         if try item.status() != nil { return true }
         return try inboxQueue.withLock {
             // A delivery that failed removed its record under this lock: nothing to finish.
             guard inboxQueue.isStillRecorded(claim) else { return false }
             if try item.status() != nil { return true }
-            let staged = inbox.location(entry.stagingName, displayPath: item.displayPath)
+            let staged = try inbox.location(entry.stagingName, displayPath: item.displayPath)
             if try staged.status() != nil {
+                try inbox.names.recordLongName(of: entry.name, in: inbox.descriptor, displayPath: item.displayPath)
                 try staged.rename(to: item, replacing: false)
                 try item.synchronizeDirectory()
                 return true

@@ -4,25 +4,26 @@ import SystemPackage
 
 /// The durable record of a container's Inbox deliveries and their open-URL events (docs/FORMAT.md §6).
 ///
-/// One small JSON file per delivered item, `<container>/inbox-queue/<sequence>.json`, outside the container's data:
+/// One small sealed JSON record per delivered item, `<container>/inbox-queue/<sequence>.sealed`, outside the container's data
+/// and encrypted under its name key, as the names in it are:
 /// the sequence number fixes delivery order, the file survives crashes, daemon restarts and reboots, and a flock on
 /// it makes exactly one program deliver its event. Deliveries allocate numbers and names under `queue.lock`.
-struct InboxQueue: Sendable {
+package struct InboxQueue: Sendable {
     /// One delivered item.
-    struct Entry: Codable, Sendable, Equatable {
-        var sequence: UInt64
+    package struct Entry: Codable, Sendable, Equatable {
+        package var sequence: UInt64
         /// The item's name in Documents/Inbox.
-        var name: String
+        package var name: String
         /// The hidden name it was written under, so a delivery interrupted between recording and renaming can be finished.
-        var stagingName: String
-        var sourceApplication: String?
+        package var stagingName: String
+        package var sourceApplication: String?
         /// A JSON value that fits a property list, as the sender gave it.
-        var annotation: String?
+        package var annotation: String?
         /// Plaintext bytes.
-        var size: UInt64
-        var deliveredAt: Date
+        package var size: UInt64
+        package var deliveredAt: Date
         /// Whether its open-URL event has been handled by the container's observers.
-        var eventDelivered: Bool
+        package var eventDelivered: Bool
     }
 
     /// An entry whose event this program is delivering: the flock keeps every other program off it until `finish`.
@@ -45,17 +46,25 @@ struct InboxQueue: Sendable {
     let path: String
     /// Names the container in errors.
     let bundleIdentifier: String
+    /// Seals the records: they hold names, which are never stored in clear.
+    let cipher: NameCipher
 
-    init(containerPath: String, bundleIdentifier: String) {
+    init(containerPath: String, bundleIdentifier: String, cipher: NameCipher) {
         path = (containerPath as NSString).appendingPathComponent(Self.directoryName)
         self.bundleIdentifier = bundleIdentifier
+        self.cipher = cipher
     }
 
     private func location(_ name: String) -> FileLocation {
         FileLocation(path: (path as NSString).appendingPathComponent(name))
     }
 
-    private static func fileName(_ sequence: UInt64) -> String { String(format: "%020llu.json", sequence) }
+    private static let recordSuffix = ".sealed"
+
+    private static func fileName(_ sequence: UInt64) -> String { String(format: "%020llu", sequence) + recordSuffix }
+
+    /// What a record's sealing binds it to: its sequence number, so records can't be swapped between files.
+    private static func context(_ sequence: UInt64) -> [UInt8] { Array("inbox-queue".utf8) + withUnsafeBytes(of: sequence.littleEndian, Array.init) }
 
     /// Creates the directory if this container has had no delivery yet.
     func prepare() throws {
@@ -84,7 +93,7 @@ struct InboxQueue: Sendable {
 
     /// Every entry, in delivery order. One that does not decode, or names its item in a way no delivery writes, is
     /// skipped: it names nothing deliverable. Failures to read are errors, so no entry is mistaken for absent.
-    func entries() throws -> [Entry] {
+    package func entries() throws -> [Entry] {
         guard try FileSystem.exists(path) else { return [] }
         let names: [String]
         do {
@@ -92,7 +101,7 @@ struct InboxQueue: Sendable {
         } catch {
             throw ProtectedStoreError(.io, path: path, problem: "cannot list the Inbox queue (\(error.localizedDescription))", remedy: "Check the permissions of the device root")
         }
-        return try names.filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }
+        return try names.filter { $0.hasSuffix(Self.recordSuffix) && !$0.hasPrefix(".") }
             .compactMap { name in
                 do {
                     return try read(location(name))
@@ -122,14 +131,22 @@ struct InboxQueue: Sendable {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         encoder.outputFormatting = .sortedKeys
-        try FileSystem.writeAtomically(Array(try encoder.encode(entry)), to: location(Self.fileName(entry.sequence)), replacing: replacing)
+        var json = Array(try encoder.encode(entry))
+        defer { zeroize(&json) }
+        try FileSystem.writeAtomically(try cipher.sealedRecord(json, context: Self.context(entry.sequence)),
+                                       to: location(Self.fileName(entry.sequence)), replacing: replacing)
     }
 
     private func read(_ entryLocation: FileLocation) throws -> Entry? {
+        let fileName = (entryLocation.name as NSString).lastPathComponent
+        guard let sequence = UInt64(fileName.dropLast(Self.recordSuffix.count)) else { return nil }
+        let sealed = try entryLocation.readPrefix(count: 64 << 10, what: "Inbox queue entry")
+        // One that does not open (modified, or from another container) names nothing deliverable.
+        guard let json = cipher.record(fromSealed: sealed, context: Self.context(sequence)) else { return nil }
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
-        guard let entry = try entryLocation.readJSON(Entry.self, what: "Inbox queue entry", decoder: decoder) else { return nil }
-        // The queue is not authenticated: names are checked again before any file operation uses them.
+        guard let entry = try? decoder.decode(Entry.self, from: Data(json)), entry.sequence == sequence else { return nil }
+        // Checked again before any file operation uses them, as any input is.
         guard ContainerPath.isPlainName(entry.name), entry.stagingName.hasPrefix(FileSystem.temporaryPrefix),
               !entry.stagingName.contains("/"), !entry.stagingName.utf8.contains(0) else { return nil }
         return entry

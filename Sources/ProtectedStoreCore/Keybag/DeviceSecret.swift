@@ -90,9 +90,16 @@ public final class DeviceSecret: Sendable {
         return DeviceSecret(path: path, keybagID: keybagID, secret: secret)
     }
 
-    /// BLAKE2b-256 keyed with the secret over `label ‖ keybag id ‖ extra`: every key the device secret guards comes from here.
-    func derive(_ label: String, keybagID: [UInt8], secretInput: SecureBytes? = nil) throws -> SecureBytes {
-        try Blake2b.derive(key: secret, parts: [Array(label.utf8), keybagID], secretParts: secretInput.map { [$0] } ?? [])
+    /// BLAKE2b-256 keyed with the secret over `label ‖ keybag id ‖ context ‖ secret input`: every key the device
+    /// secret guards comes from here.
+    func derive(_ label: String, keybagID: [UInt8], context: [UInt8] = [], secretInput: SecureBytes? = nil) throws -> SecureBytes {
+        try Blake2b.derive(key: secret, parts: [Array(label.utf8), keybagID, context], secretParts: secretInput.map { [$0] } ?? [])
+    }
+
+    /// The name key of the container of `bundleIdentifier` (docs/FORMAT.md §7): from the device secret alone, so
+    /// names are readable before the first unlock and while locked, as iOS's file-system metadata key.
+    package func nameKey(forContainer bundleIdentifier: String, keybagID: [UInt8]) throws -> SecureBytes {
+        try derive("ProtectedStore v2 name key", keybagID: keybagID, context: Array(bundleIdentifier.utf8))
     }
 
     /// Overwrites the stored secret with zeros, syncs, and unlinks it: the effaceable-storage step of an erase.

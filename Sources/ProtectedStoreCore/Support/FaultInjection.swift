@@ -22,12 +22,16 @@ package enum FaultInjection {
         package let folder: String
         /// fnmatch(3) glob against the path relative to `folder` ("*" crosses "/"); nil for every file.
         package let pattern: String?
+        /// Turns a stored path relative to `folder` into the one `pattern` is written against (a container's
+        /// plaintext path, since names are encrypted at rest); nil if it has none.
+        package let plaintextPath: (@Sendable (String) -> String?)?
         package let errno: Errno
 
-        package init(_ operation: Operation, folder: String, pattern: String? = nil, errno: Errno) {
+        package init(_ operation: Operation, folder: String, pattern: String? = nil, plaintextPath: (@Sendable (String) -> String?)? = nil, errno: Errno) {
             self.operation = operation
             self.folder = folder
             self.pattern = pattern
+            self.plaintextPath = plaintextPath
             self.errno = errno
         }
     }
@@ -44,7 +48,7 @@ package enum FaultInjection {
     package static func install(_ rule: Rule) -> Int {
         rules.withLock { state in
             state.next += 1
-            state.installed.append(Installed(rule: Rule(rule.operation, folder: canonical(rule.folder), pattern: rule.pattern, errno: rule.errno), token: state.next))
+            state.installed.append(Installed(rule: Rule(rule.operation, folder: canonical(rule.folder), pattern: rule.pattern, plaintextPath: rule.plaintextPath, errno: rule.errno), token: state.next))
             active.store(true, ordering: .releasing)
             return state.next
         }
@@ -112,10 +116,14 @@ extension FaultInjection.Rule {
     func covers(_ file: String) -> Bool {
         guard file.hasPrefix(folder + "/") else { return false }
         guard let pattern else { return true }
-        return fnmatch(pattern, String(file.dropFirst(folder.count + 1)), 0) == 0
+        let stored = String(file.dropFirst(folder.count + 1))
+        guard let path = plaintextPath.map({ $0(stored) }) ?? stored else { return false }
+        return fnmatch(pattern, path, 0) == 0
     }
 
-    func allowing(_ bytes: Int64) -> Self { Self(.write(allowedBytes: bytes), folder: folder, pattern: pattern, errno: errno) }
+    func allowing(_ bytes: Int64) -> Self {
+        Self(.write(allowedBytes: bytes), folder: folder, pattern: pattern, plaintextPath: plaintextPath, errno: errno)
+    }
 }
 
 extension FaultInjection.Operation {

@@ -10,8 +10,9 @@ import SystemPackage
 ///
 /// Data protection as on iOS: a file whose class key is gone fails with EPERM (open, read, write, also on a descriptor
 /// opened before the lock); the Inbox is read-and-delete only (EACCES). Names starting with `.sandboxctl` are
-/// ProtectedStore's own and do not exist here. Every path is opened beneath the container's root by the kernel
-/// (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), and symlinks that would lead out are refused.
+/// ProtectedStore's own and do not exist here. Names are encrypted at rest (docs/FORMAT.md §7): every path is
+/// walked one encrypted name at a time from the container's root, never following a symlink in the last place, and
+/// symlinks that would lead out are refused.
 package final class ContainerFileSystem: @unchecked Sendable {
     /// The extended attribute that reads and sets an item's class, like `FileAttributeKey.protectionKey`.
     package static let protectionAttribute = "user.protection.class"
@@ -88,6 +89,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
                 info.st_size = off_t(plaintextSize(of: item))
             }
             if path.isWithin(container.inboxPath) { info.st_mode &= ~0o222 }
+        } else if info.st_mode & S_IFMT == S_IFLNK, let target = try? item.parent.names.linkTarget(at: item.location) {
+            // As ext4 shows it: the target's length, not the stored (sealed) one's.
+            info.st_size = off_t(target.utf8.count)
         }
         return info
     }
@@ -121,7 +125,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { withExtendedLifetime(item) {} }
         // fchmodat follows a symlink in the last place; the kernel never asks to chmod a link itself.
         guard try status(item).st_mode & S_IFMT != S_IFLNK else { throw Errno.notSupported }
-        try Self.check(fchmodat(item.parent.descriptor.rawValue, item.name, requested, 0))
+        try Self.check(fchmodat(item.parent.descriptor.rawValue, item.entry, requested, 0))
     }
 
     /// Changes owner and group (-1 leaves one as it is); the kernel has checked the caller may.
@@ -133,7 +137,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         guard !path.isRoot else { return try Self.check(fchown(root, user, group)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
-        try Self.check(fchownat(item.parent.descriptor.rawValue, item.name, user, group, AT_SYMLINK_NOFOLLOW))
+        try Self.check(fchownat(item.parent.descriptor.rawValue, item.entry, user, group, AT_SYMLINK_NOFOLLOW))
     }
 
     /// Sets access and modification times (UTIME_NOW and UTIME_OMIT as utimensat).
@@ -145,7 +149,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         guard !path.isRoot else { return try Self.check(futimens(root, times)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
-        try Self.check(utimensat(item.parent.descriptor.rawValue, item.name, times, AT_SYMLINK_NOFOLLOW))
+        try Self.check(utimensat(item.parent.descriptor.rawValue, item.entry, times, AT_SYMLINK_NOFOLLOW))
     }
 
     /// File system statistics of the disk the container lives on.
@@ -167,10 +171,13 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
     }
 
-    /// The names in an open directory with their inode numbers and types (`.` and `..` first), without ProtectedStore's own.
+    /// The names in an open directory, decrypted, with their inode numbers and types (`.` and `..` first), without
+    /// ProtectedStore's own. An entry whose name does not decrypt is left out (and logged), as gocryptfs does.
     package func directoryEntries(_ number: UInt64) throws -> [(name: String, inode: UInt64, type: mode_t)] {
+        let descriptor = try table.directory(number)
+        let names = try DirectoryNames.load(cipher: container.directory.cipher, in: descriptor, displayPath: "directory \(number)")
         // A fresh descriptor each time: its own read position from the start.
-        let copy = openat(try table.directory(number).rawValue, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let copy = openat(descriptor.rawValue, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard copy >= 0 else { throw Errno(rawValue: Foundation.errno) }
         guard let stream = fdopendir(copy) else {
             let error = Errno(rawValue: Foundation.errno)
@@ -180,9 +187,14 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { closedir(stream) }
         var entries: [(name: String, inode: UInt64, type: mode_t)] = [(".", 0, S_IFDIR), ("..", 0, S_IFDIR)]
         while let entry = readdir(stream) {
-            let name = FileSystem.name(of: entry)
-            if name == "." || name == ".." || name.hasPrefix(ContainerPath.reservedPrefix) { continue }
-            entries.append((name, UInt64(entry.pointee.d_ino), Self.mode(ofDirectoryEntryType: entry.pointee.d_type)))
+            let stored = FileSystem.name(of: entry)
+            if stored == "." || stored == ".." || stored.hasPrefix(ContainerPath.reservedPrefix) { continue }
+            do {
+                let name = try names.name(ofEntry: stored, in: descriptor, displayPath: "\(container.bundleIdentifier) directory")
+                entries.append((name, UInt64(entry.pointee.d_ino), Self.mode(ofDirectoryEntryType: entry.pointee.d_type)))
+            } catch let error as ProtectedStoreError {
+                logger.info("readdir: left out \(error.path ?? stored): \(error.problem)")
+            }
         }
         return entries
     }
@@ -202,15 +214,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         let inherited = try container.directoryClass(of: item.parent)
-        try Self.check(DurableIO.makeDirectory(item.name, relativeTo: item.parent.descriptor.rawValue, mode: mode & 0o7777))
-        guard let inherited else { return }
-        do {
-            try container.writeDirectoryClass(inherited, in: try item.parent.subdirectory(item.name, displayPath: item.displayPath),
-                                              displayPath: item.displayPath)
-        } catch {
-            // Without its marker, files in it would take a weaker class than asked: no directory rather than that.
-            _ = DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR)
-            throw error
+        // Built aside with its IV and class marker, then renamed into place: never seen without either.
+        try item.parent.makeSubdirectory(item.name, mode: mode & 0o7777, displayPath: item.displayPath) { created in
+            if let inherited { try container.writeDirectoryClass(inherited, in: created, displayPath: item.displayPath) }
         }
     }
 
@@ -221,10 +227,14 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         directories.removeAll()
-        if DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR) == 0 { return }
-        guard Foundation.errno == ENOTEMPTY else { throw Errno(rawValue: Foundation.errno) }
-        try removeOwnFiles(in: item)
-        try Self.check(DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR))
+        // Every directory holds its IV, so a first rmdir fails unless the directory is not one of ours.
+        if DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR) != 0 {
+            guard Foundation.errno == ENOTEMPTY else { throw Errno(rawValue: Foundation.errno) }
+            try removeOwnFiles(in: item) {
+                DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR)
+            }
+        }
+        item.entryRemoved()
     }
 
     // MARK: Names
@@ -233,7 +243,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package func removeFile(_ kernelPath: String) throws {
         let item = try resolve(try containerPath(kernelPath))
         defer { withExtendedLifetime(item) {} }
-        try Self.check(DurableIO.unlink(item.name, relativeTo: item.parent.descriptor.rawValue))
+        try Self.check(DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue))
+        item.entryRemoved()
         table.unlinked(kernelPath)
     }
 
@@ -258,17 +269,19 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { withExtendedLifetime((from, to)) {} }
         let (fromDirectory, toDirectory) = (from.parent.descriptor.rawValue, to.parent.descriptor.rawValue)
         if flags & exchange != 0 {
-            try Self.check(ps_rename_exchange(fromDirectory, from.name, toDirectory, to.name))
+            try Self.check(ps_rename_exchange(fromDirectory, from.entry, toDirectory, to.entry))
             table.exchanged(kernelSource, kernelTarget)
             return
         }
-        let rename = { DurableIO.rename(from.name, relativeTo: fromDirectory, to: to.name, relativeTo: toDirectory, replacing: flags & noReplace == 0) }
+        try to.prepareEntry()
+        let rename = { DurableIO.rename(from.entry, relativeTo: fromDirectory, to: to.entry, relativeTo: toDirectory, replacing: flags & noReplace == 0) }
         if rename() != 0 {
-            // An otherwise empty directory being replaced may hold a class marker.
+            // An otherwise empty directory being replaced holds its IV, and may hold a class marker.
             guard Foundation.errno == ENOTEMPTY || Foundation.errno == EEXIST, flags & noReplace == 0 else { throw Errno(rawValue: Foundation.errno) }
-            try removeOwnFiles(in: to)
-            try Self.check(rename())
+            try removeOwnFiles(in: to, then: rename)
         }
+        // Renaming one hard link onto another of the same file leaves both: then the source's name stays.
+        if from.path != to.path, (try? from.location.status()) == nil { from.entryRemoved() }
         table.unlinked(kernelTarget)
         table.renamed(kernelSource, to: kernelTarget)
     }
@@ -289,7 +302,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
-        try Self.check(symlinkat(target, item.parent.descriptor.rawValue, item.name))
+        try item.prepareEntry()
+        try Self.check(symlinkat(try item.parent.names.sealedLinkTarget(target), item.parent.descriptor.rawValue, item.entry))
     }
 
     /// link(2): a second name for a file. Creating one in the Inbox is refused (EACCES), and so is a name elsewhere for
@@ -301,7 +315,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try container.refuseInboxChange(source, displayPath: display(source), doing: "given a second name (it could be written through it); move it out of the Inbox first")
         let from = try resolve(source), to = try resolve(target)
         defer { withExtendedLifetime((from, to)) {} }
-        try Self.check(DurableIO.link(from.name, relativeTo: from.parent.descriptor.rawValue, to: to.name, relativeTo: to.parent.descriptor.rawValue))
+        try to.prepareEntry()
+        try Self.check(DurableIO.link(from.entry, relativeTo: from.parent.descriptor.rawValue, to: to.entry, relativeTo: to.parent.descriptor.rawValue))
     }
 
     /// mknod of a FIFO or a Unix socket (what mkfifo and bind make): a name with no data at rest, so no class applies.
@@ -315,7 +330,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
-        try Self.check(DurableIO.makeSpecialFile(item.name, relativeTo: item.parent.descriptor.rawValue, mode: mode & (S_IFMT | 0o7777)))
+        try item.prepareEntry()
+        try Self.check(DurableIO.makeSpecialFile(item.entry, relativeTo: item.parent.descriptor.rawValue, mode: mode & (S_IFMT | 0o7777)))
     }
 
     /// readlink; a link that would lead out of the container when followed (one made outside the mount, or through
@@ -324,7 +340,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let path = try containerPath(kernelPath)
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
-        let target = try item.location.readLink()
+        let target = try item.parent.names.linkTarget(at: item.location)
         guard Self.staysInside(target: target, from: path.parent) else {
             logger.info("readlink \(display(path)) -> \(target): refused, following it could leave the container (only relative targets whose \"..\" lead, and stay below the root, are followed); remove or fix the link")
             throw Errno.notPermitted
@@ -358,6 +374,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
+        try item.prepareEntry()
         let file = try EncryptedFile.create(at: item.location, protectionClass: try container.inheritedClass(in: item.parent), keys: device)
         do {
             try Self.check(fchmod(file.metadataDescriptor.rawValue, mode & 0o7777))
@@ -611,26 +628,21 @@ package final class ContainerFileSystem: @unchecked Sendable {
         return ContainerPath.root.appendingComponents(components)
     }
 
-    /// The opened parent directory and the final name. The kernel has walked the path through this file system,
-    /// so no component may be a symlink; openat2 lets the kernel enforce that and the confinement.
+    /// The opened parent directory (cached) and the final name.
     private func resolve(_ path: ContainerPath) throws -> ResolvedItem {
         guard let name = path.name else { throw Errno.invalidArgument }
-        return ResolvedItem(parent: try directories.directory(path.parent, open: openDirectory), name: name, displayPath: display(path))
+        return try ResolvedItem(parent: try directories.directory(path.parent, open: openDirectory), name: name, displayPath: display(path))
     }
 
-    /// Opens a directory beneath the root. Without openat2 (before Linux 5.6, or refused by a seccomp filter with
-    /// EPERM), the library's own component-by-component walk.
+    /// Opens a directory beneath the root, one encrypted name at a time (each directory's IV is needed for the next
+    /// name); the directory cache keeps what was opened.
     private func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
-        let fd = path.isRoot ? fcntl(root, F_DUPFD_CLOEXEC, 0) : ps_open_beneath(root, path.description, O_RDONLY | O_DIRECTORY)
-        if fd >= 0 { return OpenDirectory(descriptor: FileDescriptor(rawValue: fd), path: path) }
-        let failure = Foundation.errno
-        guard failure == ENOSYS || failure == EPERM else { throw Errno(rawValue: failure) }
-        return try container.directory.openDirectory(path)
+        try container.directory.openDirectory(path)
     }
 
     private func status(_ item: ResolvedItem) throws -> stat {
         var info = stat()
-        try Self.check(fstatat(item.parent.descriptor.rawValue, item.name, &info, AT_SYMLINK_NOFOLLOW))
+        try Self.check(fstatat(item.parent.descriptor.rawValue, item.entry, &info, AT_SYMLINK_NOFOLLOW))
         return info
     }
 
@@ -657,14 +669,24 @@ package final class ContainerFileSystem: @unchecked Sendable {
         throw Errno.notPermitted
     }
 
-    /// Removes ProtectedStore's own files from a directory that holds nothing else, so it can be removed or replaced.
-    private func removeOwnFiles(in item: ResolvedItem) throws {
+    /// Removes ProtectedStore's own files from a directory that holds nothing else, so that `removal` (an rmdir, or a
+    /// rename over it) can succeed. The IV goes last, and comes back if the removal still fails (an entry created
+    /// meanwhile), so the directory's names stay readable.
+    private func removeOwnFiles(in item: ResolvedItem, then removal: () -> Int32) throws {
         guard let info = try? status(item), info.st_mode & S_IFMT == S_IFDIR else { throw Errno.directoryNotEmpty }
         let directory = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
-        let names = try container.names(in: directory, includingReserved: true)
-        guard names.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { throw Errno.directoryNotEmpty }
-        withExtendedLifetime(directory) {
-            for name in names { _ = DurableIO.unlink(name, relativeTo: directory.descriptor.rawValue) }
+        try withExtendedLifetime(directory) {
+            let entries = try DirectoryNames.entries(in: try directory.reopened(), displayPath: item.displayPath)
+            guard entries.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { throw Errno.directoryNotEmpty }
+            for entry in entries where entry != DirectoryNames.ivName {
+                OpenDirectory.removeOwnEntry(entry, in: directory.descriptor)
+            }
+            _ = DurableIO.unlink(DirectoryNames.ivName, relativeTo: directory.descriptor.rawValue)
+            guard removal() == 0 else {
+                let failure = Errno(rawValue: Foundation.errno)
+                try? directory.names.restoreIV(in: directory.descriptor, displayPath: item.displayPath)
+                throw failure
+            }
         }
     }
 

@@ -56,11 +56,16 @@ struct DemoCommand: AsyncParsableCommand {
             print(style.heading("4. No plaintext on disk"))
             var leaked = false
             for (protectionClass, _) in options {
-                let raw = try Data(contentsOf: URL(fileURLWithPath: (container.dataPath as NSString).appendingPathComponent(Self.path(protectionClass))))
+                let raw = try Data(contentsOf: URL(fileURLWithPath: try container.storedPath(Self.path(protectionClass))))
                 leaked = leaked || raw.range(of: Data("vault code".utf8)) != nil
             }
             print("   plaintext present on disk: " + (leaked ? style.bad("YES") : style.good("no")))
             if leaked { problems.append("plaintext found on disk") }
+            let storedPaths = FileManager.default.subpaths(atPath: container.dataPath) ?? []
+            let namesLeaked = storedPaths.contains { $0.contains("Documents") || $0.contains("class-") }
+            print("   \(storedPaths.count) stored names, e.g. \(storedPaths.first(where: { !$0.contains(".sandboxctl") }) ?? "-")")
+            print("   plaintext names on disk: " + (namesLeaked ? style.bad("YES") : style.good("no")))
+            if namesLeaked { problems.append("plaintext names found on disk") }
 
             print(style.heading("5. Lock"))
             let lockStarted = Date()

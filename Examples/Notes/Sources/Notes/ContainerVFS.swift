@@ -67,7 +67,7 @@ final class ContainerVFS: @unchecked Sendable {
         // A plain stat of the stored journal, not the container's item lookup (which reads its header): this runs at
         // every open of the database. Past the 1 KiB header and length record means a non-empty journal.
         var info = stat()
-        guard stat("\(container.dataPath)/\(path)-journal", &info) == 0, info.st_size > 1024 else { return }
+        guard let stored = try? container.storedPath("\(path)-journal"), stat(stored, &info) == 0, info.st_size > 1024 else { return }
         mutex.withLock { _ = interruptedDatabases.insert(path) }
     }
 

@@ -18,7 +18,7 @@ struct NotesStoreTests {
         try store.verifyIntegrity()
         #expect((try device.container.attributesOfItem(atPath: store.databasePath)[.protectionKey] as? FileProtectionType)?.rawValue == FileProtectionType.complete.rawValue)
         // The stored database holds no plaintext.
-        let raw = try Data(contentsOf: URL(fileURLWithPath: "\(device.container.dataPath)/\(store.databasePath)"))
+        let raw = try Data(contentsOf: URL(fileURLWithPath: (try device.container.storedPath(store.databasePath))))
         #expect(raw.range(of: Data("secret-marker-7f3a".utf8)) == nil)
         #expect(raw.range(of: Data("SQLite format 3".utf8)) == nil)
     }
@@ -159,7 +159,7 @@ struct NotesStoreTests {
         let journal = "\(store.databasePath)-journal"
         // Two blocks of non-zero bytes, the first of which (the journal header) fails authentication.
         try device.container.write(Data(repeating: 0xD9, count: 8192), toPath: journal)
-        let raw = URL(fileURLWithPath: "\(device.container.dataPath)/\(journal)")
+        let raw = URL(fileURLWithPath: (try device.container.storedPath(journal)))
         var bytes = try Data(contentsOf: raw)
         bytes[bytes.count - (4096 + 40) - 1] ^= 0x01
         try bytes.write(to: raw)

@@ -1,0 +1,201 @@
+import CSodium
+import Foundation
+
+/// Encrypts the names in a container's directories, its symbolic-link targets and its metadata records under the
+/// container's name key (docs/FORMAT.md §7): names deterministically per directory, so a name is found without
+/// listing its directory; link targets and records with a random nonce, since nothing looks them up.
+///
+/// A name is sealed with XChaCha20-Poly1305 under a synthetic nonce, BLAKE2b keyed with a second key over the
+/// directory's IV and the padded name (the SIV construction of RFC 5297, with libsodium's primitives): equal names
+/// in one directory give equal stored names, and nothing else about a name is revealed but its length rounded up
+/// to 16 bytes. The directory's IV is also the associated data, so an entry moved into another directory does
+/// not decrypt there.
+package final class NameCipher: Sendable {
+    /// Random bytes stored in every directory; they make its names unlike any other directory's.
+    package static let directoryIVBytes = 16
+    /// Names are padded with NUL bytes (which no name contains) to a multiple of this, hiding their exact length.
+    static let paddingBlock = 16
+    /// The longest stored name a directory entry can have (Linux's NAME_MAX); longer ones are stored as long names.
+    package static let maximumEntryBytes = 255
+    /// Begins every long-name entry; never the first character of base64url, so never of a short stored name.
+    package static let longEntryPrefix = "~"
+
+    private static let sivLabel = "ProtectedStore v2 name siv"
+    private static let encryptionLabel = "ProtectedStore v2 name encryption"
+    private static let nameDomain: UInt8 = 0x4E  // "N"
+    private static let linkDomain: UInt8 = 0x4C  // "L"
+    private static let recordDomain: UInt8 = 0x52  // "R"
+
+    private let sivKey: SecureBytes
+    private let encryptionKey: SecureBytes
+
+    /// `nameKey` is the container's 32-byte name key; the cipher keeps two subkeys derived from it, not the key.
+    package init(nameKey: SecureBytes) throws {
+        sivKey = try Blake2b.derive(key: nameKey, parts: [Array(Self.sivLabel.utf8)])
+        encryptionKey = try Blake2b.derive(key: nameKey, parts: [Array(Self.encryptionLabel.utf8)])
+    }
+
+    /// Discards the subkeys (at an erase, or when the container is closed).
+    package func discard() {
+        sivKey.discard()
+        encryptionKey.discard()
+    }
+
+    /// How a name is stored in a directory.
+    package enum StoredName: Equatable, Sendable {
+        /// The directory entry is the encrypted name itself.
+        case short(String)
+        /// The encrypted name is longer than an entry may be: the entry is `entry` (see `longEntry(for:)`), and the
+        /// encrypted name is kept beside it, in a file the caller names after the entry.
+        case long(entry: String, encryptedName: String)
+
+        /// The directory entry's name.
+        package var entry: String {
+            switch self {
+            case .short(let name): name
+            case .long(let entry, _): entry
+            }
+        }
+    }
+
+    /// The stored form of `name` in the directory whose IV is `directoryIV`. `name` is one path component:
+    /// not empty, no "/" or NUL, at most 255 bytes (callers check with their own error messages first).
+    package func storedName(for name: String, directoryIV: [UInt8]) throws -> StoredName {
+        precondition(directoryIV.count == Self.directoryIVBytes)
+        let plain = Array(name.utf8)
+        precondition(!plain.isEmpty && !plain.contains(0) && !plain.contains(UInt8(ascii: "/")), "not a path component")
+        let padded = plain + [UInt8](repeating: 0, count: (Self.paddingBlock - plain.count % Self.paddingBlock) % Self.paddingBlock)
+        let nonce = try syntheticNonce(padded: padded, directoryIV: directoryIV)
+        var sealed = [UInt8](repeating: 0, count: padded.count + AEAD.tagBytes)
+        try seal(padded, nonce: nonce, associatedData: [Self.nameDomain] + directoryIV, into: &sealed)
+        let encrypted = Base64URL.encode(nonce + sealed)
+        guard encrypted.utf8.count > Self.maximumEntryBytes else { return .short(encrypted) }
+        return .long(entry: Self.longEntry(for: encrypted), encryptedName: encrypted)
+    }
+
+    /// The name stored as `encrypted` (a short entry, or a long name's encrypted name) in the directory whose IV is
+    /// `directoryIV`; nil unless it is authentic, canonical and a valid path component.
+    package func name(fromEncrypted encrypted: String, directoryIV: [UInt8]) -> String? {
+        guard directoryIV.count == Self.directoryIVBytes, let bytes = Base64URL.decode(encrypted),
+              bytes.count >= AEAD.nonceBytes + AEAD.tagBytes + Self.paddingBlock,
+              (bytes.count - AEAD.nonceBytes - AEAD.tagBytes) % Self.paddingBlock == 0 else { return nil }
+        let nonce = Array(bytes[..<AEAD.nonceBytes])
+        guard let padded = try? open(bytes[AEAD.nonceBytes...], nonce: nonce, associatedData: [Self.nameDomain] + directoryIV),
+              // Only the synthetic nonce is accepted, so each name has exactly one stored form.
+              let expected = try? syntheticNonce(padded: padded, directoryIV: directoryIV),
+              sodium_memcmp(expected, nonce, nonce.count) == 0 else { return nil }
+        let plain = padded.prefix { $0 != 0 }
+        guard !plain.isEmpty, padded[plain.count...].allSatisfy({ $0 == 0 }), padded.count - plain.count < Self.paddingBlock,
+              !plain.contains(UInt8(ascii: "/")), let name = String(validating: plain, as: UTF8.self),
+              name != ".", name != ".." else { return nil }
+        return name
+    }
+
+    /// The directory entry of a long name: the prefix and the unkeyed BLAKE2b-256 of its encrypted name, so a
+    /// lookup finds it without reading anything, and the stored encrypted name can be checked against it.
+    package static func longEntry(for encryptedName: String) -> String {
+        longEntryPrefix + Base64URL.encode(Blake2b.hash(encryptedName.utf8))
+    }
+
+    /// Whether a directory entry is a long-name entry (its encrypted name is stored beside it).
+    package static func isLongEntry(_ entry: String) -> Bool {
+        entry.hasPrefix(longEntryPrefix) && entry.utf8.count == longEntryPrefix.utf8.count + 43
+    }
+
+    /// The stored target of a symbolic link to `target` in the directory whose IV is `directoryIV`.
+    package func sealedLinkTarget(_ target: String, directoryIV: [UInt8]) throws -> String {
+        precondition(directoryIV.count == Self.directoryIVBytes)
+        let nonce = Random.bytes(AEAD.nonceBytes)
+        var sealed = [UInt8](repeating: 0, count: target.utf8.count + AEAD.tagBytes)
+        try seal(Array(target.utf8), nonce: nonce, associatedData: [Self.linkDomain] + directoryIV, into: &sealed)
+        return Base64URL.encode(nonce + sealed)
+    }
+
+    /// The target a stored link target stands for; nil unless it is authentic and holds no NUL.
+    package func linkTarget(fromSealed stored: String, directoryIV: [UInt8]) -> String? {
+        guard directoryIV.count == Self.directoryIVBytes, let bytes = Base64URL.decode(stored),
+              bytes.count >= AEAD.nonceBytes + AEAD.tagBytes,
+              let plain = try? open(bytes[AEAD.nonceBytes...], nonce: Array(bytes[..<AEAD.nonceBytes]),
+                                    associatedData: [Self.linkDomain] + directoryIV),
+              !plain.isEmpty, !plain.contains(0) else { return nil }
+        return String(validating: plain, as: UTF8.self)
+    }
+
+    /// Seals one of the container's metadata records (an Inbox queue entry, which holds names): nonce ‖ ciphertext,
+    /// with `context` (what the record's file name says, such as its sequence number) bound in.
+    package func sealedRecord(_ record: [UInt8], context: [UInt8]) throws -> [UInt8] {
+        let nonce = Random.bytes(AEAD.nonceBytes)
+        var sealed = [UInt8](repeating: 0, count: record.count + AEAD.tagBytes)
+        try seal(record, nonce: nonce, associatedData: [Self.recordDomain] + context, into: &sealed)
+        return nonce + sealed
+    }
+
+    /// The record sealed as `sealed` with `context`; nil unless authentic.
+    package func record(fromSealed sealed: [UInt8], context: [UInt8]) -> [UInt8]? {
+        guard sealed.count >= AEAD.nonceBytes + AEAD.tagBytes else { return nil }
+        return try? open(sealed[AEAD.nonceBytes...], nonce: Array(sealed[..<AEAD.nonceBytes]), associatedData: [Self.recordDomain] + context)
+    }
+
+    /// The first 24 bytes of BLAKE2b keyed with the SIV key over IV ‖ padded name (the IV has a fixed length,
+    /// so the concatenation is unambiguous).
+    private func syntheticNonce(padded: [UInt8], directoryIV: [UInt8]) throws -> [UInt8] {
+        let message = directoryIV + padded
+        return Array(try message.withUnsafeBytes { try Blake2b.mac(key: sivKey, message: $0) }.prefix(AEAD.nonceBytes))
+    }
+
+    private func seal(_ plaintext: [UInt8], nonce: [UInt8], associatedData: [UInt8], into output: inout [UInt8]) throws {
+        try encryptionKey.withUnsafeBytes { key in
+            plaintext.withUnsafeBytes { plain in
+                nonce.withUnsafeBytes { n in
+                    associatedData.withUnsafeBytes { ad in
+                        output.withUnsafeMutableBytes { out in
+                            AEAD.seal(plain, key: key, nonce: n, associatedData: ad, into: out)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    private func open(_ sealed: ArraySlice<UInt8>, nonce: [UInt8], associatedData: [UInt8]) throws -> [UInt8]? {
+        var plain = [UInt8](repeating: 0, count: sealed.count - AEAD.tagBytes)
+        let authentic = try encryptionKey.withUnsafeBytes { key in
+            sealed.withUnsafeBytes { s in
+                nonce.withUnsafeBytes { n in
+                    associatedData.withUnsafeBytes { ad in
+                        plain.withUnsafeMutableBytes { out in
+                            AEAD.open(s, key: key, nonce: n, associatedData: ad, into: out)
+                        }
+                    }
+                }
+            }
+        }
+        return authentic ? plain : nil
+    }
+}
+
+/// Base64 with the URL and file-name safe alphabet and no padding (RFC 4648 §5): no "/" and no ".", so a
+/// stored name is a valid file name that can't be mistaken for "." , ".." or a hidden file.
+package enum Base64URL {
+    package static func encode(_ bytes: [UInt8]) -> String {
+        var text = Data(bytes).base64EncodedString()
+        while text.hasSuffix("=") { text.removeLast() }
+        return String(text.map { $0 == "+" ? "-" : $0 == "/" ? "_" : $0 })
+    }
+
+    /// nil unless `text` is canonical unpadded base64url (so each byte string has one text form).
+    package static func decode(_ text: String) -> [UInt8]? {
+        guard text.utf8.count % 4 != 1,
+              text.utf8.allSatisfy({ byte in
+                  (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte)
+                      || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) || byte == UInt8(ascii: "-") || byte == UInt8(ascii: "_")
+              }) else { return nil }
+        var standard = String(text.map { $0 == "-" ? "+" : $0 == "_" ? "/" : $0 })
+        standard += String(repeating: "=", count: (4 - standard.utf8.count % 4) % 4)
+        guard let data = Data(base64Encoded: standard) else { return nil }
+        let bytes = [UInt8](data)
+        // Unused low bits of the last character must be zero, or two texts would decode to the same bytes.
+        guard encode(bytes) == text else { return nil }
+        return bytes
+    }
+}
