@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent decryptor for ProtectedStore: reads encrypted-file format
-version 2, encrypted names version 2 and the Inbox queue (keybag and device
-secret: version 1).
+version 2, encrypted names version 2, container descriptions and the Inbox
+queue (keybag and device secret: version 1).
 
 Written only from docs/FORMAT.md, as a check that the specification is
 sufficient. Depends on PyNaCl (libsodium bindings) and the standard library.
@@ -11,15 +11,25 @@ Usage:
         [--out DIR] FILE... < passcode
     python3 tools/independent_decrypt.py --root ROOT --device-secret SECRET_FILE \
         [--out DIR] --container BUNDLE_ID < passcode
+    python3 tools/independent_decrypt.py --root ROOT --device-secret SECRET_FILE \
+        --list-containers < passcode
 
 The passcode is read as one line from stdin (the line terminator is removed,
 nothing else). For each FILE the output is "FILE: OK <size> bytes class <X>",
 <size> being the plaintext size L from the file's length record (§4.2).
 
-With --container, the whole data directory <ROOT>/containers/<BUNDLE_ID>/Data
-is decrypted (§7): names, files and link targets; reserved entries
-(".sandboxctl…") are skipped. One line per item, with its decrypted path
-relative to Data:
+Containers (§7) live in <ROOT>/containers/<id>/, <id> being derived from the
+bundle identifier with the device's name key NK_dev, each with a sealed
+description container.sealed (bundle identifier, default class). A checked
+description prints
+    container <id>: <bundle id>, default class <X>
+<X> being the class letter A-D (the stored class name, normalised).
+
+With --container, the description of BUNDLE_ID's container is checked first
+(its bundle identifier must be BUNDLE_ID; a missing folder is an error), then
+the whole data directory <ROOT>/containers/<id>/Data is decrypted: names,
+files and link targets; reserved entries (".sandboxctl…") are skipped. One
+line per item, with its decrypted path relative to Data:
     Documents/Projects/: OK directory
     Documents/notes.txt: OK 12 bytes class C
     Documents/link -> Projects/x: OK link
@@ -31,8 +41,14 @@ reported on stderr as "<stored path>: FAILED <reason>" and the rest is still
 processed. Control characters in decrypted names and targets are printed as
 \\xNN escapes.
 
-Exit status: 0 all files (items) OK, 1 at least one file, name, link target or
-queue record rejected, 2 keybag/device secret/passcode problem (nothing
+With --list-containers, every <ROOT>/containers/* folder (but ".sandboxctl…"
+entries) is checked: its description must open for the folder's id and its
+bundle identifier must give back that id. One "container" line per good one;
+the others are "<path>: FAILED <reason>" on stderr.
+
+Exit status: 0 all files (items, containers) OK, 1 at least one file, name,
+link target, queue record or container description rejected, or the
+container's folder missing, 2 keybag/device secret/passcode problem (nothing
 decrypted).
 """
 
@@ -374,10 +390,91 @@ MIN_STORED_NAME = NONCE_SIZE + NAME_PAD + TAG_SIZE   # 56: a name is at least on
 B64URL_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
+def name_subkeys(nk: bytes):
+    """§7 Keys: (K_siv, K_name) of a name key."""
+    return HK(nk, b"ProtectedStore v2 name siv"), HK(nk, b"ProtectedStore v2 name encryption")
+
+
 def container_name_keys(ds: bytes, kbid: bytes, bundle_id: str):
     """§7 Keys. Returns (K_siv, K_name); NK needs the device secret only."""
-    nk = HK(ds, b"ProtectedStore v2 name key" + kbid + bundle_id.encode("utf-8"))
-    return HK(nk, b"ProtectedStore v2 name siv"), HK(nk, b"ProtectedStore v2 name encryption")
+    return name_subkeys(HK(ds, b"ProtectedStore v2 name key" + kbid + bundle_id.encode("utf-8")))
+
+
+def device_name_keys(ds: bytes, kbid: bytes):
+    """§7 Containers: (K_siv, K_name) of the device's name key NK_dev."""
+    return name_subkeys(HK(ds, b"ProtectedStore v2 device name key" + kbid))
+
+
+def container_id(dev_siv: bytes, bundle_id: str) -> str:
+    """§7 Containers: the first 16 bytes of HK(K_siv of NK_dev, "id" || bundle-id),
+    as uppercase hex grouped 8-4-4-4-12. The bundle id is taken as UTF-8, as in NK."""
+    h = HK(dev_siv, b"id" + bundle_id.encode("utf-8"))[:16].hex().upper()
+    return "-".join((h[0:8], h[8:12], h[12:16], h[16:20], h[20:32]))
+
+
+CONTAINER_DESCRIPTION = "container.sealed"
+
+# The spec says the default class is "a class name as in §4.1", which names
+# classes only by id (1-4 = A-D, §3). Accepted here: the letters, and the
+# iOS names (README: complete, complete-unless-open,
+# complete-until-first-user-authentication, none; spelt kebab-case, camelCase
+# or as NSFileProtection... raw values), compared without case and dashes.
+CLASS_BY_NAME = {"a": "A", "b": "B", "c": "C", "d": "D",
+                 "complete": "A", "completeunlessopen": "B",
+                 "completeuntilfirstuserauthentication": "C", "none": "D"}
+
+
+def class_letter(name) -> str:
+    if isinstance(name, str):
+        key = name.replace("-", "").lower()
+        if key.startswith("nsfileprotection") and len(key) > len("nsfileprotection"):
+            key = key[len("nsfileprotection"):]
+        if key in CLASS_BY_NAME:
+            return CLASS_BY_NAME[key]
+    raise FormatError(f"description: defaultProtection {name!r} is not a class name")
+
+
+def open_container_description(dev_name: bytes, cid: str, sealed: bytes):
+    """§7 Containers: nonce (24) || AEAD(K_name of NK_dev, nonce, json,
+    "R" || "container" || id as ASCII). Returns (bundle id, class letter).
+    The caller checks that the bundle id gives back `cid`."""
+    if len(sealed) < NONCE_SIZE + TAG_SIZE:
+        raise FormatError(f"description: {len(sealed)} bytes, too short")
+    try:
+        ad = b"R" + b"container" + cid.encode("ascii")
+    except UnicodeEncodeError:  # a folder name that no id has
+        raise FormatError("description: folder name is not ASCII, not a container id") from None
+    text = aead_open(dev_name, sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], ad, "description")
+    try:
+        obj = json.loads(text.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
+                         parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FormatError(f"description: not UTF-8 JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise FormatError("description: not a JSON object")
+    bundle = obj.get("bundleIdentifier")
+    if not isinstance(bundle, str) or not bundle:
+        raise FormatError(f"description: bundleIdentifier {bundle!r} is not a non-empty string")
+    try:
+        bundle.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate escape in the JSON
+        raise FormatError("description: bundleIdentifier is not valid UTF-8") from None
+    return bundle, class_letter(obj.get("defaultProtection"))
+
+
+def read_container_description(dev_siv: bytes, dev_name: bytes, folder: bytes, cid: str):
+    """Opens <folder>/container.sealed for container id `cid` and checks that its
+    bundle identifier gives back `cid` (else it is not that folder's container)."""
+    try:
+        fd = os.open(os.path.join(folder, os.fsencode(CONTAINER_DESCRIPTION)), os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise FormatError(f"no {CONTAINER_DESCRIPTION}: not a container") from None
+    with os.fdopen(fd, "rb") as f:
+        bundle, letter = open_container_description(dev_name, cid, f.read())
+    if container_id(dev_siv, bundle) != cid:
+        raise FormatError(f"description: bundle identifier {show(bundle.encode())} "
+                          f"does not give this folder's id")
+    return bundle, letter
 
 
 def b64url(b: bytes) -> bytes:
@@ -504,13 +601,13 @@ def _reject_duplicate_keys(pairs):
     obj = {}
     for k, v in pairs:
         if k in obj:
-            raise FormatError(f"record: key {k!r} appears twice")
+            raise FormatError(f"JSON key {k!r} appears twice")
         obj[k] = v
     return obj
 
 
 def _reject_constant(c):
-    raise FormatError(f"record: {c} is not JSON")
+    raise FormatError(f"{c} is not JSON")
 
 
 def open_queue_record(k_name: bytes, seq: int, sealed: bytes) -> dict:
@@ -705,14 +802,43 @@ class ContainerDecryptor:
 
 # ------------------------------------------------------------------- CLI
 
+def container_line(cid: str, bundle: str, letter: str) -> str:
+    return f"container {cid}: {show(bundle.encode('utf-8'))}, default class {letter}"
+
+
 def decrypt_container(args, ds, kbid, keys, pk_b) -> int:
+    """--container: the container's folder is named by its id (§7 Containers);
+    its description is checked first, then Data and the Inbox queue."""
     try:
         k_siv, k_name = container_name_keys(ds, kbid, args.container)
     except UnicodeEncodeError:  # an argv that is not UTF-8
         print("error: --container: bundle identifier is not valid UTF-8", file=sys.stderr)
         return 2
-    walker = ContainerDecryptor(os.path.join(args.root, "containers", args.container),
-                                args.out or None, kbid, keys, pk_b, k_siv, k_name)
+    dev_siv, dev_name = device_name_keys(ds, kbid)
+    cid = container_id(dev_siv, args.container)
+    folder = os.path.join(args.root, "containers", cid)
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        print(f"error: {folder}: no such container folder (no container {args.container!r})",
+              file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: {folder}: {e}", file=sys.stderr)
+        return 1
+    if not stat.S_ISDIR(mode):
+        print(f"error: {folder}: not a directory", file=sys.stderr)
+        return 1
+    walker = ContainerDecryptor(folder, args.out or None, kbid, keys, pk_b, k_siv, k_name)
+    description = os.path.join(os.fsencode(folder), os.fsencode(CONTAINER_DESCRIPTION))
+    try:
+        bundle, letter = read_container_description(dev_siv, dev_name, os.fsencode(folder), cid)
+        if bundle != args.container:  # same id, other name: cannot happen short of a collision
+            raise FormatError(f"description: bundle identifier {show(bundle.encode('utf-8'))} "
+                              f"is not {args.container!r}")
+        print(container_line(cid, bundle, letter))
+    except (FormatError, OSError) as e:
+        walker.fail(description, str(e))  # the data is still readable: its keys need the bundle id only
     try:
         walker.run()
     except OSError as e:  # the output directory itself
@@ -724,28 +850,82 @@ def decrypt_container(args, ds, kbid, keys, pk_b) -> int:
     return 0
 
 
+def list_containers(args, ds, kbid) -> int:
+    """--list-containers: every <root>/containers/<id>/ whose description opens
+    for its folder and whose bundle identifier gives back that id (§7)."""
+    dev_siv, dev_name = device_name_keys(ds, kbid)
+    top = os.path.join(os.fsencode(args.root), b"containers")
+    try:
+        names = sorted(os.listdir(top))
+    except FileNotFoundError:
+        return 0  # no container was ever created
+    except OSError as e:
+        print(f"error: {os.fsdecode(top)}: {e}", file=sys.stderr)
+        return 1
+    failed = 0
+    for name in names:
+        if name.startswith(RESERVED_PREFIX):
+            continue
+        folder = os.path.join(top, name)
+        description = os.path.join(folder, os.fsencode(CONTAINER_DESCRIPTION))
+        where = folder
+        try:
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                where, problem = folder, "not a directory, not a container"
+            elif not name.isascii():  # ids are ASCII: its AD could not even be formed
+                where, problem = folder, "folder name is not a container id"
+            else:
+                where, problem = description, None
+                cid = name.decode("ascii")
+                bundle, letter = read_container_description(dev_siv, dev_name, folder, cid)
+        except (FormatError, OSError) as e:
+            problem = str(e)
+        if problem is not None:
+            print(f"{os.fsdecode(where)}: FAILED {problem}", file=sys.stderr)
+            failed += 1
+            continue
+        print(container_line(cid, bundle, letter))
+    if failed:
+        print(f"error: {failed} container folder(s) rejected", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description="Independent ProtectedStore decryptor: encrypted files (format v2), or with "
-                    "--container a whole container's data directory (encrypted names v2) and its "
-                    "Inbox queue. Passcode on stdin. Exit status: 0 all OK, 1 something rejected, "
+                    "--container a whole container (sealed description, data directory with "
+                    "encrypted names v2, Inbox queue), or with --list-containers every container's "
+                    "description. Passcode on stdin. Exit status: 0 all OK, 1 something rejected, "
                     "2 keybag/device secret/passcode problem.")
     ap.add_argument("--root", required=True, help="device root (contains 'keybag')")
     ap.add_argument("--device-secret", required=True, help="64-byte device secret file")
     ap.add_argument("--out", help="directory to write plaintexts to (FILE: as <basename>; "
                                   "--container: the decrypted tree of Data)")
     ap.add_argument("--container", metavar="BUNDLE_ID",
-                    help="decrypt <root>/containers/BUNDLE_ID: every name, file and link target "
-                         "under Data, and the Inbox queue records (instead of FILE arguments)")
+                    help="decrypt the container of BUNDLE_ID, <root>/containers/<id> with <id> "
+                         "derived from the device name key: check its sealed description "
+                         "(container.sealed), then every name, file and link target under Data, "
+                         "and the Inbox queue records (instead of FILE arguments)")
+    ap.add_argument("--list-containers", action="store_true",
+                    help="open and check every <root>/containers/*/container.sealed and print "
+                         "'container <id>: <bundle id>, default class <X>' for each (instead of "
+                         "FILE arguments or --container)")
     ap.add_argument("files", nargs="*", metavar="FILE")
     args = ap.parse_args(argv)
-    if args.container is None and not args.files:
-        ap.error("give FILE arguments or --container")
+    if args.list_containers:
+        if args.files or args.container is not None:
+            ap.error("--list-containers takes no FILE arguments and no --container")
+        if args.out:
+            ap.error("--out has no effect with --list-containers")
+    elif args.container is None and not args.files:
+        ap.error("give FILE arguments, --container or --list-containers")
     if args.container is not None:
         if args.files:
             ap.error("FILE arguments and --container are exclusive")
-        # It names a folder under <root>/containers, nothing outside it.
-        if args.container in ("", ".", "..") or "/" in args.container or "\0" in args.container:
+        # Hashed into the folder's id, so it need not be a safe file name; it
+        # must be a bundle identifier (a description's is never empty).
+        if args.container == "" or "\0" in args.container:
             ap.error(f"--container: {args.container!r} is not a bundle identifier")
 
     line = sys.stdin.buffer.readline()
@@ -765,6 +945,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    if args.list_containers:
+        return list_containers(args, ds, kbid)
     if args.container is not None:
         return decrypt_container(args, ds, kbid, keys, pk_b)
 

@@ -424,10 +424,7 @@ final class DaemonServer: @unchecked Sendable {
             }
         case .nameKey:
             do {
-                guard let bundleIdentifier = request.container else {
-                    throw ProtectedStoreError(.invalidArgument, problem: "name-key needs the container's bundle identifier", remedy: "See docs/PROTOCOL.md")
-                }
-                let nameKey = try device.nameKey(forContainer: bundleIdentifier)
+                let nameKey = try device.nameKey(forContainer: request.container)
                 defer { nameKey.discard() }
                 send(DaemonReply(id: request.id), attachment: nameKey, to: connection)
             } catch {

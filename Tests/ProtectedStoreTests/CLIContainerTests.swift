@@ -118,6 +118,26 @@ struct CLIContainerTests {
         #expect(report["failedPasscodeAttempts"] as? Int == 0, "the right passcode after the wrong one reset the count")
     }
 
+    @Test("a device made by the CLI holds no name, bundle identifier or content in clear anywhere under its root (grep -r)")
+    func nothingInClear() throws {
+        let shell = try Shell()
+        #expect(try shell.run(["create", "com.example.secretapp"]).status == 0)
+        #expect(try shell.run(["mkdir", "com.example.secretapp:Documents/Quarterly Reports"]).status == 0)
+        #expect(try shell.run(["put", "-", "com.example.secretapp:Documents/Quarterly Reports/merger-plan.txt", "--protection", "D"],
+                              stdin: "confidential merger figures").status == 0)
+        let source = shell.directory.file("invoice-from-mail.pdf")
+        writeRaw(Array("invoice body text".utf8), source)
+        #expect(try shell.run(["inbox", "deliver", "com.example.secretapp", source, "--from", "com.example.mailer",
+                               "--annotation", #"{"subject": "overdue invoice"}"#]).status == 0)
+        #expect(try shell.run(["ls", "com.example.secretapp:Documents/Quarterly Reports"]).stdout.contains("merger-plan.txt"))
+        for secret in ["secretapp", "Quarterly", "merger", "confidential", "invoice", "mailer", "overdue", "Documents", "Inbox", "Caches"] {
+            let grep = try CLI.run(executable: URL(fileURLWithPath: "/bin/grep"), ["-r", "-l", "-a", secret, shell.directory.file("root")])
+            #expect(grep.status == 1, "\(secret) is in clear under the root: \(grep.stdout)")
+            let names = FileManager.default.enumerator(atPath: shell.directory.file("root"))?.allObjects as? [String] ?? []
+            #expect(!names.contains { $0.contains(secret) }, "\(secret) is in a stored name")
+        }
+    }
+
     @Test("bad input: one clear error each, the documented exit code, and nothing changed on disk")
     func badInput() throws {
         let shell = try Shell()

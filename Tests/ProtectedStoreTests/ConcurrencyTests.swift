@@ -119,7 +119,7 @@ struct ConcurrencyTests {
                 #expect(try container.contents(atPath: path) == data, "\(path)")
             }
         }
-        let leftovers = try FileManager.default.contentsOfDirectory(atPath: (try container.storedPath("Documents"))).filter { $0.hasPrefix(FileSystem.temporaryPrefix) }
+        let leftovers = try FileManager.default.contentsOfDirectory(atPath: try container.storedPath("Documents")).filter { $0.hasPrefix(FileSystem.temporaryPrefix) }
         #expect(leftovers.isEmpty)
     }
 }

@@ -87,16 +87,16 @@ struct ContainerTests {
         let container = try test.makeContainer()
         let foreign = try other.makeContainer()
         try foreign.write(Data("theirs".utf8), toPath: "Documents/x", options: .noFileProtection)
-        let stolen = readRaw((try foreign.storedPath("Documents/x")))
-        writeRaw(stolen, (try container.storedPath("Documents/stolen")))
-        writeRaw(Array("plain text, not ours".utf8), (try container.storedPath("Documents/plain.txt")))
+        let stolen = readRaw(try foreign.storedPath("Documents/x"))
+        writeRaw(stolen, try container.storedPath("Documents/stolen"))
+        writeRaw(Array("plain text, not ours".utf8), try container.storedPath("Documents/plain.txt"))
         let error = expectCocoaError(.integrity) { try container.contents(atPath: "Documents/stolen") }
         #expect(error?.code == .fileReadCorruptFile)
         #expect(error?.protectedStoreError?.problem.contains("another device") == true)
         expectCocoaError(.integrity) { try container.contents(atPath: "Documents/plain.txt") }
         let listed = try container.contentsOfDirectory(atPath: "Documents").first { $0.name == "plain.txt" }
         #expect(listed?.protectionClass == nil && listed?.problem != nil, "listing shows the problem instead of failing")
-        #expect(readRaw((try container.storedPath("Documents/plain.txt"))) == Array("plain text, not ours".utf8))
+        #expect(readRaw(try container.storedPath("Documents/plain.txt")) == Array("plain text, not ours".utf8))
     }
 
     @Test("random-access handles: read and write at offsets, truncate, synchronize, close")

@@ -22,7 +22,7 @@ import Testing
             _ = try handle.read(upToCount: 5000, atOffset: 4000)
             try handle.write(contentsOf: Data(repeating: 9, count: 10_000), atOffset: 299_000)
             try handle.close()
-            let header = try EncryptedFile.header(at: FileLocation(path: (try container.storedPath(path))))
+            let header = try EncryptedFile.header(at: FileLocation(path: try container.storedPath(path)))
             secrets.append(try MaskedSecret("the key of closed file \(name)", header.unwrapFileKey(keys: test.device, path: path)))
         }
 
@@ -30,7 +30,7 @@ import Testing
         try container.write(Data(repeating: 1, count: 100), toPath: "Documents/open.bin", options: .noFileProtection)
         let open = try container.fileHandle(forReadingAtPath: "Documents/open.bin")
         defer { try? open.close() }
-        let openKey = try MaskedSecret("the key of open file open.bin", EncryptedFile.header(at: FileLocation(path: "\(container.dataPath)/Documents/open.bin"))
+        let openKey = try MaskedSecret("the key of open file open.bin", EncryptedFile.header(at: FileLocation(path: try container.storedPath("Documents/open.bin")))
             .unwrapFileKey(keys: test.device, path: "open.bin"))
 
         let unlocked = try MemoryScan(pid: getpid(), secrets: secrets + [openKey])

@@ -411,7 +411,7 @@ struct MountTests {
         let mounted = try MountedDevice()
         let path = mounted.path("Documents/sparse.bin")
         writeRaw(Array("head".utf8), path)
-        let stored = (try mounted.container.storedPath("Documents/sparse.bin"))
+        let stored = try mounted.container.storedPath("Documents/sparse.bin")
         func storedBytes() -> Int64 {
             var info = stat()
             return stat(stored, &info) == 0 ? Int64(info.st_blocks) * 512 : -1

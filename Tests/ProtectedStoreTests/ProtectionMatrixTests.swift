@@ -72,7 +72,7 @@ struct ProtectionMatrixTests {
         }
 
         let allowed = Self.expected(protectionClass, phase)
-        let onDisk = (try container.storedPath("Documents/existing"))
+        let onDisk = try container.storedPath("Documents/existing")
         let before = readRaw(onDisk)
         check(allowed.open, writing: false, "open") { try container.fileHandle(forReadingAtPath: "Documents/existing").close() }
         check(allowed.read, writing: false, "read") {
@@ -89,7 +89,7 @@ struct ProtectionMatrixTests {
             check(handleAllowed, writing: false, "handle read") { _ = try handle.read(upToCount: 100, atOffset: 0) }
             check(handleAllowed, writing: true, "handle write") { try handle.write(contentsOf: Data([1, 2, 3]), atOffset: 5) }
         }
-        let leftovers = try FileManager.default.contentsOfDirectory(atPath: (try container.storedPath("Documents"))).filter { $0.hasPrefix(".sandboxctl-tmp") }
+        let leftovers = try FileManager.default.contentsOfDirectory(atPath: try container.storedPath("Documents")).filter { $0.hasPrefix(".sandboxctl-tmp") }
         #expect(leftovers.isEmpty, "no temporary file left behind")
 
         blocker.release.signal()

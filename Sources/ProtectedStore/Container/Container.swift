@@ -41,12 +41,11 @@ public final class Container: @unchecked Sendable {
     let receiverLock = NSLock()
     var receiver: InboxReceiver?
 
-    init(device: Device, bundleIdentifier: String, containerPath: String) throws {
+    init(device: Device, bundleIdentifier: String, containerPath: String, deviceNames: NameCipher) throws {
         let metadataPath = (containerPath as NSString).appendingPathComponent(Self.metadataName)
-        guard let metadata = try FileLocation(path: metadataPath).readJSON(Metadata.self, what: "container description"),
-              metadata.bundleIdentifier == bundleIdentifier,
+        guard let metadata = try Self.readMetadata(at: metadataPath, deviceNames: deviceNames), metadata.bundleIdentifier == bundleIdentifier,
               let defaultClass = ProtectionClass(name: metadata.defaultProtection) else {
-            throw ProtectedStoreError(.integrity, path: metadataPath, problem: "the container description is unreadable or names another container",
+            throw ProtectedStoreError(.integrity, path: metadataPath, problem: "the container description does not open or names another container",
                                       remedy: "Restore it from a backup")
         }
         self.device = device
@@ -75,12 +74,25 @@ public final class Container: @unchecked Sendable {
         return parsed.isRoot ? dataPath : (dataPath as NSString).appendingPathComponent(try directory.storedPath(of: parsed))
     }
 
-    static let metadataName = "container.json"
+    static let metadataName = "container.sealed"
     static let dataName = "Data"
 
+    /// The container's description, sealed under the device's name key (docs/FORMAT.md §7), bound to its folder's id.
     struct Metadata: Codable {
         var bundleIdentifier: String
         var defaultProtection: String
+    }
+
+    static func metadataContext(folder: String) -> [UInt8] { Array("container".utf8) + Array(folder.utf8) }
+
+    /// The description at `path` (…/<id>/container.sealed); nil if it is missing or does not open for that folder.
+    static func readMetadata(at path: String, deviceNames: NameCipher) throws -> Metadata? {
+        let location = FileLocation(path: path)
+        guard try location.status() != nil else { return nil }
+        let folder = ((path as NSString).deletingLastPathComponent as NSString).lastPathComponent
+        guard let json = deviceNames.record(fromSealed: try location.readPrefix(count: 4096, what: "container description"),
+                                            context: metadataContext(folder: folder)) else { return nil }
+        return try? JSONDecoder().decode(Metadata.self, from: Data(json))
     }
 
     /// Checks a bundle identifier: reverse-DNS, letters, digits, hyphens and dots, at least two non-empty parts.
@@ -112,7 +124,9 @@ extension Device {
         guard let defaultClass = ProtectionClass(defaultProtection) else {
             throw ProtectedStoreError(.invalidArgument, problem: "unknown protection type \(defaultProtection.rawValue)", remedy: "Use one of \(ProtectionClass.acceptedNames)")
         }
-        let destination = (containersPath as NSString).appendingPathComponent(bundleIdentifier)
+        let deviceNames = try self.deviceNames()
+        let folder = try deviceNames.identifier(for: bundleIdentifier)
+        let destination = (containersPath as NSString).appendingPathComponent(folder)
         let alreadyExists = ProtectedStoreError(.alreadyExists, path: bundleIdentifier, problem: "the container already exists",
                                                 remedy: "Choose another bundle identifier, or use the existing container")
         if try FileSystem.exists(destination) { throw alreadyExists }
@@ -131,7 +145,8 @@ extension Device {
                 try layout.openDirectory(path.parent).makeSubdirectory(path.name!, mode: 0o700, displayPath: layout.displayPath(path))
             }
             let metadata = Container.Metadata(bundleIdentifier: bundleIdentifier, defaultProtection: defaultClass.name)
-            try FileSystem.writeAtomically(Array(try JSONEncoder().encode(metadata)), to: FileLocation(path: (staging as NSString).appendingPathComponent(Container.metadataName)), replacing: false)
+            let sealed = try deviceNames.sealedRecord(Array(try JSONEncoder().encode(metadata)), context: Container.metadataContext(folder: folder))
+            try FileSystem.writeAtomically(sealed, to: FileLocation(path: (staging as NSString).appendingPathComponent(Container.metadataName)), replacing: false)
             do {
                 try FileLocation(path: staging).rename(to: FileLocation(path: destination), replacing: false)
             } catch let error as ProtectedStoreError where error.kind == .alreadyExists {
@@ -142,41 +157,54 @@ extension Device {
             try? FileManager.default.removeItem(atPath: staging)
             throw error
         }
-        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: destination)
+        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: destination, deviceNames: deviceNames)
     }
 
-    /// The name key of a container (docs/FORMAT.md §7), from this device's key holder: usable in every lock state.
-    package func nameKey(forContainer bundleIdentifier: String) throws -> SecureBytes {
-        try Container.validate(bundleIdentifier: bundleIdentifier)
+    /// The name key of a container, or with nil the device's own (docs/FORMAT.md §7), from this device's key holder:
+    /// usable in every lock state.
+    package func nameKey(forContainer bundleIdentifier: String?) throws -> SecureBytes {
+        if let bundleIdentifier { try Container.validate(bundleIdentifier: bundleIdentifier) }
         return try holder.nameKey(forContainer: bundleIdentifier, device: self)
+    }
+
+    /// The cipher of the device's own names: container folders and descriptions.
+    func deviceNames() throws -> NameCipher {
+        let key = try nameKey(forContainer: nil)
+        defer { key.discard() }
+        return try NameCipher(nameKey: key)
     }
 
     /// Opens an existing container.
     public func container(bundleIdentifier: String) throws -> Container {
         try Container.validate(bundleIdentifier: bundleIdentifier)
-        let path = (containersPath as NSString).appendingPathComponent(bundleIdentifier)
+        let deviceNames = try self.deviceNames()
+        let path = (containersPath as NSString).appendingPathComponent(try deviceNames.identifier(for: bundleIdentifier))
         guard try FileSystem.exists(path) else {
             throw ProtectedStoreError(.notFound, path: bundleIdentifier, problem: "no such container on the device in \(root)",
                                       remedy: "Create it with `sandboxctl create \(bundleIdentifier)`, or check the bundle identifier")
         }
-        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: path)
+        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: path, deviceNames: deviceNames)
     }
 
-    /// The bundle identifiers of the device's containers, sorted.
+    /// The bundle identifiers of the device's containers, sorted: read from each container's sealed description.
     public func containerIdentifiers() throws -> [String] {
         guard try FileSystem.exists(containersPath) else { return [] }
+        let folders: [String]
         do {
-            // Anything else found there (a stray file, a half-built container) is not a container.
-            return try FileManager.default.contentsOfDirectory(atPath: containersPath)
-                .filter { name in
-                    var isDirectory: ObjCBool = false
-                    return (try? Container.validate(bundleIdentifier: name)) != nil
-                        && FileManager.default.fileExists(atPath: (containersPath as NSString).appendingPathComponent(name), isDirectory: &isDirectory)
-                        && isDirectory.boolValue
-                }
-                .sorted()
+            folders = try FileManager.default.contentsOfDirectory(atPath: containersPath)
         } catch {
             throw ProtectedStoreError(.io, path: containersPath, problem: "cannot list the containers (\(error.localizedDescription))", remedy: "Check the permissions of the device root")
         }
+        let deviceNames = try self.deviceNames()
+        // Anything else found there (a stray file, a half-built container, a description that does not open for its
+        // folder) is not a container.
+        return try folders.compactMap { folder -> String? in
+            guard !folder.hasPrefix(ContainerPath.reservedPrefix),
+                  let metadata = try? Container.readMetadata(at: ((containersPath as NSString).appendingPathComponent(folder) as NSString)
+                                                                .appendingPathComponent(Container.metadataName), deviceNames: deviceNames),
+                  (try? Container.validate(bundleIdentifier: metadata.bundleIdentifier)) != nil,
+                  try deviceNames.identifier(for: metadata.bundleIdentifier) == folder else { return nil }
+            return metadata.bundleIdentifier
+        }.sorted()
     }
 }

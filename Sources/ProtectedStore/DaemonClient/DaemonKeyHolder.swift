@@ -16,7 +16,7 @@ final class DaemonKeyHolder: KeyHolder {
         try link.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData)
     }
 
-    func nameKey(forContainer bundleIdentifier: String, device: Device) throws -> SecureBytes {
+    func nameKey(forContainer bundleIdentifier: String?, device: Device) throws -> SecureBytes {
         try link.nameKey(forContainer: bundleIdentifier)
     }
 

@@ -313,8 +313,8 @@ extension DaemonLink {
         return sealed
     }
 
-    /// The name key of a container, from the daemon (the device secret stays there).
-    func nameKey(forContainer bundleIdentifier: String) throws -> SecureBytes {
+    /// The name key of a container, or the device's own with nil, from the daemon (the device secret stays there).
+    func nameKey(forContainer bundleIdentifier: String?) throws -> SecureBytes {
         var request = DaemonRequest(id: 0, op: .nameKey)
         request.container = bundleIdentifier
         guard let key = try call(request).attachment, key.count == AEAD.keyBytes else {

@@ -31,7 +31,7 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
         try usingClassKey(protectionClass, device: device) { try FileKeySeal.seal(fileKey, classKey: $0, associatedData: associatedData) }
     }
 
-    func nameKey(forContainer bundleIdentifier: String, device: Device) throws -> SecureBytes {
+    func nameKey(forContainer bundleIdentifier: String?, device: Device) throws -> SecureBytes {
         try deviceSecret.nameKey(forContainer: bundleIdentifier, keybagID: device.keybagID)
     }
 

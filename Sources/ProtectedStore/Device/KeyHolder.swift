@@ -12,8 +12,8 @@ protocol KeyHolder: AnyObject, Sendable {
     func wrapFileKey(_ fileKey: SecureBytes, for protectionClass: ProtectionClass, associatedData: [UInt8], device: Device) throws -> [UInt8]
     /// Opens a sealed per-file key, as `ClassKeyProviding.unwrapFileKey` promises.
     func unwrapFileKey(_ wrapped: WrappedFileKey, device: Device) throws -> SecureBytes?
-    /// The name key of a container (docs/FORMAT.md §7), available in every lock state.
-    func nameKey(forContainer bundleIdentifier: String, device: Device) throws -> SecureBytes
+    /// The name key of a container, or the device's own with nil (docs/FORMAT.md §7), available in every lock state.
+    func nameKey(forContainer bundleIdentifier: String?, device: Device) throws -> SecureBytes
     /// Locks, as `Device.lock(gracePeriod:)` promises; `then` runs once the keys are gone or an unlock cancelled the lock.
     func lock(_ device: Device, gracePeriod: TimeInterval?, then: @escaping @Sendable () -> Void)
     /// Checks the passcode and makes every class available, as `Device.unlock(passcode:)` promises.

@@ -24,10 +24,14 @@ public final class DeviceSecret: Sendable {
     /// `$XDG_STATE_HOME/sandboxctl/device-secrets/<keybag id>.secret` (XDG_STATE_HOME defaults to ~/.local/state):
     /// outside any device root, and found again from the keybag's id alone.
     public static func defaultPath(keybagID: [UInt8]) -> String {
-        let environment = ProcessInfo.processInfo.environment
-        let stateHome = environment["XDG_STATE_HOME"].flatMap { $0.isEmpty ? nil : $0 }
+        (stateFolder as NSString).appendingPathComponent("device-secrets/\(keybagID.hex).secret")
+    }
+
+    /// `$XDG_STATE_HOME/sandboxctl` (XDG_STATE_HOME defaults to ~/.local/state): this user's state outside any device root.
+    package static var stateFolder: String {
+        let stateHome = ProcessInfo.processInfo.environment["XDG_STATE_HOME"].flatMap { $0.isEmpty ? nil : $0 }
             ?? (NSHomeDirectory() as NSString).appendingPathComponent(".local/state")
-        return (stateHome as NSString).appendingPathComponent("sandboxctl/device-secrets/\(keybagID.hex).secret")
+        return (stateHome as NSString).appendingPathComponent("sandboxctl")
     }
 
     /// Creates a new random secret at `path` (mode 0600, parents 0700); never replaces an existing file.
@@ -98,8 +102,10 @@ public final class DeviceSecret: Sendable {
 
     /// The name key of the container of `bundleIdentifier` (docs/FORMAT.md §7): from the device secret alone, so
     /// names are readable before the first unlock and while locked, as iOS's file-system metadata key.
-    package func nameKey(forContainer bundleIdentifier: String, keybagID: [UInt8]) throws -> SecureBytes {
-        try derive("ProtectedStore v2 name key", keybagID: keybagID, context: Array(bundleIdentifier.utf8))
+    /// With no bundle identifier, the device's own name key, which names and seals the containers themselves.
+    package func nameKey(forContainer bundleIdentifier: String?, keybagID: [UInt8]) throws -> SecureBytes {
+        guard let bundleIdentifier else { return try derive("ProtectedStore v2 device name key", keybagID: keybagID) }
+        return try derive("ProtectedStore v2 name key", keybagID: keybagID, context: Array(bundleIdentifier.utf8))
     }
 
     /// Overwrites the stored secret with zeros, syncs, and unlinks it: the effaceable-storage step of an erase.

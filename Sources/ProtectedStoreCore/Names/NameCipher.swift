@@ -121,6 +121,18 @@ package final class NameCipher: Sendable {
         return String(validating: plain, as: UTF8.self)
     }
 
+    /// A 16-byte identifier of `text` (a bundle identifier) that reveals nothing of it without the key: the first
+    /// 16 bytes of BLAKE2b keyed with the SIV key over "id" ‖ text, as an uppercase UUID-shaped string.
+    package func identifier(for text: String) throws -> String {
+        let message = Array("id".utf8) + Array(text.utf8)
+        let digest = try message.withUnsafeBytes { try Blake2b.mac(key: sivKey, message: $0) }
+        let hex = digest.prefix(16).map { String(format: "%02X", $0) }.joined()
+        let groups = [0..<8, 8..<12, 12..<16, 16..<20, 20..<32].map { range in
+            String(hex[hex.index(hex.startIndex, offsetBy: range.lowerBound)..<hex.index(hex.startIndex, offsetBy: range.upperBound)])
+        }
+        return groups.joined(separator: "-")
+    }
+
     /// Seals one of the container's metadata records (an Inbox queue entry, which holds names): nonce ‖ ciphertext,
     /// with `context` (what the record's file name says, such as its sequence number) bound in.
     package func sealedRecord(_ record: [UInt8], context: [UInt8]) throws -> [UInt8] {

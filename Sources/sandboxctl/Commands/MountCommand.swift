@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import ProtectedStore
+import ProtectedStoreCore
 import ProtectedStoreMount
 
 struct MountCommand: ParsableCommand {
@@ -17,7 +18,7 @@ struct MountCommand: ParsableCommand {
             attribute user.protection.class reads and sets an item's class (getfattr/setfattr, class names as elsewhere).
 
             By default the mount runs in the background and this command returns once it is ready; its log goes to \
-            <root>/logs/mount-<bundle>.log. Unmount with `fusermount3 -u MOUNTPOINT`, or send the mount's process \
+            $XDG_STATE_HOME/sandboxctl/logs/<keybag id>/mount-<bundle>.log (outside the root: log lines name paths). Unmount with `fusermount3 -u MOUNTPOINT`, or send the mount's process \
             SIGINT or SIGTERM. With --foreground it stays attached and logs to standard error.
             """
     )
@@ -77,16 +78,24 @@ struct MountCommand: ParsableCommand {
         }
     }
 
+    /// Where background mounts log: `$XDG_STATE_HOME/sandboxctl/logs/<keybag id>/`, outside the device root, since log
+    /// lines name paths in clear and the root keeps every name encrypted.
+    static func logDirectory(root: String) throws -> String {
+        let keybagPath = (root as NSString).appendingPathComponent("keybag")
+        let keybagID = try Keybag.peekID(try FileLocation(path: keybagPath).readPrefix(count: Keybag.size, what: "keybag"), path: keybagPath)
+        return (DeviceSecret.stateFolder as NSString).appendingPathComponent("logs/\(keybagID.hex)")
+    }
+
     /// Starts this command again as a detached process and waits until it has mounted (or failed, with its log).
     private func startInBackground(root: String, mountPoint: String) throws {
-        let logDirectory = (root as NSString).appendingPathComponent("logs")
+        let logDirectory = try Self.logDirectory(root: root)
         try FileManager.default.createDirectory(atPath: logDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         let logPath = (logDirectory as NSString).appendingPathComponent("mount-\(bundleIdentifier).log")
         if !FileManager.default.fileExists(atPath: logPath) {
             _ = FileManager.default.createFile(atPath: logPath, contents: nil, attributes: [.posixPermissions: 0o600])
         }
         guard let log = FileHandle(forWritingAtPath: logPath) else {
-            throw ProtectedStoreError(.io, path: logPath, problem: "cannot open the mount's log", remedy: "Check the permissions of the device root")
+            throw ProtectedStoreError(.io, path: logPath, problem: "cannot open the mount's log", remedy: "Check the permissions of \(logDirectory)")
         }
         let logStart = log.seekToEndOfFile()
         let child = Process()

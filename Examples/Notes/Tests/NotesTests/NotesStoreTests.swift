@@ -18,7 +18,7 @@ struct NotesStoreTests {
         try store.verifyIntegrity()
         #expect((try device.container.attributesOfItem(atPath: store.databasePath)[.protectionKey] as? FileProtectionType)?.rawValue == FileProtectionType.complete.rawValue)
         // The stored database holds no plaintext.
-        let raw = try Data(contentsOf: URL(fileURLWithPath: (try device.container.storedPath(store.databasePath))))
+        let raw = try Data(contentsOf: URL(fileURLWithPath: try device.container.storedPath(store.databasePath)))
         #expect(raw.range(of: Data("secret-marker-7f3a".utf8)) == nil)
         #expect(raw.range(of: Data("SQLite format 3".utf8)) == nil)
     }
@@ -159,7 +159,7 @@ struct NotesStoreTests {
         let journal = "\(store.databasePath)-journal"
         // Two blocks of non-zero bytes, the first of which (the journal header) fails authentication.
         try device.container.write(Data(repeating: 0xD9, count: 8192), toPath: journal)
-        let raw = URL(fileURLWithPath: (try device.container.storedPath(journal)))
+        let raw = URL(fileURLWithPath: try device.container.storedPath(journal))
         var bytes = try Data(contentsOf: raw)
         bytes[bytes.count - (4096 + 40) - 1] ^= 0x01
         try bytes.write(to: raw)
@@ -196,15 +196,16 @@ struct NotesStoreTests {
     func replayAfterCrash() async throws {
         let device = try TestDevice()
         var store = try NotesStore(container: device.container)
-        let pending = "\(device.container.dataPath)/Library/Application Support/\(TestDevice.defaultBundleIdentifier)/Pending"
+        let pending = "Library/Application Support/\(TestDevice.defaultBundleIdentifier)/Pending"
         await device.lock()
         try store.add(title: "once", body: "only once")
-        let entry = try #require(try FileManager.default.contentsOfDirectory(atPath: pending).first { $0.hasSuffix(".json") })
-        let saved = try Data(contentsOf: URL(fileURLWithPath: "\(pending)/\(entry)"))
+        let entry = try #require(try device.container.contentsOfDirectory(atPath: pending).first { $0.name.hasSuffix(".json") })
+        let stored = try device.container.storedPath("\(pending)/\(entry.name)")
+        let saved = try Data(contentsOf: URL(fileURLWithPath: stored))
         try await device.unlock()
         #expect(try store.pendingChangeCount() == 0)
         // What a crash between the commit and the removal leaves on disk: the entry, still there.
-        try saved.write(to: URL(fileURLWithPath: "\(pending)/\(entry)"))
+        try saved.write(to: URL(fileURLWithPath: stored))
         store.close()
         store = try NotesStore(container: device.container)
         #expect(try store.notes().map(\.body) == ["only once"])
