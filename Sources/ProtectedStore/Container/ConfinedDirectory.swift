@@ -124,10 +124,18 @@ package struct DirectoryNames: Sendable {
     let cipher: NameCipher
     let iv: [UInt8]
 
-    /// Reads the IV of the directory open as `descriptor`.
+    /// Reads the IV of the directory open as `descriptor`. One that holds no item and lost its IV (a removal cut
+    /// short by a power cut, which removes the IV last) gets a fresh one: it has no name to be consistent with.
     static func readIV(in descriptor: FileDescriptor, displayPath: String) throws -> [UInt8] {
         let location = FileLocation(directory: descriptor, name: ivName, displayPath: displayPath)
         guard try location.status() != nil else {
+            let listing = fcntl(descriptor.rawValue, F_DUPFD_CLOEXEC, 0)
+            if listing >= 0, let entries = try? entries(in: FileDescriptor(rawValue: listing), displayPath: displayPath),
+               entries.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) {
+                let iv = Random.bytes(NameCipher.directoryIVBytes)
+                try? FileSystem.writeAtomically(iv, to: location, replacing: false)
+                return (try? location.readPrefix(count: NameCipher.directoryIVBytes + 1, what: "directory IV")).flatMap { $0.count == iv.count ? $0 : nil } ?? iv
+            }
             throw ProtectedStoreError(.integrity, path: displayPath, problem: "the directory has no name IV (\(ivName)): it was made outside ProtectedStore or by a version that stored names in clear, or the file was removed",
                                       remedy: "Restore the directory from a backup; make directories through the library, the mount or sandboxctl")
         }
@@ -175,10 +183,11 @@ package struct DirectoryNames: Sendable {
         try recordLongName(try storedName(for: name), in: descriptor, displayPath: displayPath)
     }
 
-    /// After the entry `entry` is gone (removed, or renamed away): drops a long name's file. Best effort: one left
-    /// behind by a crash holds only the encrypted name, and goes with its directory.
+    /// After the entry `entry` is gone (removed, or renamed away): drops a long name's file, once the entry's removal
+    /// is durable (a power cut must not keep the entry and lose its name). Best effort: one left behind by a crash
+    /// holds only the encrypted name, and goes with its directory.
     package static func forgetLongName(_ entry: String, in descriptor: FileDescriptor) {
-        guard NameCipher.isLongEntry(entry) else { return }
+        guard NameCipher.isLongEntry(entry), (try? DurableIO.synchronize(descriptor, path: entry)) != nil else { return }
         _ = DurableIO.unlink(longNamePrefix + entry.dropFirst(NameCipher.longEntryPrefix.count), relativeTo: descriptor.rawValue)
     }
 

@@ -421,21 +421,25 @@ extension Container {
         Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec) + TimeInterval(info.st_mtim.tv_nsec) / 1e9)
     }
 
+    /// Removes a directory and everything in it: the items first, then (once their removal is durable, so a power cut
+    /// never leaves an item without its long name or its directory's IV) ProtectedStore's own files, the IV last.
     private func removeTree(named name: String, in parent: OpenDirectory, displayPath: String) throws {
         let opened = try parent.subdirectory(name, displayPath: displayPath)
-        for child in try names(in: opened, includingReserved: true) {
-            if child.hasPrefix(ContainerPath.reservedPrefix) {
-                // Own files, or a directory a crash left half-built: no IV to open it by.
-                guard OpenDirectory.removeOwnEntry(child, in: opened.descriptor) else {
-                    throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(opened.path.appending(child)), doing: "remove")
-                }
-                continue
-            }
+        let children = try names(in: opened, includingReserved: true)
+        for child in children where !child.hasPrefix(ContainerPath.reservedPrefix) {
             let location = try opened.location(child, displayPath: displayPath)
             guard let info = try location.status() else { continue }
             if info.st_mode & S_IFMT == S_IFDIR {
                 try removeTree(named: child, in: opened, displayPath: directory.displayPath(opened.path.appending(child)))
             } else if DurableIO.unlink(location.name, relativeTo: opened.descriptor.rawValue) != 0 && Foundation.errno != ENOENT {
+                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(opened.path.appending(child)), doing: "remove")
+            }
+        }
+        try DurableIO.synchronize(opened.descriptor, path: displayPath)
+        let own = children.filter { $0.hasPrefix(ContainerPath.reservedPrefix) && $0 != DirectoryNames.ivName } + [DirectoryNames.ivName]
+        for child in own {
+            // Own files, or a directory a crash left half-built: no IV to open it by.
+            guard OpenDirectory.removeOwnEntry(child, in: opened.descriptor) else {
                 throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: directory.displayPath(opened.path.appending(child)), doing: "remove")
             }
         }

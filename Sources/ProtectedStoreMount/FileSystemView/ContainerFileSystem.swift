@@ -678,6 +678,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try withExtendedLifetime(directory) {
             let entries = try DirectoryNames.entries(in: try directory.reopened(), displayPath: item.displayPath)
             guard entries.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { throw Errno.directoryNotEmpty }
+            // The items' removals durable first: a power cut must not keep an item and lose the IV or its long name.
+            try DurableIO.synchronize(directory.descriptor, path: item.displayPath)
             for entry in entries where entry != DirectoryNames.ivName {
                 OpenDirectory.removeOwnEntry(entry, in: directory.descriptor)
             }
