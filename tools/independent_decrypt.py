@@ -438,20 +438,11 @@ def open_container_description(dev_name: bytes, cid: str, sealed: bytes):
     """§7 Containers: nonce (24) || AEAD(K_name of NK_dev, nonce, json,
     "R" || "container" || id as ASCII). Returns (bundle id, class letter).
     The caller checks that the bundle id gives back `cid`."""
-    if len(sealed) < NONCE_SIZE + TAG_SIZE:
-        raise FormatError(f"description: {len(sealed)} bytes, too short")
     try:
         ad = b"R" + b"container" + cid.encode("ascii")
     except UnicodeEncodeError:  # a folder name that no id has
         raise FormatError("description: folder name is not ASCII, not a container id") from None
-    text = aead_open(dev_name, sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], ad, "description")
-    try:
-        obj = json.loads(text.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
-                         parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise FormatError(f"description: not UTF-8 JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise FormatError("description: not a JSON object")
+    obj = open_sealed_json(dev_name, sealed, ad, "description")
     bundle = obj.get("bundleIdentifier")
     if not isinstance(bundle, str) or not bundle:
         raise FormatError(f"description: bundleIdentifier {bundle!r} is not a non-empty string")
@@ -610,19 +601,24 @@ def _reject_constant(c):
     raise FormatError(f"{c} is not JSON")
 
 
-def open_queue_record(k_name: bytes, seq: int, sealed: bytes) -> dict:
-    """§6: nonce (24) || AEAD(K_name, nonce, json, "R" || "inbox-queue" || seq (u64))."""
+def open_sealed_json(key: bytes, sealed: bytes, ad: bytes, what: str) -> dict:
+    """A sealed record (§6, §7): nonce (24) || AEAD(key, nonce, json, ad), holding one JSON object."""
     if len(sealed) < NONCE_SIZE + TAG_SIZE:
-        raise FormatError(f"record: {len(sealed)} bytes, too short")
-    ad = b"R" + b"inbox-queue" + struct.pack("<Q", seq)
-    text = aead_open(k_name, sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], ad, "record")
+        raise FormatError(f"{what}: {len(sealed)} bytes, too short")
+    text = aead_open(key, sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], ad, what)
     try:
         obj = json.loads(text.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
                          parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as e:
-        raise FormatError(f"record: not UTF-8 JSON ({e})") from None
+        raise FormatError(f"{what}: not UTF-8 JSON ({e})") from None
     if not isinstance(obj, dict):
-        raise FormatError("record: not a JSON object")
+        raise FormatError(f"{what}: not a JSON object")
+    return obj
+
+
+def open_queue_record(k_name: bytes, seq: int, sealed: bytes) -> dict:
+    """§6: nonce (24) || AEAD(K_name, nonce, json, "R" || "inbox-queue" || seq (u64))."""
+    obj = open_sealed_json(k_name, sealed, b"R" + b"inbox-queue" + struct.pack("<Q", seq), "record")
     s = obj.get("sequence")
     if type(s) is not int or s != seq:  # bool is an int subclass: not a sequence
         raise FormatError(f"record: sequence {s!r} differs from its file name's {seq}")
