@@ -9,23 +9,27 @@ package final class OpenDirectory: @unchecked Sendable {
     let path: ContainerPath
     /// The container's name cipher and this directory's IV.
     package let names: DirectoryNames
+    /// What all directories of the container share.
+    let shared: ContainerNames
 
     /// Takes ownership of `descriptor`; reads the directory's IV, so a directory without one is refused here.
-    init(descriptor: FileDescriptor, path: ContainerPath, cipher: NameCipher, displayPath: String) throws {
+    init(descriptor: FileDescriptor, path: ContainerPath, shared: ContainerNames, displayPath: String) throws {
         self.descriptor = descriptor
         self.path = path
+        self.shared = shared
         do {
-            names = DirectoryNames(cipher: cipher, iv: try DirectoryNames.readIV(in: descriptor, displayPath: displayPath))
+            names = DirectoryNames(cipher: shared.cipher, iv: try shared.iv(of: descriptor, at: path, displayPath: displayPath))
         } catch {
             try? descriptor.close()
             throw error
         }
     }
 
-    init(descriptor: FileDescriptor, path: ContainerPath, names: DirectoryNames) {
+    init(descriptor: FileDescriptor, path: ContainerPath, names: DirectoryNames, shared: ContainerNames) {
         self.descriptor = descriptor
         self.path = path
         self.names = names
+        self.shared = shared
     }
 
     deinit { try? descriptor.close() }
@@ -42,7 +46,7 @@ package final class OpenDirectory: @unchecked Sendable {
     /// Opens the subdirectory `name` relative to this descriptor, refusing a symlink: what was checked is what is opened.
     package func subdirectory(_ name: String, displayPath: String) throws -> OpenDirectory {
         let fd = try location(name, displayPath: displayPath).open(.readOnly, options: [.directory], doing: "open the directory")
-        return try OpenDirectory(descriptor: fd, path: path.appending(name), cipher: names.cipher, displayPath: displayPath)
+        return try OpenDirectory(descriptor: fd, path: path.appending(name), shared: shared, displayPath: displayPath)
     }
 
     /// A new open file description of this directory, so a listing has its own read position.
@@ -78,7 +82,7 @@ package final class OpenDirectory: @unchecked Sendable {
         do {
             let fd = try staging.open(.readOnly, options: [.directory], doing: "open the new directory")
             let created = OpenDirectory(descriptor: fd, path: path.appending(name),
-                                        names: DirectoryNames(cipher: names.cipher, iv: Random.bytes(NameCipher.directoryIVBytes)))
+                                        names: DirectoryNames(cipher: names.cipher, iv: Random.bytes(NameCipher.directoryIVBytes)), shared: shared)
             try FileSystem.writeAtomically(created.names.iv, to: FileLocation(directory: fd, name: DirectoryNames.ivName, displayPath: displayPath), replacing: false)
             try prepare(created)
             if mode & 0o7777 != 0o700 {
@@ -113,6 +117,36 @@ package final class OpenDirectory: @unchecked Sendable {
     }
 }
 
+/// What every directory of one container shares: the name cipher, and the IVs of the container's own folders. Those
+/// can't be removed or moved (the library and the mount refuse it), so one found again with the same device and
+/// inode is the same folder, and its IV need not be read again on every path walked through it.
+package final class ContainerNames: @unchecked Sendable {
+    let cipher: NameCipher
+    private let layoutPaths: Set<ContainerPath>
+    private let lock = NSLock()
+    private var layoutIVs: [ContainerPath: (device: UInt64, inode: UInt64, iv: [UInt8])] = [:]
+
+    init(cipher: NameCipher, layoutPaths: Set<ContainerPath>) {
+        self.cipher = cipher
+        self.layoutPaths = layoutPaths
+    }
+
+    /// The IV of the directory open as `descriptor` at `path`: for the container's own folders, the one read before if
+    /// the open directory is still the same (device and inode, from the descriptor itself).
+    func iv(of descriptor: FileDescriptor, at path: ContainerPath, displayPath: String) throws -> [UInt8] {
+        guard layoutPaths.contains(path) else { return try DirectoryNames.readIV(in: descriptor, displayPath: displayPath) }
+        var info = stat()
+        guard fstat(descriptor.rawValue, &info) == 0 else { return try DirectoryNames.readIV(in: descriptor, displayPath: displayPath) }
+        let identity = (device: UInt64(info.st_dev), inode: UInt64(info.st_ino))
+        if let cached = lock.withLock({ layoutIVs[path] }), cached.device == identity.device, cached.inode == identity.inode {
+            return cached.iv
+        }
+        let iv = try DirectoryNames.readIV(in: descriptor, displayPath: displayPath)
+        lock.withLock { layoutIVs[path] = (identity.device, identity.inode, iv) }
+        return iv
+    }
+}
+
 /// How names are stored in one directory (docs/FORMAT.md §7): the container's name cipher and the directory's IV,
 /// kept in the directory as `.sandboxctl-diriv`; a name too long for an entry is kept beside it in `.sandboxctl-name-…`.
 package struct DirectoryNames: Sendable {
@@ -128,7 +162,10 @@ package struct DirectoryNames: Sendable {
     /// short by a power cut, which removes the IV last) gets a fresh one: it has no name to be consistent with.
     static func readIV(in descriptor: FileDescriptor, displayPath: String) throws -> [UInt8] {
         let location = FileLocation(directory: descriptor, name: ivName, displayPath: displayPath)
-        guard try location.status() != nil else {
+        let stored: [UInt8]
+        do {
+            stored = try location.readPrefix(count: NameCipher.directoryIVBytes + 1, what: "directory IV")
+        } catch let error as ProtectedStoreError where error.kind == .notFound {
             let listing = fcntl(descriptor.rawValue, F_DUPFD_CLOEXEC, 0)
             if listing >= 0, let entries = try? entries(in: FileDescriptor(rawValue: listing), displayPath: displayPath),
                entries.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) {
@@ -139,12 +176,11 @@ package struct DirectoryNames: Sendable {
             throw ProtectedStoreError(.integrity, path: displayPath, problem: "the directory has no name IV (\(ivName)): it was made outside ProtectedStore or by a version that stored names in clear, or the file was removed",
                                       remedy: "Restore the directory from a backup; make directories through the library, the mount or sandboxctl")
         }
-        let iv = try location.readPrefix(count: NameCipher.directoryIVBytes + 1, what: "directory IV")
-        guard iv.count == NameCipher.directoryIVBytes else {
-            throw ProtectedStoreError(.integrity, path: displayPath, problem: "the directory's name IV (\(ivName)) is \(iv.count) bytes, not \(NameCipher.directoryIVBytes): it was modified or corrupted",
+        guard stored.count == NameCipher.directoryIVBytes else {
+            throw ProtectedStoreError(.integrity, path: displayPath, problem: "the directory's name IV (\(ivName)) is \(stored.count) bytes, not \(NameCipher.directoryIVBytes): it was modified or corrupted",
                                       remedy: "Restore the directory from a backup")
         }
-        return iv
+        return stored
     }
 
     /// The names of the directory open as `descriptor`.
@@ -289,8 +325,11 @@ package final class ConfinedDirectory: @unchecked Sendable {
     let containerName: String
     /// The root's names: the container's cipher and the root's IV, read once.
     let rootNames: DirectoryNames
+    let shared: ContainerNames
 
-    init(path: String, containerName: String, cipher: NameCipher) throws {
+    /// `layoutPaths` are the container's own folders, whose IVs are kept once read.
+    init(path: String, containerName: String, cipher: NameCipher, layoutPaths: Set<ContainerPath>) throws {
+        shared = ContainerNames(cipher: cipher, layoutPaths: layoutPaths)
         // No-follow: a Data symlink would move the whole container elsewhere.
         let root = try FileLocation(path: path).open(.readOnly, options: [.directory, .noFollow], doing: "open the container")
         do {
@@ -306,7 +345,7 @@ package final class ConfinedDirectory: @unchecked Sendable {
     package var cipher: NameCipher { rootNames.cipher }
 
     /// The root, opened afresh.
-    package func openRoot() throws -> OpenDirectory { OpenDirectory(descriptor: try duplicateRoot(), path: .root, names: rootNames) }
+    package func openRoot() throws -> OpenDirectory { OpenDirectory(descriptor: try duplicateRoot(), path: .root, names: rootNames, shared: shared) }
 
     deinit { try? root.close() }
 
@@ -383,7 +422,7 @@ package final class ConfinedDirectory: @unchecked Sendable {
                                           remedy: "Check the path")
             }
             let descriptor = try here.open(.readOnly, options: [.directory], doing: "open the directory")
-            opened.append((try OpenDirectory(descriptor: descriptor, path: parent.path.appending(component), cipher: cipher,
+            opened.append((try OpenDirectory(descriptor: descriptor, path: parent.path.appending(component), shared: shared,
                                              displayPath: displayPath(parent.path.appending(component))), component))
         }
         // Every component was used up by "." or ".." from a symlink: the item is the directory reached.
@@ -435,7 +474,7 @@ package final class ConfinedDirectory: @unchecked Sendable {
             if index < entries.count - 1 {
                 let fd = try FileLocation(directory: current.descriptor, name: entry, displayPath: displayPath(.root))
                     .open(.readOnly, options: [.directory], doing: "open the directory")
-                current = try OpenDirectory(descriptor: fd, path: current.path.appending(names.last!), cipher: cipher, displayPath: displayPath(.root))
+                current = try OpenDirectory(descriptor: fd, path: current.path.appending(names.last!), shared: shared, displayPath: displayPath(.root))
             }
         }
         return names.joined(separator: "/")

@@ -54,8 +54,9 @@ public final class Container: @unchecked Sendable {
         self.defaultProtection = defaultClass.fileProtectionType
         self.dataPath = (containerPath as NSString).appendingPathComponent(Self.dataName)
         let cipher = try Self.nameCipher(device: device, bundleIdentifier: bundleIdentifier)
-        self.directory = try ConfinedDirectory(path: dataPath, containerName: bundleIdentifier, cipher: cipher)
-        self.layoutPaths = Set(try Self.layout(bundleIdentifier: bundleIdentifier).map { try ContainerPath($0, container: bundleIdentifier) })
+        let layoutPaths = Set(try Self.layout(bundleIdentifier: bundleIdentifier).map { try ContainerPath($0, container: bundleIdentifier) })
+        self.layoutPaths = layoutPaths
+        self.directory = try ConfinedDirectory(path: dataPath, containerName: bundleIdentifier, cipher: cipher, layoutPaths: layoutPaths)
         self.inboxPath = try ContainerPath(Self.documentsInbox, container: bundleIdentifier)
         self.inboxQueue = InboxQueue(containerPath: containerPath, bundleIdentifier: bundleIdentifier, cipher: cipher)
     }
@@ -139,7 +140,7 @@ extension Device {
             let dataDirectory = try FileLocation(path: data).open(.readOnly, options: [.directory, .noFollow], doing: "open the new container")
             try dataDirectory.closeAfter { try DirectoryNames.writeNewIV(in: dataDirectory, displayPath: "\(bundleIdentifier):") }
             let layout = try ConfinedDirectory(path: data, containerName: bundleIdentifier,
-                                               cipher: try Container.nameCipher(device: self, bundleIdentifier: bundleIdentifier))
+                                               cipher: try Container.nameCipher(device: self, bundleIdentifier: bundleIdentifier), layoutPaths: [])
             for folder in Container.layout(bundleIdentifier: bundleIdentifier) {
                 let path = try ContainerPath(folder, container: bundleIdentifier)
                 try layout.openDirectory(path.parent).makeSubdirectory(path.name!, mode: 0o700, displayPath: layout.displayPath(path))

@@ -1,5 +1,6 @@
 import CSodium
 import Foundation
+import Synchronization
 
 /// Encrypts the names in a container's directories, its symbolic-link targets and its metadata records under the
 /// container's name key (docs/FORMAT.md §7): names deterministically per directory, so a name is found without
@@ -28,17 +29,20 @@ package final class NameCipher: Sendable {
 
     private let sivKey: SecureBytes
     private let encryptionKey: SecureBytes
+    /// Stored names computed lately: every path walked encrypts one name per directory, mostly the same few.
+    /// Deterministic, so a cached one is what computing it again would give.
+    private let recent = Mutex<[RecentKey: StoredName]>([:])
+    private static let recentLimit = 4096
+
+    private struct RecentKey: Hashable {
+        let directoryIV: [UInt8]
+        let name: String
+    }
 
     /// `nameKey` is the container's 32-byte name key; the cipher keeps two subkeys derived from it, not the key.
     package init(nameKey: SecureBytes) throws {
         sivKey = try Blake2b.derive(key: nameKey, parts: [Array(Self.sivLabel.utf8)])
         encryptionKey = try Blake2b.derive(key: nameKey, parts: [Array(Self.encryptionLabel.utf8)])
-    }
-
-    /// Discards the subkeys (at an erase, or when the container is closed).
-    package func discard() {
-        sivKey.discard()
-        encryptionKey.discard()
     }
 
     /// How a name is stored in a directory.
@@ -61,6 +65,17 @@ package final class NameCipher: Sendable {
     /// The stored form of `name` in the directory whose IV is `directoryIV`. `name` is one path component:
     /// not empty, no "/" or NUL, at most 255 bytes (callers check with their own error messages first).
     package func storedName(for name: String, directoryIV: [UInt8]) throws -> StoredName {
+        let key = RecentKey(directoryIV: directoryIV, name: name)
+        if let known = recent.withLock({ $0[key] }) { return known }
+        let stored = try computeStoredName(for: name, directoryIV: directoryIV)
+        recent.withLock { recent in
+            if recent.count >= Self.recentLimit { recent.removeAll(keepingCapacity: true) }
+            recent[key] = stored
+        }
+        return stored
+    }
+
+    private func computeStoredName(for name: String, directoryIV: [UInt8]) throws -> StoredName {
         precondition(directoryIV.count == Self.directoryIVBytes)
         let plain = Array(name.utf8)
         precondition(!plain.isEmpty && !plain.contains(0) && !plain.contains(UInt8(ascii: "/")), "not a path component")
@@ -187,27 +202,59 @@ package final class NameCipher: Sendable {
 }
 
 /// Base64 with the URL and file-name safe alphabet and no padding (RFC 4648 §5): no "/" and no ".", so a
-/// stored name is a valid file name that can't be mistaken for "." , ".." or a hidden file.
+/// stored name is a valid file name that can't be mistaken for "." , ".." or a hidden file. Byte-level, since every
+/// path walked encodes a name per directory.
 package enum Base64URL {
+    private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
+    private static let values: [UInt8] = {
+        var table = [UInt8](repeating: 0xFF, count: 256)
+        for (value, character) in alphabet.enumerated() { table[Int(character)] = UInt8(value) }
+        return table
+    }()
+
     package static func encode(_ bytes: [UInt8]) -> String {
-        var text = Data(bytes).base64EncodedString()
-        while text.hasSuffix("=") { text.removeLast() }
-        return String(text.map { $0 == "+" ? "-" : $0 == "/" ? "_" : $0 })
+        var text = [UInt8]()
+        text.reserveCapacity((bytes.count * 4 + 2) / 3)
+        var index = 0
+        while index + 3 <= bytes.count {
+            let group = UInt32(bytes[index]) << 16 | UInt32(bytes[index + 1]) << 8 | UInt32(bytes[index + 2])
+            text += [alphabet[Int(group >> 18)], alphabet[Int(group >> 12 & 63)], alphabet[Int(group >> 6 & 63)], alphabet[Int(group & 63)]]
+            index += 3
+        }
+        switch bytes.count - index {
+        case 1:
+            let group = UInt32(bytes[index]) << 16
+            text += [alphabet[Int(group >> 18)], alphabet[Int(group >> 12 & 63)]]
+        case 2:
+            let group = UInt32(bytes[index]) << 16 | UInt32(bytes[index + 1]) << 8
+            text += [alphabet[Int(group >> 18)], alphabet[Int(group >> 12 & 63)], alphabet[Int(group >> 6 & 63)]]
+        default:
+            break
+        }
+        return String(decoding: text, as: UTF8.self)
     }
 
-    /// nil unless `text` is canonical unpadded base64url (so each byte string has one text form).
+    /// nil unless `text` is canonical unpadded base64url (so each byte string has one text form: the unused low
+    /// bits of the last character must be zero).
     package static func decode(_ text: String) -> [UInt8]? {
-        guard text.utf8.count % 4 != 1,
-              text.utf8.allSatisfy({ byte in
-                  (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte)
-                      || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) || byte == UInt8(ascii: "-") || byte == UInt8(ascii: "_")
-              }) else { return nil }
-        var standard = String(text.map { $0 == "-" ? "+" : $0 == "_" ? "/" : $0 })
-        standard += String(repeating: "=", count: (4 - standard.utf8.count % 4) % 4)
-        guard let data = Data(base64Encoded: standard) else { return nil }
-        let bytes = [UInt8](data)
-        // Unused low bits of the last character must be zero, or two texts would decode to the same bytes.
-        guard encode(bytes) == text else { return nil }
+        let characters = Array(text.utf8)
+        guard characters.count % 4 != 1 else { return nil }
+        var bytes = [UInt8]()
+        bytes.reserveCapacity(characters.count * 3 / 4)
+        var group: UInt32 = 0
+        var bits = 0
+        for character in characters {
+            let value = values[Int(character)]
+            guard value != 0xFF else { return nil }
+            group = group << 6 | UInt32(value)
+            bits += 6
+            if bits >= 8 {
+                bits -= 8
+                bytes.append(UInt8(truncatingIfNeeded: group >> UInt32(bits)))
+                group &= (1 << UInt32(bits)) - 1
+            }
+        }
+        guard group == 0 else { return nil }
         return bytes
     }
 }
