@@ -62,7 +62,7 @@ public enum FuzzHarness {
         _ = fuzzingNames.linkTarget(fromSealed: text, directoryIV: iv)
         _ = NameCipher.isLongEntry(text)
         if let decoded = Base64URL.decode(text) { precondition(Base64URL.encode(decoded) == text, "base64url is not canonical") }
-        let isName = !text.isEmpty && text != "." && text != ".." && !text.contains("/") && !text.utf8.contains(0) && text.utf8.count <= 255
+        let isName = !text.isEmpty && text != "." && text != ".." && !text.containsSlash && !text.utf8.contains(0) && text.utf8.count <= 255
         guard isName, let stored = try? fuzzingNames.storedName(for: text, directoryIV: iv) else { return }
         let encrypted: String
         switch stored {

@@ -189,3 +189,24 @@ struct NamesAtRestTests {
         #expect(try test.container.contentsOfDirectory(atPath: "Documents").map(\.name) == ["Inbox", "through the daemon.txt"], "listed while locked")
     }
 }
+
+@Suite("Paths split at bytes")
+struct SlashTests {
+    /// U+07F2 is a combining mark: "/" followed by it is one Swift Character, so a Character-based split missed the
+    /// slash (found by the names fuzzer as a crash; through the mount, a file whose name starts with one).
+    @Test("a name starting with a combining mark is its own component, in paths and in link targets")
+    func combiningMarkAfterSlash() throws {
+        let test = try TestDevice()
+        let container = try test.makeContainer()
+        let name = "\u{07F2}notes.txt"
+        try container.write(Data("x".utf8), toPath: "Documents/" + name, options: .noFileProtection)
+        #expect(try container.contentsOfDirectory(atPath: "Documents").map(\.name) == ["Inbox", name])
+        #expect(try ContainerPath("Documents/" + name, container: "t").components == ["Documents", name])
+        try container.createSymbolicLink(atPath: "Documents/absolute", withDestinationPath: "/\u{07F2}etc")
+        expectCocoaError(.invalidArgument) { try container.contents(atPath: "Documents/absolute/passwd") }
+        try container.createSymbolicLink(atPath: "Documents/relative", withDestinationPath: "./" + name)
+        #expect(try container.contents(atPath: "Documents/relative") == Data("x".utf8))
+        #expect("a/\u{07F2}b".splitAtSlashes() == ["a", "\u{07F2}b"])
+        #expect("/\u{07F2}".startsWithSlash && "x/\u{07F2}".containsSlash && !"x".containsSlash)
+    }
+}

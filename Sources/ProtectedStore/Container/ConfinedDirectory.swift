@@ -398,11 +398,11 @@ package final class ConfinedDirectory: @unchecked Sendable {
                 }
                 lastLink = parent.path.appending(component)
                 let target = try parent.names.linkTarget(at: here)
-                guard !target.hasPrefix("/") else {
+                guard !target.startsWithSlash else {
                     throw error("the symbolic link \(parent.path.appending(component)) points to the absolute path \(target), outside the container",
                                 "Symbolic links may point only inside the container, with a relative target; remove or fix the link")
                 }
-                let targetComponents = target.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+                let targetComponents = target.splitAtSlashes()
                 if let bad = targetComponents.first(where: { $0.hasPrefix(ContainerPath.reservedPrefix) || $0.utf8.count > ContainerPath.maximumNameBytes }) {
                     throw error("the symbolic link \(lastLink) points to \"\(bad.prefix(60))\", a reserved or over-long name",
                                 "Remove or fix the link")
@@ -464,7 +464,7 @@ package final class ConfinedDirectory: @unchecked Sendable {
     package func plaintextPath(ofStored stored: String) throws -> String {
         var current = try openRoot()
         var names: [String] = []
-        let entries = stored.split(separator: "/").map(String.init)
+        let entries = stored.splitAtSlashes(omittingEmpty: true)
         for (index, entry) in entries.enumerated() {
             if entry.hasPrefix(ContainerPath.reservedPrefix) {
                 names.append(entry)

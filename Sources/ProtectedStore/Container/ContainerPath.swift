@@ -29,12 +29,12 @@ package struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
             ProtectedStoreError(.invalidArgument, path: "\(container):\(raw)", problem: problem, remedy: remedy)
         }
         guard !raw.utf8.contains(0) else { throw reject("the path contains a NUL byte") }
-        guard !raw.hasPrefix("/") else { throw reject("the path is absolute; container paths are relative to the container") }
+        guard !raw.startsWithSlash else { throw reject("the path is absolute; container paths are relative to the container") }
         guard raw.utf8.count <= Self.maximumPathBytes else {
             throw reject("the path is \(raw.utf8.count) bytes long; the limit is \(Self.maximumPathBytes)", "Use a shorter path")
         }
         var trimmed = Substring(raw)
-        if trimmed.hasSuffix("/") { trimmed = trimmed.dropLast() }
+        if trimmed.endsWithSlash { trimmed = Substring(String(decoding: trimmed.utf8.dropLast(), as: UTF8.self)) }
         guard !trimmed.isEmpty else {
             guard raw.isEmpty else { throw reject("the path is only \"/\"") }
             self.components = []
@@ -42,7 +42,7 @@ package struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
             return
         }
         var components: [String] = []
-        for component in trimmed.split(separator: "/", omittingEmptySubsequences: false) {
+        for component in trimmed.splitAtSlashes() {
             switch component {
             case "": throw reject("the path has an empty component (\"//\")")
             case "..": throw reject("the path contains \"..\", which could leave the container", "Write the path without \"..\"")
@@ -58,13 +58,13 @@ package struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
             components.append(String(component))
         }
         self.components = components
-        self.mustBeDirectory = trimmed.count < raw.count
+        self.mustBeDirectory = trimmed.utf8.count < raw.utf8.count
     }
 
     /// Whether `name` can be one component as written: not empty, `.` or `..`, no `/` or NUL, within the length
     /// limit, not reserved. For names read back from ProtectedStore's own records, which are not authenticated.
     static func isPlainName(_ name: String) -> Bool {
-        !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.utf8.contains(0)
+        !name.isEmpty && name != "." && name != ".." && !name.containsSlash && !name.utf8.contains(0)
             && name.utf8.count <= maximumNameBytes && !name.hasPrefix(reservedPrefix)
     }
 

@@ -271,7 +271,7 @@ extension Container {
         guard !name.isEmpty else { throw reject("the item name is empty") }
         guard !name.utf8.contains(0) else { throw reject("the item name contains a NUL byte") }
         guard name != ".", name != ".." else { throw reject("the item name \"\(name)\" is not a file name") }
-        guard !name.contains("/") else { throw reject("the item name \"\(name.prefix(60))\" contains \"/\"") }
+        guard !name.containsSlash else { throw reject("the item name \"\(name.prefix(60))\" contains \"/\"") }
         // Names end up in terminals and line-based output: no control characters or reordering marks to forge them with.
         if let bad = name.unicodeScalars.first(where: { $0.properties.generalCategory == .control || (0x202A...0x202E).contains($0.value) || (0x2066...0x2069).contains($0.value) }) {
             throw reject("the item name contains the control character U+\(String(bad.value, radix: 16, uppercase: true))")

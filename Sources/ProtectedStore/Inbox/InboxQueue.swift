@@ -148,7 +148,7 @@ package struct InboxQueue: Sendable {
         guard let entry = try? decoder.decode(Entry.self, from: Data(json)), entry.sequence == sequence else { return nil }
         // Checked again before any file operation uses them, as any input is.
         guard ContainerPath.isPlainName(entry.name), entry.stagingName.hasPrefix(FileSystem.temporaryPrefix),
-              !entry.stagingName.contains("/"), !entry.stagingName.utf8.contains(0) else { return nil }
+              !entry.stagingName.containsSlash, !entry.stagingName.utf8.contains(0) else { return nil }
         return entry
     }
 

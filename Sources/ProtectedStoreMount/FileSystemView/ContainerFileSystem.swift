@@ -618,7 +618,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// The kernel's path as a container path; ProtectedStore's own names don't exist (ENOENT) and can't be made (EPERM).
     private func containerPath(_ kernelPath: String, creating: Bool = false) throws -> ContainerPath {
-        let components = kernelPath.split(separator: "/").map(String.init)
+        let components = kernelPath.splitAtSlashes(omittingEmpty: true)
         guard !components.contains(where: { $0.hasPrefix(ContainerPath.reservedPrefix) }) else {
             if creating {
                 logger.info("\(kernelPath): names starting with \(ContainerPath.reservedPrefix) are reserved for ProtectedStore's own files; choose another name")
@@ -697,10 +697,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// `directory` is deep, never naming ProtectedStore's own files. Checked when the link is made and each time the
     /// kernel reads it, against where the link is then.
     static func staysInside(target: String, from directory: ContainerPath) -> Bool {
-        guard !target.isEmpty, !target.hasPrefix("/") else { return false }
+        guard !target.isEmpty, !target.startsWithSlash else { return false }
         var climbs = 0
         var descended = false
-        for component in target.split(separator: "/", omittingEmptySubsequences: true) {
+        for component in target.splitAtSlashes(omittingEmpty: true) {
             switch component {
             case ".": continue
             case "..":

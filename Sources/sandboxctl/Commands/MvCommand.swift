@@ -26,7 +26,7 @@ struct MvCommand: ParsableCommand {
                 .container(bundleIdentifier: source.bundleIdentifier)
             var target = destination
             if (try? container.itemInfo(atPath: destination.path))?.type == .typeDirectory || destination.path.isEmpty {
-                target = destination.appending(from.split(separator: "/").last.map(String.init) ?? from)
+                target = destination.appending(from.splitAtSlashes(omittingEmpty: true).last ?? from)
             }
             try container.moveItem(atPath: from, toPath: target.path)
         }
