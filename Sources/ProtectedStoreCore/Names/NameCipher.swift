@@ -1,6 +1,5 @@
 import CSodium
 import Foundation
-import Synchronization
 
 /// Encrypts the names in a container's directories, its symbolic-link targets and its metadata records under the
 /// container's name key (docs/FORMAT.md §7): names deterministically per directory, so a name is found without
@@ -31,7 +30,7 @@ package final class NameCipher: Sendable {
     private let encryptionKey: SecureBytes
     /// Stored names computed lately: every path walked encrypts one name per directory, mostly the same few.
     /// Deterministic, so a cached one is what computing it again would give.
-    private let recent = Mutex<[RecentKey: StoredName]>([:])
+    private let recent = Locked<[RecentKey: StoredName]>([:])
     private static let recentLimit = 4096
 
     private struct RecentKey: Hashable {

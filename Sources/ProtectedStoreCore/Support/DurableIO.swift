@@ -1,6 +1,5 @@
 import CSupport
 import Foundation
-import Synchronization
 import SystemPackage
 
 /// A file or directory as the kernel knows it: stable across renames, so a recording can follow a file whatever its name.
@@ -37,7 +36,7 @@ package protocol DurableOperationRecorder: AnyObject, Sendable {
 /// The one layer through which the store changes durable state. Each call is the plain system call; while a recorder
 /// is installed, each successful call is also reported to it, so a power-cut simulator can replay what the disk saw.
 package enum DurableIO {
-    private static let recorders = Mutex<[any DurableOperationRecorder]>([])
+    private static let recorders = Locked<[any DurableOperationRecorder]>([])
 
     /// Reports every later durable operation to `recorder` until `remove(_:)`. Several may listen at once (each keeps
     /// what concerns its own folder), so tests recording different devices run side by side.

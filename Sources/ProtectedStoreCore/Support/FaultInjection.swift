@@ -41,7 +41,7 @@ package enum FaultInjection {
         var token: Int
     }
 
-    private static let rules = Mutex<(installed: [Installed], next: Int)>(([], 0))
+    private static let rules = Locked<(installed: [Installed], next: Int)>(([], 0))
     private static let active = Atomic<Bool>(false)
 
     /// Installs `rule` until `remove(_:)` is given the returned token.
