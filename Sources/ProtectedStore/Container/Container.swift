@@ -41,7 +41,8 @@ public final class Container: @unchecked Sendable {
     let receiverLock = NSLock()
     var receiver: InboxReceiver?
 
-    init(device: Device, bundleIdentifier: String, containerPath: String, deviceNames: NameCipher) throws {
+    /// `cipher` is the container's name cipher (`nameCipher(device:bundleIdentifier:)`), made once by the caller.
+    init(device: Device, bundleIdentifier: String, containerPath: String, deviceNames: NameCipher, cipher: NameCipher) throws {
         let metadataPath = (containerPath as NSString).appendingPathComponent(Self.metadataName)
         guard let metadata = try Self.readMetadata(at: metadataPath, deviceNames: deviceNames), metadata.bundleIdentifier == bundleIdentifier,
               let defaultClass = ProtectionClass(name: metadata.defaultProtection) else {
@@ -53,7 +54,6 @@ public final class Container: @unchecked Sendable {
         self.defaultClass = defaultClass
         self.defaultProtection = defaultClass.fileProtectionType
         self.dataPath = (containerPath as NSString).appendingPathComponent(Self.dataName)
-        let cipher = try Self.nameCipher(device: device, bundleIdentifier: bundleIdentifier)
         let layoutPaths = Set(try Self.layout(bundleIdentifier: bundleIdentifier).map { try ContainerPath($0, container: bundleIdentifier) })
         self.layoutPaths = layoutPaths
         self.directory = try ConfinedDirectory(path: dataPath, containerName: bundleIdentifier, cipher: cipher, layoutPaths: layoutPaths)
@@ -128,6 +128,7 @@ extension Device {
         let deviceNames = try self.deviceNames()
         let folder = try deviceNames.identifier(for: bundleIdentifier)
         let destination = (containersPath as NSString).appendingPathComponent(folder)
+        let cipher = try Container.nameCipher(device: self, bundleIdentifier: bundleIdentifier)
         let alreadyExists = ProtectedStoreError(.alreadyExists, path: bundleIdentifier, problem: "the container already exists",
                                                 remedy: "Choose another bundle identifier, or use the existing container")
         if try FileSystem.exists(destination) { throw alreadyExists }
@@ -139,8 +140,7 @@ extension Device {
             try FileSystem.createDirectories(data)
             let dataDirectory = try FileLocation(path: data).open(.readOnly, options: [.directory, .noFollow], doing: "open the new container")
             try dataDirectory.closeAfter { try DirectoryNames.writeNewIV(in: dataDirectory, displayPath: "\(bundleIdentifier):") }
-            let layout = try ConfinedDirectory(path: data, containerName: bundleIdentifier,
-                                               cipher: try Container.nameCipher(device: self, bundleIdentifier: bundleIdentifier), layoutPaths: [])
+            let layout = try ConfinedDirectory(path: data, containerName: bundleIdentifier, cipher: cipher, layoutPaths: [])
             for folder in Container.layout(bundleIdentifier: bundleIdentifier) {
                 let path = try ContainerPath(folder, container: bundleIdentifier)
                 try layout.openDirectory(path.parent).makeSubdirectory(path.name!, mode: 0o700, displayPath: layout.displayPath(path))
@@ -158,7 +158,7 @@ extension Device {
             try? FileManager.default.removeItem(atPath: staging)
             throw error
         }
-        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: destination, deviceNames: deviceNames)
+        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: destination, deviceNames: deviceNames, cipher: cipher)
     }
 
     /// The name key of a container, or with nil the device's own (docs/FORMAT.md §7), from this device's key holder:
@@ -184,7 +184,8 @@ extension Device {
             throw ProtectedStoreError(.notFound, path: bundleIdentifier, problem: "no such container on the device in \(root)",
                                       remedy: "Create it with `sandboxctl create \(bundleIdentifier)`, or check the bundle identifier")
         }
-        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: path, deviceNames: deviceNames)
+        return try Container(device: self, bundleIdentifier: bundleIdentifier, containerPath: path, deviceNames: deviceNames,
+                             cipher: try Container.nameCipher(device: self, bundleIdentifier: bundleIdentifier))
     }
 
     /// The bundle identifiers of the device's containers, sorted: read from each container's sealed description.
