@@ -117,14 +117,15 @@ struct TestDeviceTests {
     }
 }
 
-/// Stays in *will become unavailable* until the keys are gone (at most 5 s) and notes whether they went meanwhile.
+/// Stays in *will become unavailable* until the keys are gone (at most 120 s: a loaded machine under a sanitizer can
+/// be that slow) and notes whether they went meanwhile.
 final class SlowObserver: ProtectedDataDelegate, @unchecked Sendable {
     private let mutex = NSLock()
     private var discarded = false
     var sawKeysDiscarded: Bool { mutex.withLock { discarded } }
 
     func protectedDataWillBecomeUnavailable(_ device: Device) {
-        let deadline = Date().addingTimeInterval(5)
+        let deadline = Date().addingTimeInterval(120)
         while device.state != .locked && Date() < deadline { Thread.sleep(forTimeInterval: 0.01) }
         let state = device.state
         mutex.withLock { discarded = state == .locked }

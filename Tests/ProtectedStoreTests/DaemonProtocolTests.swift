@@ -147,7 +147,9 @@ struct DaemonProtocolTests {
 
         var iterator = sequence.makeAsyncIterator()
         #expect(await iterator.next() == .didBecomeAvailable)
-        let locking = Task { await client.lock(gracePeriod: 30) }
+        // The lock ends when this subscriber asks for its next event; the grace period only bounds a failure, and is
+        // long so that a test thread stalled on a loaded machine cannot end it before the check below.
+        let locking = Task { await client.lock(gracePeriod: 600) }
         #expect(await iterator.next() == .willBecomeUnavailable)
         // Still within the grace period: this subscriber has not acknowledged yet.
         #expect(daemon.device.state == .locking)

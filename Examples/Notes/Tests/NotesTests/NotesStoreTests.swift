@@ -62,7 +62,9 @@ struct NotesStoreTests {
 
     @Test("a lock in the middle of a transaction waits for it: the transaction commits, then the database closes")
     func lockWaitsForTransaction() async throws {
-        let device = try TestDevice()
+        // A grace period no stall of a loaded machine outlasts: the lock must end because the store is done, and a
+        // 10 s grace ended by a stalled test thread would discard the keys under the transaction.
+        let device = try TestDevice(gracePeriod: 600)
         let recorder = device.recordEvents(openURLs: false)
         let store = try NotesStore(container: device.container)
         let gate = Gate()
@@ -93,8 +95,9 @@ struct NotesStoreTests {
         let writer = transactionHeld(at: gate, in: store)
         await gate.arrival()
         let locking = Task { await device.lock() }
-        // The grace period ends while the store is still in its transaction: the keys are discarded under it.
-        let deadline = Date().addingTimeInterval(10)
+        // The grace period ends while the store is still in its transaction: the keys are discarded under it. The
+        // wait is long because this task, and the one locking, may not get a thread for a while on a loaded machine.
+        let deadline = Date().addingTimeInterval(300)
         while device.device.state != .locked && Date() < deadline { try await Task.sleep(nanoseconds: 5_000_000) }
         #expect(device.device.state == .locked)
         gate.release()
