@@ -21,7 +21,11 @@ public enum FuzzHarness {
 
     /// The file header parser and, on the length record's sector behind it, the keyless record parser that listings
     /// use; the record a second time with its checksum made valid, so the fuzzer reaches the fields behind it.
+    /// Format version 1's header parser and size arithmetic (what `sandboxctl migrate` reads) run on the same bytes.
     public static func fileHeader(_ bytes: [UInt8]) {
+        if let old = try? Version1File.parseHeader(bytes, path: "fuzz") {
+            _ = Version1Layout.plaintextSize(storedSize: Int64(bytes.count) * 97, blockSize: old.blockSize)
+        }
         let blockSize = (try? FileHeader.parse(bytes, path: "fuzz"))?.layout.blockSize ?? Int64(EncryptedFile.defaultBlockSize)
         let start = Int(BlockLayout.recordOffset)
         guard bytes.count > start else { return }

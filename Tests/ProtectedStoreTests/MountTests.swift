@@ -419,7 +419,8 @@ struct MountTests {
         let before = storedBytes()
         let started = Date()
         #expect(truncate(path, 1 << 40) == 0)
-        #expect(Date().timeIntervalSince(started) < 5, "a 1 TiB truncate returns at once")
+        // Loose, for a loaded machine: writing a tebibyte of zeros would take hours (and the backing file's size shows it).
+        #expect(Date().timeIntervalSince(started) < 60, "a 1 TiB truncate returns at once")
         var info = stat()
         #expect(stat(path, &info) == 0 && info.st_size == 1 << 40)
         #expect(storedBytes() - before < 1 << 20, "the backing file grew by \(storedBytes() - before) bytes")

@@ -30,6 +30,7 @@ extension Device {
     /// Throws `.daemonUnavailable` when no daemon serves the root.
     public static func attach(root: String, socketPath: String? = nil, notificationCenter: NotificationCenter = .default) throws -> Device {
         let root = absolute(root)
+        try DeviceFormat.requireCurrent(root: root)
         let (link, hello) = try DaemonLink.connect(root: root, socketPath: socketPath)
         guard let keybagID = hello.keybagID.flatMap([UInt8].init(hex:)), keybagID.count == FileHeader.idBytes,
               let classBPublicKey = hello.classBPublicKey.flatMap([UInt8].init(hex:)), classBPublicKey.count == X25519.keyBytes else {

@@ -65,9 +65,11 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// waiting for *did* to be handled), so `waitUntilObserversIdle(timeout:)` does not return in the gap.
     let pendingDelivery = DispatchGroup()
 
+    /// `containersPath` nil: the root's `containers` folder; a migration builds the new containers elsewhere.
     init(root: String, deviceSecretPath: String, keybagID: [UInt8], classBPublicKey: [UInt8], holder: any KeyHolder, state: State,
-         passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
+         passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter, containersPath: String? = nil) {
         self.root = root
+        self.containersPath = containersPath ?? (root as NSString).appendingPathComponent("containers")
         self.deviceSecretPath = deviceSecretPath
         self.keybagID = keybagID
         self.classBPublicKey = classBPublicKey
@@ -87,17 +89,19 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         })
     }
 
-    private convenience init(root: String, keys: EmbeddedKeyHolder, state: State, passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter) {
+    private convenience init(root: String, keys: EmbeddedKeyHolder, state: State, passcodePolicy: PasscodePolicy, notificationCenter: NotificationCenter,
+                             containersPath: String? = nil) {
         let keybag = keys.keybag
         self.init(root: root, deviceSecretPath: keys.deviceSecret.path, keybagID: keybag.keybagID, classBPublicKey: keybag.classBPublicKey,
-                  holder: keys, state: state, passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
+                  holder: keys, state: state, passcodePolicy: passcodePolicy, notificationCenter: notificationCenter, containersPath: containersPath)
     }
 
     static func keybagPath(root: String) -> String { (root as NSString).appendingPathComponent("keybag") }
     static func passcodePolicyPath(root: String) -> String { (root as NSString).appendingPathComponent("passcode-policy.json") }
     var passcodePolicyPath: String { Self.passcodePolicyPath(root: root) }
     var passcodeAttemptsPath: String { (root as NSString).appendingPathComponent("passcode-attempts.json") }
-    var containersPath: String { (root as NSString).appendingPathComponent("containers") }
+    /// Where the containers live: `<root>/containers`.
+    let containersPath: String
 
     // MARK: Creating and opening
 
@@ -175,7 +179,19 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
 
     /// Opens the device in `root`, before first unlock (as after a reboot). The device secret is read from
     /// `deviceSecretPath`, else from the default path for this keybag's id.
+    /// A device in an older on-disk format is refused with `.unsupportedFormat`, naming `sandboxctl migrate`.
     public static func open(root: String, deviceSecretPath: String? = nil, notificationCenter: NotificationCenter = .default) throws -> Device {
+        try open(root: root, deviceSecretPath: deviceSecretPath, notificationCenter: notificationCenter, checkingFormat: true, containersPath: nil)
+    }
+
+    /// The device in `root` whatever its format, with its containers in `containersPath`: what a migration converts
+    /// into. The keys are this process's, so an unlock counts wrong passcodes as any other does.
+    static func openForMigration(root: String, deviceSecretPath: String?, containersPath: String) throws -> Device {
+        try open(root: root, deviceSecretPath: deviceSecretPath, notificationCenter: NotificationCenter(), checkingFormat: false, containersPath: containersPath)
+    }
+
+    private static func open(root: String, deviceSecretPath: String?, notificationCenter: NotificationCenter, checkingFormat: Bool,
+                             containersPath: String?) throws -> Device {
         let root = absolute(root)
         let keybagPath = keybagPath(root: root)
         var isDirectory: ObjCBool = false
@@ -190,6 +206,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             throw ProtectedStoreError(.notFound, path: root, problem: "no device here (no keybag)",
                                       remedy: "Create one with `sandboxctl init --root \(root)`, or pass the right --root")
         }
+        if checkingFormat { try DeviceFormat.requireCurrent(root: root) }
         let bytes = try FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")
         let keybagID = try Keybag.peekID(bytes, path: keybagPath)
         let deviceSecret = try DeviceSecret.load(at: absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID)))
@@ -200,7 +217,8 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         let keybag = try Keybag.parse(bytes, path: keybagPath, deviceSecret: deviceSecret)
         let classD = try keybag.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
         return Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, classKeys: ClassKeys(keys: [.none: classD])),
-                      state: .beforeFirstUnlock, passcodePolicy: try loadPasscodePolicy(root: root), notificationCenter: notificationCenter)
+                      state: .beforeFirstUnlock, passcodePolicy: try loadPasscodePolicy(root: root), notificationCenter: notificationCenter,
+                      containersPath: containersPath)
     }
 
     /// The root's passcode policy, or the default when it has none.

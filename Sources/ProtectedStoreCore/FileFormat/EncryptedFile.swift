@@ -526,7 +526,7 @@ public final class EncryptedFile: @unchecked Sendable {
     }
 
     /// Runs a key operation, naming `path` in its errors and turning a key discarded mid-way (a lock) into a data-protection error.
-    private static func attributingKeyErrors<R>(to path: String, _ body: () throws -> R) throws -> R {
+    static func attributingKeyErrors<R>(to path: String, _ body: () throws -> R) throws -> R {
         do {
             return try body()
         } catch is SecureBytes.Discarded {

@@ -8,7 +8,6 @@ import SystemPackage
 /// after a 148-byte header, the size taken from the stored length, and an append that re-encrypts the old final block
 /// (its final flag changes) in the same pwrite as the new ones. Appends only; the key is the caller's.
 package final class Version1GrowthFile: PlaintextReading {
-    static let headerSize: Int64 = 148
     package let blockSize: Int
     private let descriptor: FileDescriptor
     private let path: String
@@ -25,13 +24,11 @@ package final class Version1GrowthFile: PlaintextReading {
         self.size = size
     }
 
-    private var stride: Int64 { Int64(blockSize + BlockLayout.overhead) }
-
     /// A new file holding `content`, written as version 1 wrote it.
     package static func create(at path: String, content: [UInt8], key: SecureBytes, fileID: [UInt8], blockSize: Int = 4096) throws -> Version1GrowthFile {
         let descriptor = try FileLocation(path: path).open(.readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite], doing: "create")
         let file = Version1GrowthFile(descriptor: descriptor, path: path, key: key, fileID: fileID, blockSize: blockSize, size: 0)
-        try [UInt8](repeating: 0, count: Int(headerSize)).withUnsafeBytes { try DurableIO.write($0, at: 0, to: descriptor, path: path) }
+        try [UInt8](repeating: 0, count: Int(Version1Layout.headerSize)).withUnsafeBytes { try DurableIO.write($0, at: 0, to: descriptor, path: path) }
         try file.store(blocks: 0..<1, of: [])
         try file.append(content)
         return file
@@ -41,16 +38,12 @@ package final class Version1GrowthFile: PlaintextReading {
     package static func open(at path: String, key: SecureBytes, fileID: [UInt8], blockSize: Int = 4096) throws -> Version1GrowthFile {
         let descriptor = try FileLocation(path: path).openRegularFile(.readWrite, doing: "open")
         let stored = Int64(try FileSystem.fileSize(descriptor, path: path))
-        let stride = Int64(blockSize + BlockLayout.overhead)
-        let body = stored - headerSize
-        let blocks = (body + stride - 1) / stride
-        let last = body - (blocks - 1) * stride - Int64(BlockLayout.overhead)
-        guard body >= Int64(BlockLayout.overhead), last >= (blocks == 1 ? 0 : 1) else {
+        guard let size = Version1Layout.plaintextSize(storedSize: stored, blockSize: blockSize) else {
             try? descriptor.close()
             throw ProtectedStoreError(.integrity, path: path, problem: "not a valid version 1 length (\(stored) bytes)", remedy: "none: a test file")
         }
-        let file = Version1GrowthFile(descriptor: descriptor, path: path, key: key, fileID: fileID, blockSize: blockSize, size: (blocks - 1) * Int64(blockSize) + last)
-        _ = try file.block(blocks - 1)
+        let file = Version1GrowthFile(descriptor: descriptor, path: path, key: key, fileID: fileID, blockSize: blockSize, size: size)
+        _ = try file.block(file.finalBlock)
         return file
     }
 
@@ -86,31 +79,19 @@ package final class Version1GrowthFile: PlaintextReading {
 
     package func close() throws { try descriptor.close() }
 
-    private var finalBlock: Int64 { max(1, (size + Int64(blockSize) - 1) / Int64(blockSize)) - 1 }
+    private var finalBlock: Int64 { Version1Layout.finalBlock(size: size, blockSize: blockSize) }
 
     private func associatedData(_ index: Int64) -> [UInt8] {
-        var ad = fileID
-        withUnsafeBytes(of: UInt64(index).littleEndian) { ad += $0 }
-        ad.append(index == finalBlock ? 1 : 0)
-        return ad
+        Version1Layout.associatedData(fileID: fileID, index: index, isFinal: index == finalBlock)
     }
 
     private func block(_ index: Int64) throws -> [UInt8] {
         let length = Int(max(0, min(Int64(blockSize), size - index * Int64(blockSize))))
         var stored = [UInt8](repeating: 0, count: length + BlockLayout.overhead)
-        let read = try stored.withUnsafeMutableBytes { try descriptor.read(fromAbsoluteOffset: Self.headerSize + index * stride, into: $0) }
-        var plaintext = [UInt8](repeating: 0, count: length)
-        let authentic = try read == stored.count && key.withUnsafeBytes { k in
-            associatedData(index).withUnsafeBytes { ad in
-                stored.withUnsafeBytes { s in
-                    plaintext.withUnsafeMutableBytes { p in
-                        AEAD.open(UnsafeRawBufferPointer(rebasing: s[AEAD.nonceBytes...]), key: k,
-                                  nonce: UnsafeRawBufferPointer(rebasing: s[0..<AEAD.nonceBytes]), associatedData: ad, into: p)
-                    }
-                }
-            }
+        let read = try stored.withUnsafeMutableBytes {
+            try descriptor.read(fromAbsoluteOffset: Version1Layout.offset(ofBlock: index, blockSize: blockSize), into: $0)
         }
-        guard authentic else {
+        guard read == stored.count, let plaintext = try Version1Layout.openBlock(stored, index: index, isFinal: index == finalBlock, fileID: fileID, key: key) else {
             throw ProtectedStoreError(.integrity, path: path, problem: "block \(index) failed authentication", remedy: "none: a test file")
         }
         return plaintext
@@ -135,6 +116,8 @@ package final class Version1GrowthFile: PlaintextReading {
             }
             stored += nonce + sealed
         }
-        try stored.withUnsafeBytes { try DurableIO.write($0, at: Self.headerSize + range.lowerBound * stride, to: descriptor, path: path) }
+        try stored.withUnsafeBytes {
+            try DurableIO.write($0, at: Version1Layout.offset(ofBlock: range.lowerBound, blockSize: blockSize), to: descriptor, path: path)
+        }
     }
 }

@@ -42,7 +42,8 @@ func reportingErrors<R>(_ body: () async throws -> R) async throws -> R {
 /// ArgumentParser's own errors pass through untouched.
 private func exitCode(reporting error: any Error) -> any Error {
     if let libraryError = libraryError(in: error) {
-        printError("\(libraryError)")
+        // A format this build can't use concerns the command as a whole (a device to migrate, say): say which one.
+        printError(libraryError.kind == .unsupportedFormat ? "`\(invokedCommand())` cannot run: \(libraryError)" : "\(libraryError)")
         return ExitCode(ExitStatus.code(for: libraryError.kind))
     }
     if let cocoa = error as? CocoaError {
@@ -50,6 +51,18 @@ private func exitCode(reporting error: any Error) -> any Error {
         return ExitCode(ExitStatus.failure)
     }
     return error
+}
+
+/// The subcommand as typed (`sandboxctl inbox deliver`), from the command line's leading words.
+func invokedCommand() -> String {
+    var words = ["sandboxctl"]
+    var candidates = Sandboxctl.configuration.subcommands
+    for argument in CommandLine.arguments.dropFirst() {
+        guard let match = candidates.first(where: { $0._commandName == argument }) else { break }
+        words.append(argument)
+        candidates = match.configuration.subcommands
+    }
+    return words.joined(separator: " ")
 }
 
 /// The library's error behind `error`, thrown directly or inside the `CocoaError` of a file operation.

@@ -324,20 +324,25 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
         }.sorted { $0.sequence < $1.sequence }
     }
 
-    /// Applies each pending entry in order, in its own transaction, and removes it once committed. A crash between the
-    /// commit and the removal replays it; that changes nothing, since every change is keyed by the note's id.
+    /// Applies every pending entry, in order, in one transaction (one commit's fsyncs, not one per entry: a long lock
+    /// can leave thousands), then removes them oldest first. A crash after the commit leaves a suffix of the entries,
+    /// which the next open replays: that changes nothing, since every change is keyed by the note's id, so a note's
+    /// last change in the suffix was its last change overall, and a note whose last change is gone is not touched.
     private func foldPending(into connection: SQLiteConnection) throws {
+        var changes: [NoteChange] = []
+        var folded: [String] = []
         for entry in try pendingEntries() {
-            let changes: [NoteChange]
             do {
-                changes = try JSONDecoder().decode(PendingEntry.self, from: container.contents(atPath: entry.path)).changes
+                changes += try JSONDecoder().decode(PendingEntry.self, from: container.contents(atPath: entry.path)).changes
             } catch where Self.isUnreadableContent(error) {
                 try setAside(entry.path, because: error)
                 continue
             }
-            try inTransaction(connection, changes)
-            try container.removeItem(atPath: entry.path)
+            folded.append(entry.path)
         }
+        guard !folded.isEmpty else { return }
+        try inTransaction(connection, changes)
+        for path in folded { try container.removeItem(atPath: path) }
     }
 
     // MARK: Imports
