@@ -131,6 +131,9 @@ package final class ContainerNames: @unchecked Sendable {
         self.layoutPaths = layoutPaths
     }
 
+    /// Whether `path` is one of the container's own folders, which can't be removed or moved.
+    func isLayout(_ path: ContainerPath) -> Bool { layoutPaths.contains(path) }
+
     /// The IV of the directory open as `descriptor` at `path`: for the container's own folders, the one read before if
     /// the open directory is still the same (device and inode, from the descriptor itself).
     func iv(of descriptor: FileDescriptor, at path: ContainerPath, displayPath: String) throws -> [UInt8] {
@@ -326,6 +329,12 @@ package final class ConfinedDirectory: @unchecked Sendable {
     /// The root's names: the container's cipher and the root's IV, read once.
     let rootNames: DirectoryNames
     let shared: ContainerNames
+    private let sharedLock = NSLock()
+    /// The root and the container's own folders, each opened once and shared by every walk: they can't be removed or
+    /// moved, so a walk through them (most go through Library/Application Support/<bundle id>) starts at the deepest
+    /// one instead of opening and checking every folder on the way. Nobody reads entries through these descriptors
+    /// (listings open the directory afresh), so sharing them shares no read position.
+    private var sharedDirectories: [ContainerPath: OpenDirectory] = [:]
 
     /// `layoutPaths` are the container's own folders, whose IVs are kept once read.
     init(path: String, containerName: String, cipher: NameCipher, layoutPaths: Set<ContainerPath>) throws {
@@ -351,6 +360,26 @@ package final class ConfinedDirectory: @unchecked Sendable {
 
     package func displayPath(_ path: ContainerPath) -> String { "\(containerName):\(path)" }
 
+    /// The root or one of the container's own folders, opened once (nil if it can't be: the walk then goes the
+    /// careful way and names the problem).
+    private func sharedDirectory(_ path: ContainerPath) -> OpenDirectory? {
+        if let opened = sharedLock.withLock({ sharedDirectories[path] }) { return opened }
+        let opened: OpenDirectory?
+        if path.isRoot {
+            opened = try? openRoot()
+        } else if let name = path.name, let parent = sharedDirectory(path.parent) {
+            opened = try? parent.subdirectory(name, displayPath: displayPath(path))
+        } else {
+            opened = nil
+        }
+        guard let opened else { return nil }
+        return sharedLock.withLock {
+            if let raced = sharedDirectories[path] { return raced }
+            sharedDirectories[path] = opened
+            return opened
+        }
+    }
+
     /// The parent of `path`, opened, and its final name. With `followingFinalSymlink`, a symlink in the last place
     /// is resolved (inside the container) too, so the item reached is the link's target.
     func resolve(_ path: ContainerPath, followingFinalSymlink: Bool) throws -> ResolvedItem {
@@ -358,10 +387,18 @@ package final class ConfinedDirectory: @unchecked Sendable {
         guard !path.isRoot else {
             throw ProtectedStoreError(.invalidArgument, path: display, problem: "the container root is not a file", remedy: "Give a path inside the container")
         }
-        let rootDirectory = try openRoot()
+        let rootDirectory = try sharedDirectory(.root) ?? openRoot()
         var opened: [(directory: OpenDirectory, name: String)] = []
         var current: OpenDirectory { opened.last?.directory ?? rootDirectory }
         var remaining = Array(path.components.reversed())
+        // Start below the deepest of the container's own folders on the way (never at the final name).
+        var layoutPrefix = ContainerPath.root
+        while remaining.count > 1, let next = remaining.last, shared.isLayout(layoutPrefix.appending(next)),
+              let directory = sharedDirectory(layoutPrefix.appending(next)) {
+            layoutPrefix = layoutPrefix.appending(next)
+            opened.append((directory, next))
+            remaining.removeLast()
+        }
         var symlinks = 0
         // ".." can only come from a symlink target: user paths may not contain it.
         var lastLink = ContainerPath.root
@@ -386,6 +423,13 @@ package final class ConfinedDirectory: @unchecked Sendable {
             let parent = current
             let isFinal = remaining.isEmpty
             let here = try parent.location(component, displayPath: display)
+            // Most components on the way are plain directories: one open (no-follow) finds that out. Anything else
+            // (a symlink, a file, nothing, a refusal) takes the careful way below, which names the problem.
+            if !isFinal, let descriptor = try? here.open(.readOnly, options: [.directory], doing: "open the directory") {
+                opened.append((try OpenDirectory(descriptor: descriptor, path: parent.path.appending(component), shared: shared,
+                                                 displayPath: displayPath(parent.path.appending(component))), component))
+                continue
+            }
             guard let info = try here.status() else {
                 if isFinal { return try ResolvedItem(parent: parent, name: component, displayPath: display) }
                 throw ProtectedStoreError(.notFound, path: display, problem: "the directory \(parent.path.appending(component)) does not exist",
@@ -434,15 +478,16 @@ package final class ConfinedDirectory: @unchecked Sendable {
 
     /// Opens the directory at `path` (the root for an empty path), following symlinks inside the container.
     package func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
+        if path.isRoot || shared.isLayout(path), let opened = sharedDirectory(path) { return opened }
         guard !path.isRoot else { return try openRoot() }
         let item = try resolve(path, followingFinalSymlink: true)
-        guard let info = try item.location.status() else {
+        do {
+            return try item.parent.subdirectory(item.name, displayPath: item.displayPath)
+        } catch let error as ProtectedStoreError where error.errno == .noSuchFileOrDirectory {
             throw ProtectedStoreError(.notFound, path: item.displayPath, problem: "no such directory", remedy: "Check the path, or create the directory first")
-        }
-        guard info.st_mode & S_IFMT == S_IFDIR else {
+        } catch let error as ProtectedStoreError where error.errno == .notDirectory || error.errno == .tooManySymbolicLinkLevels {
             throw ProtectedStoreError(.invalidArgument, path: item.displayPath, problem: "it is a file, not a directory", remedy: "Give the path of a directory")
         }
-        return try item.parent.subdirectory(item.name, displayPath: item.displayPath)
     }
 
     /// Where `path` is stored below the data directory: its directory entries joined by "/", no symlink followed.
