@@ -36,7 +36,7 @@ public final class KeyDaemon: Sendable {
         device.gracePeriod = gracePeriod
         let root = device.root
         let socketPath = Device.absolute(socketPath ?? defaultSocketPath(root: root))
-        let lockFile = try takeDaemonLock(root: root)
+        let lockFile = try DaemonInfo.takeLock(root: root, remedy: "Use it (`sandboxctl status`, `lock`, `unlock`), or stop it first")
         do {
             try removeStaleSocket(at: socketPath)
             let listener = ps_unix_listen(socketPath, 512)
@@ -122,22 +122,6 @@ public final class KeyDaemon: Sendable {
     }
 
     // MARK: One daemon per root
-
-    private static func takeDaemonLock(root: String) throws -> Int32 {
-        let path = (root as NSString).appendingPathComponent("daemon.lock")
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard fd >= 0 else { throw ProtectedStoreError.io(Errno(rawValue: errno), path: path, doing: "open the daemon lock file") }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-            let busy = errno == EWOULDBLOCK
-            let error = Errno(rawValue: errno)
-            Glibc.close(fd)
-            guard busy else { throw ProtectedStoreError.io(error, path: path, doing: "lock the daemon lock file") }
-            let pid = DaemonInfo.load(root: root).map { " (pid \($0.pid), socket \($0.socketPath))" } ?? ""
-            throw ProtectedStoreError(.alreadyExists, path: root, problem: "a key daemon already serves this device\(pid)",
-                                      remedy: "Use it (`sandboxctl status`, `lock`, `unlock`), or stop it first")
-        }
-        return fd
-    }
 
     /// A socket nobody answers on is what a killed daemon leaves: remove it. A live one, or a non-socket, is refused.
     private static func removeStaleSocket(at path: String) throws {

@@ -169,6 +169,16 @@ struct MigrationTests {
         #expect(Self.problems(root: copy.root, secret: copy.secret) == [])
     }
 
+    @Test("migrate is refused while a daemon holds the device (its lock taken), and changes nothing")
+    func refusedWhileADaemonRuns() throws {
+        let copy = try Copy()
+        let held = try DaemonInfo.takeLock(root: copy.root, remedy: "")
+        defer { close(held) }
+        let error = #expect(throws: ProtectedStoreError.self) { try copy.migrate() }
+        #expect(error?.kind == .alreadyExists && error?.problem.contains("a key daemon already serves this device") == true)
+        #expect(try DeviceFormat.state(root: copy.root) == .version1)
+    }
+
     @Test("every other command on a version 1 device fails with 65, naming the version, the command and migrate")
     func otherCommandsRefused() throws {
         let copy = try Copy()

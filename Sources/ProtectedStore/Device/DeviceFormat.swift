@@ -80,7 +80,7 @@ package enum DeviceFormat {
         guard try FileSystem.exists(Device.keybagPath(root: root)) else {
             throw ProtectedStoreError(.notFound, path: root, problem: "no device here (no keybag)", remedy: "Pass the root of the device to migrate with --root")
         }
-        let daemonLock = try takeDaemonLock(root: root)
+        let daemonLock = try DaemonInfo.takeLock(root: root, remedy: "Stop it first: a migration holds the keys itself")
         defer { close(daemonLock) }
         let containers = (root as NSString).appendingPathComponent("containers")
         let migration = (root as NSString).appendingPathComponent(migrationFolderName)
@@ -296,21 +296,6 @@ package enum DeviceFormat {
         } catch {
             throw ProtectedStoreError(.io, path: path, problem: "cannot list the directory (\(error.localizedDescription))", remedy: "Check the permissions of the device root")
         }
-    }
-
-    /// The daemon's own lock: held, no daemon serves the device and none can start.
-    private static func takeDaemonLock(root: String) throws -> Int32 {
-        let path = (root as NSString).appendingPathComponent("daemon.lock")
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard fd >= 0 else { throw ProtectedStoreError.io(Errno(rawValue: errno), path: path, doing: "open the daemon lock file") }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-            let busy = errno == EWOULDBLOCK
-            let error = Errno(rawValue: errno)
-            close(fd)
-            guard busy else { throw ProtectedStoreError.io(error, path: path, doing: "lock the daemon lock file") }
-            throw ProtectedStoreError(.alreadyExists, path: root, problem: "a key daemon serves this device", remedy: "Stop it first; a migration holds the keys itself")
-        }
-        return fd
     }
 
     /// fsync of every directory under `path`, deepest first, so each one's entries are durable before its parent's.
