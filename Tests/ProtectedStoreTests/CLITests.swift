@@ -24,7 +24,7 @@ struct CLI {
         process.standardOutput = output
         process.standardError = errors
         try process.run()
-        if let stdin { input.fileHandleForWriting.write(Data(stdin.utf8)) }
+        if let stdin { writeToChild(input.fileHandleForWriting, Data(stdin.utf8)) }
         try input.fileHandleForWriting.close()
         let out = output.fileHandleForReading.readDataToEndOfFile()
         let err = errors.fileHandleForReading.readDataToEndOfFile()

@@ -34,7 +34,7 @@ struct InteropTests {
         process.standardOutput = output
         process.standardError = output
         try process.run()
-        input.fileHandleForWriting.write(Data((passcode + "\n").utf8))
+        writeToChild(input.fileHandleForWriting, Data((passcode + "\n").utf8))
         try input.fileHandleForWriting.close()
         let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()

@@ -3,6 +3,16 @@ import Foundation
 @testable import ProtectedStoreCore
 import Testing
 
+/// Writes to a child's standard input. A child that exits before reading it (a command that fails early, as several
+/// tests want) must not take the whole test run down with SIGPIPE: broken pipes are ignored in this process, and the
+/// child's exit status is what the test looks at.
+func writeToChild(_ handle: FileHandle, _ data: Data) {
+    _ = brokenPipesIgnored
+    try? handle.write(contentsOf: data)
+}
+
+private let brokenPipesIgnored: Void = { signal(SIGPIPE, SIG_IGN) }()
+
 /// A spawned program whose standard output is read line by line as it arrives, with timeouts.
 final class SpawnedProcess: @unchecked Sendable {
     let process = Process()
@@ -76,7 +86,7 @@ final class SpawnedProcess: @unchecked Sendable {
     }
 
     func send(_ line: String) {
-        input.fileHandleForWriting.write(Data((line + "\n").utf8))
+        writeToChild(input.fileHandleForWriting, Data((line + "\n").utf8))
     }
 
     func signal(_ number: Int32) { kill(process.processIdentifier, number) }
