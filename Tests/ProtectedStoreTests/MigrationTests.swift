@@ -139,7 +139,7 @@ struct MigrationTests {
         let date = try device.container(bundleIdentifier: "com.example.notes").attributesOfItem(atPath: "Documents/d.bin")[.modificationDate] as? Date
         #expect(modified != nil && date == modified)
         // Done once: a second run has nothing to do and changes nothing.
-        #expect(try copy.migrate().wasCurrent)
+        #expect(try copy.migrate().outcome == .alreadyCurrent)
         #expect(!FileManager.default.fileExists(atPath: "\(copy.root)/\(DeviceFormat.migrationFolderName)"))
     }
 

@@ -28,7 +28,8 @@ package enum DeviceFormat {
         if try FileSystem.exists((root as NSString).appendingPathComponent(migrationFolderName)) { return .migrationInterrupted }
         let containers = (root as NSString).appendingPathComponent("containers")
         guard try FileSystem.exists(containers) else { return .current }
-        for folder in try listing(containers) where !folder.hasPrefix(".") {
+        // Run at every open: version 2 folders are named by a UUID-shaped id, so only another name costs a stat.
+        for folder in try listing(containers) where !folder.hasPrefix(".") && UUID(uuidString: folder) == nil {
             let metadata = ((containers as NSString).appendingPathComponent(folder) as NSString).appendingPathComponent(version1MetadataName)
             if try FileSystem.exists(metadata) { return .version1 }
         }
@@ -55,10 +56,15 @@ package enum DeviceFormat {
 
     /// What a migration did.
     package struct MigrationSummary: Sendable, Equatable {
-        /// The device was format version 2 already: nothing was done.
-        package var wasCurrent = false
-        /// An interrupted migration's switch was finished (no passcode needed).
-        package var finishedInterrupted = false
+        package enum Outcome: String, Sendable, Encodable {
+            /// Converted now.
+            case migrated
+            /// An interrupted migration's switch was finished (no passcode needed).
+            case finished
+            /// The device was format version 2 already: nothing was done.
+            case alreadyCurrent = "already-current"
+        }
+        package var outcome = Outcome.migrated
         package var containers = 0
         package var directories = 0
         package var files = 0
@@ -96,7 +102,7 @@ package enum DeviceFormat {
             }
             try removeTree(migration)
             try FileSystem.synchronizeDirectory(root)
-            summary.finishedInterrupted = true
+            summary.outcome = .finished
             return summary
         }
         if try FileSystem.exists(migration) {
@@ -105,7 +111,7 @@ package enum DeviceFormat {
             try FileSystem.synchronizeDirectory(root)
         }
         guard try state(root: root) == .version1 else {
-            summary.wasCurrent = true
+            summary.outcome = .alreadyCurrent
             return summary
         }
 
@@ -144,14 +150,9 @@ package enum DeviceFormat {
         return summary
     }
 
-    private struct Version1Metadata: Decodable {
-        var bundleIdentifier: String
-        var defaultProtection: String
-    }
-
     private static func migrateContainer(at path: String, folder: String, to device: Device, summary: inout MigrationSummary) throws {
         let metadataPath = (path as NSString).appendingPathComponent(version1MetadataName)
-        guard let metadata = try FileLocation(path: metadataPath).readJSON(Version1Metadata.self, what: "version 1 container description"),
+        guard let metadata = try FileLocation(path: metadataPath).readJSON(Container.Metadata.self, what: "version 1 container description"),
               metadata.bundleIdentifier == folder, let defaultClass = ProtectionClass(name: metadata.defaultProtection) else {
             throw ProtectedStoreError(.integrity, path: metadataPath, problem: "the version 1 container description is unreadable or names another container",
                                       remedy: "Restore it from a backup, then run `sandboxctl migrate` again (nothing has been changed)")

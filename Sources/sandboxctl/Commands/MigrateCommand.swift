@@ -41,18 +41,17 @@ struct MigrateCommand: ParsableCommand {
             let summary = try DeviceFormat.migrate(root: root, deviceSecretPath: device.resolvedDeviceSecret) {
                 try PasscodeInput.read(prompt: "Passcode: ", fromStandardInput: passcodeStdin)
             }
-            let result = summary.wasCurrent ? "already-current" : summary.finishedInterrupted ? "finished" : "migrated"
             if json {
-                try printJSON(Report(root: root, result: result, containers: summary.containers, directories: summary.directories, files: summary.files,
-                                     bytes: summary.bytes, inboxRecords: summary.inboxRecords, skipped: summary.skipped))
+                try printJSON(Report(root: root, result: summary.outcome.rawValue, containers: summary.containers, directories: summary.directories,
+                                     files: summary.files, bytes: summary.bytes, inboxRecords: summary.inboxRecords, skipped: summary.skipped))
                 return
             }
-            switch result {
-            case "already-current":
+            switch summary.outcome {
+            case .alreadyCurrent:
                 print("The device in \(root) is already in format version 2: nothing to do")
-            case "finished":
+            case .finished:
                 print("Finished the interrupted migration of \(root): it is in format version 2")
-            default:
+            case .migrated:
                 print("Migrated \(root) to format version 2: \(summary.containers) container(s), \(summary.directories) folder(s), "
                       + "\(summary.files) file(s) (\(summary.bytes) bytes, each read back and compared), \(summary.inboxRecords) Inbox record(s)")
                 for path in summary.skipped {
