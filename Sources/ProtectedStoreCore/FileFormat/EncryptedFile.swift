@@ -182,7 +182,7 @@ public final class EncryptedFile: @unchecked Sendable {
         }
         if isWritable && storedSize > layout.storedOffset(ofBlock: record.extent) {
             try DurableIO.truncate(descriptor, to: layout.storedOffset(ofBlock: record.extent), path: path)
-            try DurableIO.synchronize(descriptor, path: path)
+            try DurableIO.synchronizeContents(descriptor, path: path)
         }
         if isWritable {
             let firstHole = ps_seek_hole(descriptor.rawValue, BlockLayout.bodyOffset)
@@ -393,7 +393,7 @@ public final class EncryptedFile: @unchecked Sendable {
     public func synchronize() throws {
         try lock.withWriteLock {
             try checkOpen()
-            try DurableIO.synchronize(descriptor, path: path)
+            try DurableIO.synchronizeContents(descriptor, path: path)
             synchronizedExtent = record.extent
         }
     }
@@ -406,7 +406,7 @@ public final class EncryptedFile: @unchecked Sendable {
                 try FileHeader.sealing(fileKey: fileKey, fileID: header.fileID, protectionClass: newClass, blockSize: header.blockSize, keys: keys)
             }
             try writeStored(newHeader.serialized, at: 0)
-            try DurableIO.synchronize(descriptor, path: path)
+            try DurableIO.synchronizeContents(descriptor, path: path)
             header = newHeader
         }
     }
@@ -674,7 +674,7 @@ public final class EncryptedFile: @unchecked Sendable {
         // durable, or a power cut could pair the old block with a record that no longer hides its stale bytes.
         let rewritten = next.staleTails.filter { (first...last).contains($0.block) }
         if !rewritten.isEmpty {
-            try DurableIO.synchronize(descriptor, path: path)
+            try DurableIO.synchronizeContents(descriptor, path: path)
             synchronizedExtent = next.extent
             next.staleTails.removeAll { (first...last).contains($0.block) }
         }
@@ -701,12 +701,12 @@ public final class EncryptedFile: @unchecked Sendable {
             }
         }
         try store(next, key: key)
-        try DurableIO.synchronize(descriptor, path: path)
+        try DurableIO.synchronizeContents(descriptor, path: path)
         synchronizedExtent = next.extent
         if try Int64(FileSystem.fileSize(descriptor, path: path)) > layout.storedOffset(ofBlock: next.extent) {
             // Durably cut before anything can extend the file over those blocks again, which would bring them back.
             try DurableIO.truncate(descriptor, to: layout.storedOffset(ofBlock: next.extent), path: path)
-            try DurableIO.synchronize(descriptor, path: path)
+            try DurableIO.synchronizeContents(descriptor, path: path)
         }
     }
 
@@ -722,7 +722,7 @@ public final class EncryptedFile: @unchecked Sendable {
         try plaintext.withUnsafeBytes { buffer in
             try encryptAndStore(firstBlock: oldest.block, blockCount: 1, key: key) { _ in buffer }
         }
-        try DurableIO.synchronize(descriptor, path: path)
+        try DurableIO.synchronizeContents(descriptor, path: path)
         next.staleTails.removeFirst()
     }
 

@@ -74,10 +74,21 @@ package enum DurableIO {
         if let recording = activeRecorder, let identity = identity(of: descriptor) { recording.record(.truncate(identity, size: size)) }
     }
 
-    /// fsync: a file's data and size, or a directory's names, survive a power cut once this returns.
+    /// fsync: a directory's names (or all of a file, timestamps included) survive a power cut once this returns.
     package static func synchronize(_ descriptor: FileDescriptor, path: String) throws {
+        try synchronize(descriptor, path: path, call: "fsync", fsync)
+    }
+
+    /// fdatasync: a file's bytes and size survive a power cut once this returns. Its timestamps may not, which spares
+    /// the file system a journal commit when the writes changed neither the size nor the allocation (a page rewritten
+    /// in place): the store's format needs only the bytes and the size.
+    package static func synchronizeContents(_ descriptor: FileDescriptor, path: String) throws {
+        try synchronize(descriptor, path: path, call: "fdatasync", fdatasync)
+    }
+
+    private static func synchronize(_ descriptor: FileDescriptor, path: String, call: String, _ sync: (Int32) -> Int32) throws {
         try FaultInjection.checkSynchronize(descriptor, path: path)
-        guard fsync(descriptor.rawValue) == 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: "fsync") }
+        guard sync(descriptor.rawValue) == 0 else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path, doing: call) }
         if let recording = activeRecorder, let identity = identity(of: descriptor) { recording.record(.synchronize(identity)) }
     }
 

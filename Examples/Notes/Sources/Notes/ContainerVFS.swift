@@ -96,6 +96,15 @@ private final class OpenFile {
     /// the middle of a transaction, and the journal holds the page as it was.
     let isMainDatabase: Bool
     let vfs: ContainerVFS
+    /// A rollback journal's writes not yet stored, as one run of bytes from `pendingOffset`. SQLite writes a journal
+    /// as a header and then records of a page number, a page and a checksum: small unaligned writes, each of which
+    /// would re-seal a whole encrypted block and rewrite the length record. Kept here until SQLite syncs, reads, sizes,
+    /// truncates or closes the journal, they are stored as one write (what a page cache does for a plain file). Nothing
+    /// unsynced is promised durable, and SQLite writes the database only after syncing the journal.
+    private var pending: [UInt8] = []
+    private var pendingOffset: Int64 = 0
+    /// Past this, pending bytes are stored at once, so a huge transaction runs in bounded memory.
+    private static let pendingLimit = 1 << 20
 
     init(handle: ProtectedFileHandle, path: String, deleteOnClose: Bool, isJournal: Bool, isMainDatabase: Bool, vfs: ContainerVFS) {
         self.handle = handle
@@ -120,6 +129,47 @@ private final class OpenFile {
             } else {
                 try handle.truncate(atOffset: start)
             }
+        }
+    }
+
+    /// Writes `bytes` at `offset`: a journal's joins its pending run when it starts inside it or right after it,
+    /// anything else is stored now (a journal's pending run first).
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
+        guard isJournal else { return try store(bytes, at: offset) }
+        let pendingEnd = pendingOffset + Int64(pending.count)
+        if pending.isEmpty || offset < pendingOffset || offset > pendingEnd {
+            try storePending()
+            pendingOffset = offset
+        }
+        let start = Int(offset - pendingOffset)
+        if start + bytes.count > pending.count { pending += repeatElement(0, count: start + bytes.count - pending.count) }
+        pending.withUnsafeMutableBytes { UnsafeMutableRawBufferPointer(rebasing: $0[start..<start + bytes.count]).copyMemory(from: bytes) }
+        if pending.count >= Self.pendingLimit { try storePending() }
+    }
+
+    /// Stores the journal's pending bytes, if any, and forgets them (their plaintext zeroed).
+    func storePending() throws {
+        guard !pending.isEmpty else { return }
+        defer { discardPending() }
+        try pending.withUnsafeBytes { try store($0, at: pendingOffset) }
+    }
+
+    /// Forgets the pending bytes unstored (a journal deleted on close), zeroing their plaintext.
+    func discardPending() {
+        pending.withUnsafeMutableBytes { if let base = $0.baseAddress { explicit_bzero(base, $0.count) } }
+        pending.removeAll()
+    }
+
+    private func store(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
+        let data = Data(bytes)
+        do {
+            try handle.write(contentsOf: data, atOffset: UInt64(offset))
+        } catch let error as CocoaError where error.code == .fileReadCorruptFile && isJournal {
+            // Writing part of a journal block means reading the rest of it first; a block a power cut tore holds
+            // nothing this session wrote (its own writes leave whole blocks), only an old journal's bytes, which
+            // SQLite ignores: replace them with zeros, as its checksums would reject them, and write again.
+            try clearTornBlocks(around: UInt64(offset)..<UInt64(offset) + UInt64(bytes.count))
+            try handle.write(contentsOf: data, atOffset: UInt64(offset))
         }
     }
 
@@ -249,6 +299,7 @@ nonisolated(unsafe) private let ioMethods: UnsafeMutablePointer<sqlite3_io_metho
         let opened = Unmanaged<OpenFile>.fromOpaque(wrapper.pointee.handle).takeRetainedValue()
         wrapper.pointee.handle = nil
         return opened.run(PS_SQLITE_IOERR_CLOSE) {
+            if opened.deleteOnClose { opened.discardPending() } else { try opened.storePending() }
             try opened.handle.close()
             if opened.deleteOnClose { try opened.vfs.container.removeItem(atPath: opened.path) }
         }
@@ -257,6 +308,7 @@ nonisolated(unsafe) private let ioMethods: UnsafeMutablePointer<sqlite3_io_metho
         let opened = OpenFile.from(file)
         var read = 0
         let status = opened.run(PS_SQLITE_IOERR_READ) {
+            try opened.storePending()
             do {
                 let data = try opened.handle.read(upToCount: Int(amount), atOffset: UInt64(offset))
                 data.copyBytes(to: buffer!.assumingMemoryBound(to: UInt8.self), count: data.count)
@@ -280,29 +332,29 @@ nonisolated(unsafe) private let ioMethods: UnsafeMutablePointer<sqlite3_io_metho
     methods.xWrite = { file, buffer, amount, offset in
         let opened = OpenFile.from(file)
         return opened.run(PS_SQLITE_IOERR_WRITE) {
-            let data = Data(bytes: buffer!, count: Int(amount))
-            do {
-                try opened.handle.write(contentsOf: data, atOffset: UInt64(offset))
-            } catch let error as CocoaError where error.code == .fileReadCorruptFile && opened.isJournal {
-                // Writing part of a journal block means reading the rest of it first; a block a power cut tore holds
-                // nothing this session wrote (its own writes leave whole blocks), only an old journal's bytes, which
-                // SQLite ignores: replace them with zeros, as its checksums would reject them, and write again.
-                try opened.clearTornBlocks(around: UInt64(offset)..<UInt64(offset) + UInt64(amount))
-                try opened.handle.write(contentsOf: data, atOffset: UInt64(offset))
-            }
+            try opened.write(UnsafeRawBufferPointer(start: buffer, count: Int(amount)), at: offset)
         }
     }
     methods.xTruncate = { file, size in
         let opened = OpenFile.from(file)
-        return opened.run(PS_SQLITE_IOERR_TRUNCATE) { try opened.handle.truncate(atOffset: UInt64(size)) }
+        return opened.run(PS_SQLITE_IOERR_TRUNCATE) {
+            try opened.storePending()
+            try opened.handle.truncate(atOffset: UInt64(size))
+        }
     }
     methods.xSync = { file, _ in
         let opened = OpenFile.from(file)
-        return opened.run(PS_SQLITE_IOERR_FSYNC) { try opened.handle.synchronize() }
+        return opened.run(PS_SQLITE_IOERR_FSYNC) {
+            try opened.storePending()
+            try opened.handle.synchronize()
+        }
     }
     methods.xFileSize = { file, size in
-        size?.pointee = sqlite3_int64(OpenFile.from(file).handle.size)
-        return SQLITE_OK
+        let opened = OpenFile.from(file)
+        return opened.run(PS_SQLITE_IOERR_FSTAT) {
+            try opened.storePending()
+            size?.pointee = sqlite3_int64(opened.handle.size)
+        }
     }
     // One connection per database at a time (the store holds it): the lock levels need no bookkeeping.
     methods.xLock = { _, _ in SQLITE_OK }

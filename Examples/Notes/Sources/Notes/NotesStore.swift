@@ -147,7 +147,7 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
             try openIfAvailable()
             guard let connection else { throw unavailable() }
             do {
-                return try connection.run("SELECT id, title, body, created, imported_from FROM notes ORDER BY created, id").map(Self.note)
+                return try connection.query("SELECT id, title, body, created, imported_from FROM notes ORDER BY created, id", row: Self.note)
             } catch where Self.isDataProtectionDenial(error) {
                 dropConnection()
                 throw error
@@ -285,13 +285,12 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
         }
     }
 
-    private static func note(_ row: [SQLValue]) throws -> Note {
-        guard case .text(let id) = row[0], let uuid = UUID(uuidString: id), case .text(let title) = row[1], case .text(let body) = row[2],
-              case .real(let created) = row[3] else {
+    private static func note(_ row: SQLRow) throws -> Note {
+        guard let id = row.text(0), let uuid = UUID(uuidString: id), let title = row.text(1), let body = row.text(2),
+              let created = row.real(3) else {
             throw NotesStoreError(problem: "a row of the notes table has unexpected types", path: nil, remedy: "Restore the database from a backup")
         }
-        let importedFrom: String? = if case .text(let name) = row[4] { name } else { nil }
-        return Note(id: uuid, title: title, body: body, created: Date(timeIntervalSinceReferenceDate: created), importedFrom: importedFrom)
+        return Note(id: uuid, title: title, body: body, created: Date(timeIntervalSinceReferenceDate: created), importedFrom: row.text(4))
     }
 
     // MARK: The pending journal

@@ -48,6 +48,11 @@ final class SQLiteConnection {
     /// Runs one statement with `bindings`, returning its rows.
     @discardableResult
     func run(_ sql: String, _ bindings: [SQLValue] = []) throws -> [[SQLValue]] {
+        try query(sql, bindings) { row in (0..<row.columnCount).map(row.value) }
+    }
+
+    /// Runs one statement with `bindings`, turning each row into a value in place (no intermediate row arrays).
+    func query<Row>(_ sql: String, _ bindings: [SQLValue] = [], row decode: (SQLRow) throws -> Row) throws -> [Row] {
         _ = vfs.takeLastFailure()
         var statement: OpaquePointer?
         var status = sqlite3_prepare_v2(handle, sql, -1, &statement, nil)
@@ -61,18 +66,12 @@ final class SQLiteConnection {
             case .null: sqlite3_bind_null(statement, position)
             }
         }
-        var rows: [[SQLValue]] = []
+        var rows: [Row] = []
         while true {
             status = sqlite3_step(statement)
             if status == SQLITE_DONE { return rows }
             guard status == SQLITE_ROW else { throw failure(status, doing: "run \(sql)") }
-            rows.append((0..<sqlite3_column_count(statement)).map { column in
-                switch sqlite3_column_type(statement, column) {
-                case SQLITE_NULL: return .null
-                case SQLITE_FLOAT, SQLITE_INTEGER: return .real(sqlite3_column_double(statement, column))
-                default: return .text(String(cString: sqlite3_column_text(statement, column)))
-                }
-            })
+            rows.append(try decode(SQLRow(statement: statement)))
         }
     }
 
@@ -83,6 +82,33 @@ final class SQLiteConnection {
         let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? String(cString: sqlite3_errstr(status))
         return NotesStoreError(problem: "SQLite could not \(action): \(message) (code \(status))", path: path,
                                remedy: status & 0xff == SQLITE_CORRUPT ? "Restore the database from a backup" : "Check the database file and the free space")
+    }
+}
+
+/// The current row of a statement being stepped; valid only inside `query`'s closure.
+struct SQLRow {
+    fileprivate let statement: OpaquePointer?
+
+    var columnCount: Int32 { sqlite3_column_count(statement) }
+
+    /// The column's value: integers read as reals, anything else not NULL as text.
+    func value(_ column: Int32) -> SQLValue {
+        switch sqlite3_column_type(statement, column) {
+        case SQLITE_NULL: .null
+        case SQLITE_FLOAT, SQLITE_INTEGER: .real(sqlite3_column_double(statement, column))
+        default: .text(String(cString: sqlite3_column_text(statement, column)))
+        }
+    }
+
+    /// The column as text; nil if it is NULL.
+    func text(_ column: Int32) -> String? {
+        sqlite3_column_text(statement, column).map { String(cString: $0) }
+    }
+
+    /// The column as a real, if it is a number.
+    func real(_ column: Int32) -> Double? {
+        let type = sqlite3_column_type(statement, column)
+        return type == SQLITE_FLOAT || type == SQLITE_INTEGER ? sqlite3_column_double(statement, column) : nil
     }
 }
 

@@ -62,6 +62,22 @@ struct NotesPowerCutTests {
         print("notes delete: \(summary)")
     }
 
+    @Test("a power cut during a transaction whose rollback journal outgrows the VFS's write-behind buffer leaves all of it or none")
+    func powerCutDuringLargeTransaction() async throws {
+        let device = try TestDevice()
+        let store = try NotesStore(container: device.container)
+        // A 3000-byte row fills a page of its own, so deleting 400 of them journals 400 pages (1.6 MB): more than the
+        // 1 MiB the VFS keeps before storing, so the journal is written in several runs.
+        let titles = (0..<400).map { "note \($0)" }
+        let filler = String(repeating: "x", count: 3000)
+        try store.transaction { batch in for title in titles { batch.add(title: title, body: filler) } }
+        let ids = try store.notes().map(\.id)
+        let summary = try await Self.expectEveryPowerCut(on: device, seed: 14, before: titles, after: []) {
+            try store.transaction { batch in for id in ids { batch.delete(id: id) } }
+        }
+        print("notes large transaction: \(summary)")
+    }
+
     @Test("a power cut while the unlock folds the locked journal into the database loses no note and applies none twice")
     func powerCutDuringJournalFold() async throws {
         let device = try TestDevice()
