@@ -123,7 +123,7 @@ extension Container {
     /// Records the delivery, then renames the staged file to a free name, both under the queue's lock. A crash between
     /// the two leaves a record naming the staged file, which the receiver finishes (`inboxItemExists`). Records whose
     /// item is gone (deleted, or moved out of the Inbox) are pruned here, so their names are free again.
-    private func commit(_ staged: FileLocation, named wanted: String, in inbox: OpenDirectory, size: UInt64,
+    func commit(_ staged: FileLocation, named wanted: String, in inbox: OpenDirectory, size: UInt64,
                         sourceApplication: String?, annotation: String?) throws -> InboxQueue.Entry {
         try inboxQueue.withLock {
             let inboxDisplay = directory.displayPath(inboxPath)
@@ -264,7 +264,7 @@ extension Container {
     static let maximumAnnotationBytes = 16 * 1024
 
     /// An item name as a sender may give it: one non-empty path component, not reserved.
-    static func checkedInboxName(_ name: String, source: String) throws -> String {
+    package static func checkedInboxName(_ name: String, source: String) throws -> String {
         func reject(_ problem: String) -> ProtectedStoreError {
             ProtectedStoreError(.invalidArgument, path: source, problem: problem, remedy: "Rename the file (or pass another name) to a plain file name, such as report.pdf")
         }
@@ -285,7 +285,7 @@ extension Container {
         return name
     }
 
-    static func checkSourceApplication(_ identifier: String) throws {
+    package static func checkSourceApplication(_ identifier: String) throws {
         do {
             try validate(bundleIdentifier: identifier)
         } catch let error as ProtectedStoreError {
@@ -295,7 +295,7 @@ extension Container {
 
     /// The annotation re-encoded compactly, once checked: valid JSON, within the size limit, and nothing a property
     /// list can't hold (null).
-    static func checkedAnnotation(_ json: String) throws -> String {
+    package static func checkedAnnotation(_ json: String) throws -> String {
         func reject(_ problem: String) -> ProtectedStoreError {
             ProtectedStoreError(.invalidArgument, problem: "the annotation \(problem)",
                                 remedy: "Pass a JSON value without null, such as '{\"subject\": \"Q3 report\", \"pages\": 12}'")

@@ -1,13 +1,15 @@
 import ArgumentParser
 import Foundation
+import Logging
 import ProtectedStore
+import ProtectedStoreMount
 
 struct InboxCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "inbox",
         abstract: "Hand files to an app through its Documents/Inbox, and list what is there.",
         discussion: "The app may read and delete Inbox items but not write them; each delivery sends the app an open-URL event (see `sandboxctl watch BUNDLE`).",
-        subcommands: [InboxDeliverCommand.self, InboxListCommand.self]
+        subcommands: [InboxDeliverCommand.self, InboxMountCommand.self, InboxListCommand.self]
     )
 }
 
@@ -188,5 +190,97 @@ final class ProgressBar {
     func finish() {
         if drawn { FileHandle.standardError.write(Data("\n".utf8)) }
         drawn = false
+    }
+}
+
+struct InboxMountCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "mount",
+        abstract: "Serve a drop folder at DIR (FUSE): every file a program writes there is delivered into BUNDLE's Documents/Inbox.",
+        discussion: """
+            Point any program's output or download folder at DIR. A file is encrypted as it is written (constant memory) \
+            and delivered whole, as `inbox deliver` delivers, once its writer is done: its last descriptor closed and no \
+            rename within --settle seconds, or at once when a rename gives a closed file its final name. Names starting \
+            with "." or ending in .part, .partial, .crdownload, .tmp or ~ are temporary (browsers, rsync, curl, editors): \
+            such a file is delivered only after a rename to a final name. A file removed before that, or whose writer \
+            is killed by a signal while writing, is never delivered; nor is anything still open or temporary when the \
+            drop folder stops (unfinished files are swept from the Inbox at the next start).
+
+            The folder is write-only and flat: opening a file for reading gives EACCES, a listing shows only files not \
+            yet delivered, subfolders, links and special files are refused (EPERM). Each delivery records an open-URL \
+            event whose source is --from, else `local.<executable>` of the writing program, and whose annotation is the \
+            file's user.inbox.annotation extended attribute (setfattr), else --annotation. Locked or before first \
+            unlock, drops still work: items are sealed for class B and take the default class at their first unlocked \
+            open. With a running `sandboxctl daemon` the mount follows its lock state; without one it works before \
+            first unlock.
+
+            By default the drop folder runs in the background and this command returns once it is ready; its log goes \
+            to $XDG_STATE_HOME/sandboxctl/logs/<keybag id>/inbox-<bundle>.log. Stop it with `fusermount3 -u DIR` or \
+            SIGTERM. Exit status: 64 for a bad --from, --annotation or DIR (not empty, not a directory, inside the \
+            device root); 1 for an unknown bundle, a missing DIR or one already mounted (busy).
+            """
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Option(name: .customLong("from"), help: ArgumentHelp("The source application of every delivery (a bundle identifier); default: local.<writing program>.", valueName: "bundle-id"))
+    var sourceApplication: String?
+
+    @Option(help: ArgumentHelp("A JSON value for every delivery's event (no null); a file's user.inbox.annotation attribute overrides it.", valueName: "json"))
+    var annotation: String?
+
+    @Option(help: ArgumentHelp("Seconds a closed file waits for a rename before it is delivered.", valueName: "seconds"))
+    var settle: Double = 1
+
+    @Flag(help: "Stay in the foreground and log to standard error until unmounted or interrupted.")
+    var foreground = false
+
+    @Flag(help: "Also log every name and annotation refused.")
+    var verbose = false
+
+    @Flag(help: .private)
+    var backgroundChild = false
+
+    @Argument(help: ArgumentHelp("The app's container.", valueName: "bundle"))
+    var bundleIdentifier: String
+
+    @Argument(help: ArgumentHelp("An empty directory outside the device root.", valueName: "dir"))
+    var directory: String
+
+    func validate() throws {
+        guard settle >= 0 && settle <= 3600 else { throw ValidationError("--settle must be between 0 and 3600 seconds") }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let root = device.resolvedRoot
+            if let sourceApplication { try Container.checkSourceApplication(sourceApplication) }
+            let checkedAnnotation = try annotation.map(Container.checkedAnnotation)
+            let mountPoint = try MountPoint.check(directory, deviceRoot: root)
+            let container = try device.open().container(bundleIdentifier: bundleIdentifier)
+            guard foreground || backgroundChild else {
+                var arguments = ["inbox", "mount", bundleIdentifier, mountPoint, "--background-child", "--root", root, "--settle", "\(settle)"]
+                if let secret = device.resolvedDeviceSecret { arguments += ["--device-secret", secret] }
+                if let sourceApplication { arguments += ["--from", sourceApplication] }
+                if let checkedAnnotation { arguments += ["--annotation", checkedAnnotation] }
+                if verbose { arguments.append("--verbose") }
+                let started = try MountCommand.startDetached(arguments: arguments, root: root, logName: "inbox-\(bundleIdentifier).log")
+                print("Drop folder for \(bundleIdentifier)'s Inbox at \(mountPoint) (pid \(started.process), log \(started.log)).")
+                print("Stop it with: fusermount3 -u \(mountPoint)")
+                return
+            }
+            if backgroundChild { setsid() }
+            MountCommand.bootstrapLogging(verbose: verbose)
+            let logger = Logger(label: "sandboxctl.inbox-mount")
+            let fileSystem = InboxDropFileSystem(container: container, sourceApplication: sourceApplication, annotation: checkedAnnotation,
+                                                 settleTime: settle, logger: logger)
+            try InboxDropMount(fileSystem: fileSystem, mountPoint: mountPoint, logger: logger).run {
+                guard backgroundChild else {
+                    FileHandle.standardError.write(Data("Drop folder for \(bundleIdentifier)'s Inbox at \(mountPoint); Ctrl-C or `fusermount3 -u \(mountPoint)` to stop\n".utf8))
+                    return
+                }
+                MountCommand.announceReady()
+            }
+        }
     }
 }

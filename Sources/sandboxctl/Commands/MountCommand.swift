@@ -57,24 +57,14 @@ struct MountCommand: ParsableCommand {
 
     private func serve(_ container: Container, at mountPoint: String) throws {
         if backgroundChild { setsid() }
-        let level: Logger.Level = verbose ? .debug : .info
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        Self.bootstrapLogging(verbose: verbose)
         let mount = FUSEMount(container: container, mountPoint: mountPoint, logger: Logger(label: "sandboxctl.mount"))
         try mount.run {
             guard backgroundChild else {
                 FileHandle.standardError.write(Data("Serving \(container.bundleIdentifier) at \(mountPoint); Ctrl-C or `fusermount3 -u \(mountPoint)` to stop\n".utf8))
                 return
             }
-            print("ready")
-            fflush(nil)
-            // The starting command has its answer; nothing more goes to its pipe.
-            let null = open("/dev/null", O_WRONLY)
-            dup2(null, STDOUT_FILENO)
-            close(null)
+            Self.announceReady()
         }
     }
 
@@ -88,9 +78,21 @@ struct MountCommand: ParsableCommand {
 
     /// Starts this command again as a detached process and waits until it has mounted (or failed, with its log).
     private func startInBackground(root: String, mountPoint: String) throws {
-        let logDirectory = try Self.logDirectory(root: root)
+        var arguments = ["mount", bundleIdentifier, mountPoint, "--background-child", "--root", root]
+        if let secret = device.resolvedDeviceSecret { arguments += ["--device-secret", secret] }
+        if verbose { arguments.append("--verbose") }
+        let pid = try Self.startDetached(arguments: arguments, root: root, logName: "mount-\(bundleIdentifier).log")
+        print("Mounted \(bundleIdentifier) at \(mountPoint) (pid \(pid.process), log \(pid.log)).")
+        print("Unmount with: fusermount3 -u \(mountPoint)")
+    }
+
+    /// Runs sandboxctl with `arguments` (a command with `--background-child`) as a detached process logging to
+    /// `logName` in the device's log folder, and waits until it says "ready"; if it fails first, prints its log and
+    /// exits with its status. Returns its process id and log path.
+    static func startDetached(arguments: [String], root: String, logName: String) throws -> (process: pid_t, log: String) {
+        let logDirectory = try logDirectory(root: root)
         try FileManager.default.createDirectory(atPath: logDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        let logPath = (logDirectory as NSString).appendingPathComponent("mount-\(bundleIdentifier).log")
+        let logPath = (logDirectory as NSString).appendingPathComponent(logName)
         if !FileManager.default.fileExists(atPath: logPath) {
             _ = FileManager.default.createFile(atPath: logPath, contents: nil, attributes: [.posixPermissions: 0o600])
         }
@@ -100,9 +102,6 @@ struct MountCommand: ParsableCommand {
         let logStart = log.seekToEndOfFile()
         let child = Process()
         child.executableURL = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
-        var arguments = ["mount", bundleIdentifier, mountPoint, "--background-child", "--root", root]
-        if let secret = device.resolvedDeviceSecret { arguments += ["--device-secret", secret] }
-        if verbose { arguments.append("--verbose") }
         child.arguments = arguments
         let ready = Pipe()
         child.standardInput = FileHandle.nullDevice
@@ -126,7 +125,25 @@ struct MountCommand: ParsableCommand {
             FileHandle.standardError.write(Data((output ?? "").utf8))
             throw ExitCode(child.terminationStatus == 0 ? ExitStatus.failure : child.terminationStatus)
         }
-        print("Mounted \(bundleIdentifier) at \(mountPoint) (pid \(child.processIdentifier), log \(logPath)).")
-        print("Unmount with: fusermount3 -u \(mountPoint)")
+        return (child.processIdentifier, logPath)
+    }
+
+    /// In a background child: says "ready" to the starting command, then leaves its pipe.
+    static func announceReady() {
+        print("ready")
+        fflush(nil)
+        let null = open("/dev/null", O_WRONLY)
+        dup2(null, STDOUT_FILENO)
+        close(null)
+    }
+
+    /// Logs to standard error at `verbose`'s level (the background child's standard error is its log file).
+    static func bootstrapLogging(verbose: Bool) {
+        let level: Logger.Level = verbose ? .debug : .info
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
     }
 }

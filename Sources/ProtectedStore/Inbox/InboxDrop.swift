@@ -1,0 +1,147 @@
+import Foundation
+import ProtectedStoreCore
+import SystemPackage
+
+/// A file written into an app's Inbox piece by piece, by a program that knows nothing of ProtectedStore (the drop
+/// folder of `sandboxctl inbox mount`): staged as a hidden file in `Documents/Inbox/`, encrypted as it is written (at
+/// any offsets, in constant memory), and delivered whole by `deliver(named:sourceApplication:annotationJSON:)`, exactly
+/// as `deliverToInbox` delivers a local file. It is sealed for class B while written, so drops work locked and before
+/// first unlock; unlocked at delivery, it takes the Inbox's class then (one header rewrite).
+package final class InboxDrop: @unchecked Sendable {
+    /// Staging names of drops start with this and the writing process's id, so a later drop mount sweeps only the
+    /// leftovers of processes that are gone (`Container.sweepAbandonedInboxDrops()`).
+    static let stagingPrefix = "\(FileSystem.temporaryPrefix)drop-"
+
+    private let container: Container
+    private let inbox: OpenDirectory
+    private let staged: FileLocation
+    private let file: EncryptedFile
+    private let handle: ProtectedFileHandle
+    private let lock = NSLock()
+    private enum State { case writing, closed, delivered, discarded }
+    private var state = State.writing
+
+    fileprivate init(container: Container) throws {
+        self.container = container
+        inbox = try container.directory.openDirectory(container.inboxPath)
+        let displayPath = container.directory.displayPath(container.inboxPath)
+        staged = FileLocation(directory: inbox.descriptor, name: "\(Self.stagingPrefix)\(getpid())-\(Random.bytes(8).hex)", displayPath: displayPath)
+        file = try EncryptedFile.create(at: staged, protectionClass: .completeUnlessOpen, flags: .awaitsDefaultClass, keys: container.device)
+        do {
+            handle = try ProtectedFileHandle(file: file, path: displayPath, container: container)
+        } catch {
+            staged.unlink()
+            throw error
+        }
+    }
+
+    deinit { discard() }
+
+    /// Bytes written so far (the highest offset reached).
+    package var size: Int64 { file.size }
+
+    /// Writes `bytes` at `offset` (a gap before it reads as zeros).
+    package func write(from bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
+        try foundationErrors(writing: true) { try file.write(from: bytes, at: offset) }
+    }
+
+    /// Cuts or extends the file to `size` bytes.
+    package func truncate(to size: Int64) throws {
+        try foundationErrors(writing: true) { try file.truncate(to: size) }
+    }
+
+    /// Makes what was written so far durable (the writer's fsync); it is still not delivered.
+    package func synchronize() throws {
+        try foundationErrors(writing: true) { try file.synchronize() }
+    }
+
+    /// Delivers the file into the Inbox under `name` (or a free variant of it), with an open-URL event carrying
+    /// `sourceApplication` and `annotationJSON`, checked as `deliverToInbox` checks them. If it fails, nothing is
+    /// delivered and the staged file is gone.
+    @discardableResult
+    package func deliver(named name: String, sourceApplication: String?, annotationJSON: String?) throws -> InboxItem {
+        try foundationErrors(writing: true) {
+            do {
+                guard lock.withLock({ state == .writing }) else {
+                    throw ProtectedStoreError(.invalidArgument, path: staged.displayPath, problem: "this drop was already delivered or discarded",
+                                              remedy: "Start a new drop")
+                }
+                let itemName = try Container.checkedInboxName(name, source: container.directory.displayPath(container.inboxPath.appending(name)))
+                if let sourceApplication { try Container.checkSourceApplication(sourceApplication) }
+                let annotation = try annotationJSON.map(Container.checkedAnnotation)
+                var sealedClass = (protection: ProtectionClass.completeUnlessOpen, awaitsDefaultClass: true)
+                let target = try container.inheritedClass(in: inbox)
+                if container.device.state == .unlocked || target == .completeUnlessOpen {
+                    do {
+                        try file.changeProtectionClass(to: target, keys: container.device)
+                        sealedClass = (target, false)
+                    } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
+                        // Locked meanwhile: delivered sealed for class B, as a locked device delivers.
+                    }
+                }
+                let size = UInt64(file.size)
+                try file.synchronize()
+                lock.withLock { state = .closed }
+                handle.forget()
+                try file.close()
+                let entry = try container.commit(staged, named: itemName, in: inbox, size: size, sourceApplication: sourceApplication, annotation: annotation)
+                lock.withLock { state = .delivered }
+                return InboxItem(name: entry.name, path: "\(Container.documentsInbox)/\(entry.name)", state: .pendingEvent, sourceApplication: sourceApplication,
+                                 annotationJSON: annotation, size: entry.size, protection: sealedClass.protection.fileProtectionType,
+                                 awaitsDefaultClass: sealedClass.awaitsDefaultClass, sequenceNumber: entry.sequence, deliveryDate: entry.deliveredAt, problem: nil)
+            } catch {
+                discard()
+                throw error
+            }
+        }
+    }
+
+    /// Throws away what was written: nothing is delivered. Does nothing once delivered or discarded.
+    package func discard() {
+        let previous = lock.withLock {
+            defer { if state != .delivered { state = .discarded } }
+            return state
+        }
+        switch previous {
+        case .delivered, .discarded:
+            return
+        case .writing:
+            handle.forget()
+            try? file.close()
+        case .closed:
+            break
+        }
+        staged.unlink()
+    }
+}
+
+extension Container {
+    /// Starts a file that a program writes into the Inbox piece by piece (see `InboxDrop`).
+    package func beginInboxDrop() throws -> InboxDrop {
+        try foundationErrors(writing: true) { try InboxDrop(container: self) }
+    }
+
+    /// Removes the staged files of drops whose writing process is gone (a drop mount killed mid-file) and that no
+    /// delivery record names (those are interrupted deliveries, which the receiver finishes). Returns how many went.
+    @discardableResult
+    package func sweepAbandonedInboxDrops() throws -> Int {
+        try foundationErrors(writing: true) {
+            let inbox = try directory.openDirectory(inboxPath)
+            let displayPath = directory.displayPath(inboxPath)
+            return try inboxQueue.withLock {
+                let recorded = Set(try inboxQueue.entries().map(\.stagingName))
+                var removed = 0
+                for entry in try DirectoryNames.entries(in: try inbox.reopened(), displayPath: displayPath)
+                where entry.hasPrefix(InboxDrop.stagingPrefix) && !recorded.contains(entry) {
+                    let owner = entry.dropFirst(InboxDrop.stagingPrefix.count).split(separator: "-").first.flatMap { pid_t($0) }
+                    // A live owner is a drop mount still writing it.
+                    if let owner, owner == getpid() || kill(owner, 0) == 0 || Foundation.errno == EPERM { continue }
+                    FileLocation(directory: inbox.descriptor, name: entry, displayPath: displayPath).unlink()
+                    removed += 1
+                }
+                if removed > 0 { try FileLocation(directory: inbox.descriptor, name: ".", displayPath: displayPath).synchronizeDirectory() }
+                return removed
+            }
+        }
+    }
+}

@@ -1,0 +1,426 @@
+import Foundation
+import Logging
+import ProtectedStore
+import SystemPackage
+
+/// The rules of an Inbox drop folder (`sandboxctl inbox mount`), apart from FUSE: a flat, write-only folder whose files
+/// are delivered into one container's `Documents/Inbox/` once their writers are done (docs/DESIGN.md, "The drop folder").
+///
+/// - A file is *done* when its last descriptor closes and nothing renames it for `settleTime` (a program that writes a
+///   temporary file and renames it, as Python's `tempfile` + `os.replace` does, renames within that time), or at once
+///   when a rename gives a closed file a final name.
+/// - A *temporary name* (starting with ".", or ending in .part, .partial, .crdownload, .tmp or ~: browsers, rsync,
+///   curl, editors) is never delivered: such a file waits for its rename.
+/// - A writer killed by a signal with the file open, an unlinked file and a file replaced by another are never
+///   delivered; nor is anything still open or temporary when the drop folder stops.
+/// - Nothing can be read back: opening for reading is EACCES, and the listing shows only files not yet delivered.
+package final class InboxDropFileSystem: @unchecked Sendable {
+    package let container: Container
+    /// `--from`: the source application of every delivery; else each writer's executable (`local.<name>`).
+    let sourceApplication: String?
+    /// `--annotation`: every delivery's annotation, unless a file has its own (`user.inbox.annotation`).
+    let annotation: String?
+    let settleTime: TimeInterval
+    private let logger: Logger
+
+    /// One file being written.
+    /// Guarded by the file system's mutex.
+    private final class DropFile: @unchecked Sendable {
+        let drop: InboxDrop
+        let inode: UInt64
+        /// Its name in the folder; nil once unlinked or replaced by a rename.
+        var name: String?
+        var openCount = 0
+        /// A writer died by a signal while it had the file open: the content may be partial.
+        var abandoned = false
+        var annotation: String?
+        let writer: String?
+        var modified = timespec()
+        /// Bumped by every open, rename and close, so a settle timer fires only if nothing happened since it was set.
+        var generation = 0
+
+        init(drop: InboxDrop, inode: UInt64, name: String, writer: String?) {
+            self.drop = drop
+            self.inode = inode
+            self.name = name
+            self.writer = writer
+            clock_gettime(CLOCK_REALTIME, &modified)
+        }
+    }
+
+    private let mutex = NSLock()
+    private var visible: [String: DropFile] = [:]
+    private var handles: [UInt64: DropFile] = [:]
+    private var nextHandle: UInt64 = 1
+    private var nextInode: UInt64 = 2
+    private var stopped = false
+    private let mountedAt = Date()
+
+    package init(container: Container, sourceApplication: String?, annotation: String?, settleTime: TimeInterval = 1, logger: Logger) {
+        self.container = container
+        self.sourceApplication = sourceApplication
+        self.annotation = annotation
+        self.settleTime = settleTime
+        self.logger = logger
+    }
+
+    // MARK: Names
+
+    /// Whether `name` is one a program writes before renaming to the real one.
+    package static func isTemporaryName(_ name: String) -> Bool {
+        let lowered = name.lowercased()
+        return name.hasPrefix(".") || name.hasSuffix("~") || [".part", ".partial", ".crdownload", ".tmp"].contains { lowered.hasSuffix($0) }
+    }
+
+    /// The one name in a kernel path ("/name"); the folder itself is "/". Subfolders do not exist.
+    private func name(in path: String) throws -> String {
+        let name = String(path.dropFirst())
+        guard path.hasPrefix("/"), !name.isEmpty, !name.contains("/") else { throw Errno.noSuchFileOrDirectory }
+        return name
+    }
+
+    /// A name a new or renamed file may take: temporary, or one the Inbox accepts (EINVAL otherwise).
+    private func checkedName(_ name: String) throws -> String {
+        guard !Self.isTemporaryName(name) else { return name }
+        do {
+            return try Container.checkedInboxName(name, source: name)
+        } catch {
+            logger.info("refused the name \(name): \(error)")
+            throw Errno.invalidArgument
+        }
+    }
+
+    // MARK: Attributes and listing
+
+    package func attributes(of path: String) throws -> stat {
+        if path == "/" { return folderAttributes() }
+        let name = try name(in: path)
+        return try mutex.withLock {
+            guard let file = visible[name] else { throw Errno.noSuchFileOrDirectory }
+            return attributes(of: file)
+        }
+    }
+
+    package func attributes(ofHandle handle: UInt64) throws -> stat {
+        try mutex.withLock { attributes(of: try file(handle)) }
+    }
+
+    private func folderAttributes() -> stat {
+        var info = stat()
+        info.st_mode = S_IFDIR | 0o755
+        info.st_nlink = 2
+        info.st_ino = 1
+        info.st_uid = getuid()
+        info.st_gid = getgid()
+        let seconds = time_t(mountedAt.timeIntervalSince1970)
+        info.st_mtim = timespec(tv_sec: seconds, tv_nsec: 0)
+        info.st_ctim = info.st_mtim
+        info.st_atim = info.st_mtim
+        return info
+    }
+
+    private func attributes(of file: DropFile) -> stat {
+        var info = stat()
+        // Write-only: the writer's own tools see that nothing can be read back.
+        info.st_mode = S_IFREG | 0o200
+        info.st_nlink = 1
+        info.st_ino = ino_t(file.inode)
+        info.st_uid = getuid()
+        info.st_gid = getgid()
+        info.st_size = off_t(file.drop.size)
+        // Copy tools size their writes by it: 1 MiB requests are encrypted on every core (EncryptedFile's parallel path).
+        info.st_blksize = 1 << 20
+        info.st_blocks = blkcnt_t((file.drop.size + 511) / 512)
+        info.st_mtim = file.modified
+        info.st_ctim = file.modified
+        info.st_atim = file.modified
+        return info
+    }
+
+    /// Fails with ENOENT unless `path` (or `handle`) is a file of the folder or the folder itself: for the calls whose
+    /// change is accepted and not kept (chmod, chown, utimens).
+    package func checkExists(_ path: String?, handle: UInt64?) throws {
+        if let handle {
+            _ = try attributes(ofHandle: handle)
+        } else if let path {
+            _ = try attributes(of: path)
+        } else {
+            throw Errno.badFileDescriptor
+        }
+    }
+
+    /// The names of files not yet delivered.
+    package func names() -> [String] { mutex.withLock { visible.keys.sorted() } }
+
+    /// The free space of the file system holding the device.
+    package func statistics() throws -> statvfs {
+        var info = statvfs()
+        guard statvfs(container.device.root, &info) == 0 else { throw Errno(rawValue: Foundation.errno) }
+        return info
+    }
+
+    // MARK: Writing
+
+    /// A new file `path` (a second one if a file of that name is being written: both are delivered, under free names).
+    package func create(_ path: String, writer: pid_t) throws -> UInt64 {
+        let name = try checkedName(try name(in: path))
+        let file = try newFile(named: name, writer: writer)
+        let replaced: (DropFile, Outcome)? = try mutex.withLock {
+            guard !stopped else { throw Errno.noSuchFileOrDirectory }
+            let replaced = visible[name]
+            visible[name] = file
+            // One still open is delivered or dropped at its own last close (closedOutcome); a closed one now: a file
+            // that was done goes under a free name, a temporary one was superseded.
+            guard let replaced, replaced.openCount == 0 else { return nil }
+            replaced.generation += 1
+            if Self.isTemporaryName(name) { replaced.name = nil }
+            return (replaced, Self.isTemporaryName(name) || replaced.abandoned ? .discard : .deliver)
+        }
+        if let (replaced, outcome) = replaced { carryOut(outcome, replaced) }
+        return register(file)
+    }
+
+    /// Opens `path` for writing: with O_TRUNC a new file under that name (as `create`), else the same file.
+    package func open(_ path: String, flags: Int32, writer: pid_t) throws -> UInt64 {
+        // Nothing is ever read back, not even by the writer.
+        guard flags & O_ACCMODE == O_WRONLY else { throw Errno.permissionDenied }
+        let name = try name(in: path)
+        if flags & O_TRUNC != 0 {
+            guard mutex.withLock({ visible[name] }) != nil else { throw Errno.noSuchFileOrDirectory }
+            return try create(path, writer: writer)
+        }
+        return try mutex.withLock {
+            guard let file = visible[name] else { throw Errno.noSuchFileOrDirectory }
+            file.openCount += 1
+            file.generation += 1
+            return insertHandle(file)
+        }
+    }
+
+    package func write(_ handle: UInt64, from buffer: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
+        let file = try mutex.withLock { try self.file(handle) }
+        try file.drop.write(from: buffer, at: offset)
+        _ = mutex.withLock { clock_gettime(CLOCK_REALTIME, &file.modified) }
+        return buffer.count
+    }
+
+    package func truncate(_ path: String?, handle: UInt64?, to size: Int64) throws {
+        let file: DropFile = try mutex.withLock {
+            if let handle { return try self.file(handle) }
+            guard let name = try path.map(name(in:)), let file = visible[name] else { throw Errno.noSuchFileOrDirectory }
+            return file
+        }
+        try file.drop.truncate(to: size)
+        _ = mutex.withLock { clock_gettime(CLOCK_REALTIME, &file.modified) }
+    }
+
+    package func synchronize(_ handle: UInt64) throws {
+        try mutex.withLock { try self.file(handle) }.drop.synchronize()
+    }
+
+    /// A descriptor is being closed by `pid`: if that process is dying of a signal, the file it was writing is abandoned.
+    package func flush(_ handle: UInt64, by pid: pid_t) {
+        guard Self.wasKilledBySignal(pid) else { return }
+        mutex.withLock {
+            guard let file = handles[handle] else { return }
+            file.abandoned = true
+            logger.info("the writer of \(file.name ?? "an unnamed file") (pid \(pid)) was killed: it will not be delivered")
+        }
+    }
+
+    /// The last close of a descriptor: a file no one has open any more is delivered after the settle time, or discarded.
+    package func release(_ handle: UInt64) {
+        let (file, outcome): (DropFile?, Outcome) = mutex.withLock {
+            guard let file = handles.removeValue(forKey: handle) else { return (nil, .wait) }
+            file.openCount -= 1
+            file.generation += 1
+            return (file, closedOutcome(file))
+        }
+        if let file { carryOut(outcome, file) }
+    }
+
+    // MARK: Names changing
+
+    package func rename(_ source: String, to target: String, flags: UInt32) throws {
+        // renameat2's RENAME_NOREPLACE (1) and RENAME_EXCHANGE (2); exchanging two drops has no meaning here.
+        let noReplace: UInt32 = 1
+        guard flags & ~noReplace == 0 else { throw Errno.invalidArgument }
+        let from = try name(in: source), to = try checkedName(try name(in: target))
+        let (replaced, file, outcome): (DropFile?, DropFile, Outcome) = try mutex.withLock {
+            guard let file = visible[from] else { throw Errno.noSuchFileOrDirectory }
+            if flags & noReplace != 0 && visible[to] != nil { throw Errno.fileExists }
+            guard from != to else { return (nil, file, .wait) }
+            var replaced = visible[to]
+            replaced?.name = nil
+            if replaced?.openCount != 0 { replaced = nil }
+            visible[from] = nil
+            visible[to] = file
+            file.name = to
+            file.generation += 1
+            // A rename is the writer saying it is done: a closed file with a final name goes now.
+            return (replaced, file, file.openCount == 0 && !Self.isTemporaryName(to) ? takeForDelivery(file) : .wait)
+        }
+        replaced?.drop.discard()
+        if case .deliver = outcome { try deliver(file, named: to) }
+    }
+
+    package func unlink(_ path: String) throws {
+        let name = try name(in: path)
+        let discarded: DropFile? = try mutex.withLock {
+            guard let file = visible.removeValue(forKey: name) else { throw Errno.noSuchFileOrDirectory }
+            file.name = nil
+            file.generation += 1
+            return file.openCount == 0 ? file : nil
+        }
+        discarded?.drop.discard()
+    }
+
+    /// `user.inbox.annotation`: the file's own annotation (JSON, checked as `inbox deliver` checks it).
+    package func setAnnotation(_ path: String, json: [UInt8]) throws {
+        let name = try name(in: path)
+        let checked: String
+        do {
+            checked = try Container.checkedAnnotation(String(decoding: json, as: UTF8.self))
+        } catch {
+            logger.info("refused the annotation of \(name): \(error)")
+            throw Errno.invalidArgument
+        }
+        try mutex.withLock {
+            guard let file = visible[name] else { throw Errno.noSuchFileOrDirectory }
+            file.annotation = checked
+        }
+    }
+
+    /// Stops taking files: closed files with final names are delivered now, everything else is discarded.
+    package func stop() {
+        let files: [(DropFile, Outcome)] = mutex.withLock {
+            stopped = true
+            var all: [ObjectIdentifier: DropFile] = [:]
+            for file in Array(visible.values) + Array(handles.values) { all[ObjectIdentifier(file)] = file }
+            visible.removeAll()
+            handles.removeAll()
+            return all.values.map { file in
+                let done = file.openCount == 0 && !file.abandoned && file.name.map { !Self.isTemporaryName($0) } == true
+                return (file, done ? .deliver : .discard)
+            }
+        }
+        for (file, outcome) in files { carryOut(outcome, file) }
+    }
+
+    // MARK: Delivering
+
+    private enum Outcome { case wait, deliver, discard, settle(Int) }
+
+    /// What becomes of a file no descriptor holds any more (under the mutex).
+    private func closedOutcome(_ file: DropFile) -> Outcome {
+        guard file.openCount == 0 else { return .wait }
+        guard !file.abandoned, let name = file.name else {
+            if let name = file.name, visible[name] === file { visible[name] = nil }
+            return .discard
+        }
+        // Replaced under its name by a later writer of the same name: delivered under a free variant, at once.
+        guard visible[name] === file else { return Self.isTemporaryName(name) ? .discard : .deliver }
+        return Self.isTemporaryName(name) ? .wait : .settle(file.generation)
+    }
+
+    /// Takes a file out of the folder for delivery (under the mutex).
+    private func takeForDelivery(_ file: DropFile) -> Outcome {
+        if let name = file.name, visible[name] === file { visible[name] = nil }
+        return .deliver
+    }
+
+    private func carryOut(_ outcome: Outcome, _ file: DropFile) {
+        switch outcome {
+        case .wait:
+            return
+        case .discard:
+            file.drop.discard()
+        case .deliver:
+            guard let name = file.name else { return file.drop.discard() }
+            try? deliver(file, named: name)
+        case .settle(let generation):
+            DispatchQueue.global().asyncAfter(deadline: .now() + settleTime) {
+                let due: Outcome = self.mutex.withLock {
+                    guard file.generation == generation, file.openCount == 0, let name = file.name, self.visible[name] === file else { return .wait }
+                    return self.takeForDelivery(file)
+                }
+                self.carryOut(due, file)
+            }
+        }
+    }
+
+    /// Delivers `file` as `name`: logged, and thrown for a rename to report.
+    private func deliver(_ file: DropFile, named name: String) throws {
+        do {
+            let item = try file.drop.deliver(named: name, sourceApplication: sourceApplication ?? file.writer, annotationJSON: file.annotation ?? annotation)
+            logger.info("delivered \(name) as \(item.path) (\(item.size) bytes, event #\(item.sequenceNumber ?? 0))")
+        } catch {
+            logger.error("could not deliver \(name): \(error)")
+            throw Errno.ioError
+        }
+    }
+
+    // MARK: Handles and writers
+
+    private func newFile(named name: String, writer: pid_t) throws -> DropFile {
+        let drop: InboxDrop
+        do {
+            drop = try container.beginInboxDrop()
+        } catch {
+            logger.error("could not start \(name) in the Inbox: \(error)")
+            throw Errno.ioError
+        }
+        return mutex.withLock {
+            defer { nextInode += 1 }
+            return DropFile(drop: drop, inode: nextInode, name: name, writer: Self.sourceApplication(of: writer))
+        }
+    }
+
+    private func register(_ file: DropFile) -> UInt64 {
+        mutex.withLock {
+            file.openCount += 1
+            return insertHandle(file)
+        }
+    }
+
+    /// Under the mutex.
+    private func insertHandle(_ file: DropFile) -> UInt64 {
+        defer { nextHandle += 1 }
+        handles[nextHandle] = file
+        return nextHandle
+    }
+
+    /// Under the mutex.
+    private func file(_ handle: UInt64) throws -> DropFile {
+        guard let file = handles[handle] else { throw Errno.badFileDescriptor }
+        return file
+    }
+
+    /// The writing program as a source application: `local.<executable name>`, with characters a bundle identifier
+    /// can't hold made hyphens; nil if there is no such process any more.
+    static func sourceApplication(of pid: pid_t) -> String? {
+        var name = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/exe")).map { ($0 as NSString).lastPathComponent }
+        if name == nil || name!.isEmpty {
+            name = (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        guard let name, !name.isEmpty else { return nil }
+        let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.")
+        let cleaned = String(name.prefix(100).map { allowed.contains($0) ? $0 : "-" })
+            .split(separator: ".").map { $0.drop { $0 == "-" } }.filter { !$0.isEmpty }.joined(separator: ".")
+        guard !cleaned.isEmpty else { return nil }
+        let identifier = "local.\(cleaned)"
+        return (try? Container.checkSourceApplication(identifier)) != nil ? identifier : nil
+    }
+
+    /// Whether process `pid` is exiting because a signal killed it (the kernel's PF_EXITING and PF_SIGNALED flags,
+    /// field 9 of /proc/PID/stat): its descriptors are being closed for it, so what it was writing is unfinished.
+    static func wasKilledBySignal(_ pid: pid_t) -> Bool {
+        guard pid > 0, let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let end = stat.range(of: ")", options: .backwards) else { return false }
+        // After "pid (comm)": state is field 3, flags field 9.
+        let fields = stat[end.upperBound...].split(separator: " ")
+        guard fields.count > 6, let flags = UInt64(fields[6]) else { return false }
+        let exiting: UInt64 = 0x4, signaled: UInt64 = 0x400
+        return flags & exiting != 0 && flags & signaled != 0
+    }
+}
