@@ -38,7 +38,6 @@ head -c "$((size_mib << 20))" /dev/urandom > "$work/source.bin"
 "$sandboxctl" inbox mount com.example.bench "$work/drop" --settle 0 >/dev/null
 
 now() { date +%s.%N; }
-items() { "$sandboxctl" inbox list com.example.bench --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 : > "$work/cp.times"; : > "$work/deliver.times"; : > "$work/drop.times"
@@ -48,13 +47,12 @@ for round in $(seq "$rounds"); do
     awk "BEGIN { print $end - $start }" >> "$work/cp.times"
     rm "$work/plain/copy-$round.bin"
 
-    before=$(items)
     start=$(now); "$sandboxctl" inbox deliver com.example.bench "$work/source.bin" >/dev/null; end=$(now)
     awk "BEGIN { print $end - $start }" >> "$work/deliver.times"
 
-    before=$((before + 1))
+    # Delivered when its staged file (the one name in the root that is in clear) has been renamed into the Inbox.
     start=$(now); cp "$work/source.bin" "$work/drop/dropped-$round.bin"
-    while [ "$(items)" -le "$before" ]; do sleep 0.01; done
+    while [ -n "$(find "$work/root" -name '.sandboxctl-tmp-drop-*' -print -quit)" ]; do sleep 0.005; done
     end=$(now)
     awk "BEGIN { print $end - $start }" >> "$work/drop.times"
 done
@@ -66,3 +64,5 @@ for row in "cp (plain folder):$cp_s" "sandboxctl inbox deliver:$deliver_s" "cp i
     name=${row%%:*}; s=${row##*:}
     printf '%-34s %9.3f %9.1f %14.2f\n' "$name" "$s" "$(awk "BEGIN { print $size_mib * 1.048576 / $s }")" "$(awk "BEGIN { print $s / $cp_s }")"
 done
+[ "$("$sandboxctl" inbox list com.example.bench --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" -eq $((2 * rounds)) ] \
+    || { echo "error: the Inbox does not hold the $((2 * rounds)) items delivered" >&2; exit 1; }

@@ -223,6 +223,33 @@ struct InboxDropMountTests {
         #expect(try container.inboxQueue.entries().map(\.name).sorted() == ["kept.txt", "next.txt"], "each event once")
     }
 
+    @Test("the README's drop folder walkthrough works as printed")
+    func readmeWalkthrough() throws {
+        let readme = try String(contentsOfFile: #filePath.components(separatedBy: "/Tests/")[0] + "/README.md", encoding: .utf8)
+        let lines = readme.components(separatedBy: "\n")
+        let first = try #require(lines.firstIndex(of: "mkdir -p /tmp/to-notes"))
+        let last = try #require(lines[first...].firstIndex(of: "fusermount3 -u /tmp/to-notes"))
+        let test = try TestDevice()
+        _ = try test.makeContainer("com.example.notes")
+        try Data("%PDF-1.7".utf8).write(to: URL(fileURLWithPath: test.path("report.pdf")))
+        // Its own folder instead of /tmp/to-notes, so parallel runs do not meet; sandboxctl from this build.
+        let script = lines[first...last].joined(separator: "\n").replacingOccurrences(of: "/tmp/to-notes", with: test.path("to-notes"))
+        let bin = SpawnedProcess.builtExecutable("sandboxctl").deletingLastPathComponent().path
+        let result = try CLI.run(executable: URL(fileURLWithPath: "/bin/bash"), ["-c", """
+            cd '\(test.directory.path)' && export PATH='\(bin)':"$PATH" SANDBOXCTL_ROOT='\(test.root)' \
+            SANDBOXCTL_DEVICE_SECRET='\(test.secretPath)' XDG_STATE_HOME='\(test.path("state"))'
+            \(script)
+            """])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.contains("draft.txt.part\n"), "ls shows the file waiting for its rename: \(result.stdout)")
+        #expect(result.stderr.contains("Permission denied"), "\(result.stderr)")
+        let listed = try sandboxctl(test, ["inbox", "list", "com.example.notes", "--json"])
+        let items = (try? JSONSerialization.jsonObject(with: Data(listed.stdout.utf8))) as? [[String: Any]] ?? []
+        #expect(items.compactMap { $0["name"] as? String }.sorted() == ["draft.txt", "report.pdf"], "\(listed.stdout)")
+        #expect(items.first { $0["name"] as? String == "draft.txt" }?["annotation"] as? String == "{\"subject\":\"Q3\"}")
+        #expect(items.allSatisfy { $0["sourceApplication"] as? String == "com.example.browser" })
+    }
+
     @Test("bad input: a non-empty or busy directory, an unknown bundle, a bad annotation or source: clear errors, documented exit codes")
     func badInput() throws {
         let test = try TestDevice()

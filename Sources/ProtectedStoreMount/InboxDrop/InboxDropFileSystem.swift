@@ -54,6 +54,9 @@ package final class InboxDropFileSystem: @unchecked Sendable {
     private var nextHandle: UInt64 = 1
     private var nextInode: UInt64 = 2
     private var stopped = false
+    /// Deliveries and discards under way, and settle timers not yet fired: `stop()` waits for them, so a file that was
+    /// done when the drop folder stopped is delivered before the process ends.
+    private let inFlight = DispatchGroup()
     private let mountedAt = Date()
 
     package init(container: Container, sourceApplication: String?, annotation: String?, settleTime: TimeInterval = 1, logger: Logger) {
@@ -305,6 +308,7 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             }
         }
         for (file, outcome) in files { carryOut(outcome, file) }
+        inFlight.wait()
     }
 
     // MARK: Delivering
@@ -330,6 +334,8 @@ package final class InboxDropFileSystem: @unchecked Sendable {
     }
 
     private func carryOut(_ outcome: Outcome, _ file: DropFile) {
+        inFlight.enter()
+        defer { inFlight.leave() }
         switch outcome {
         case .wait:
             return
@@ -339,7 +345,9 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             guard let name = file.name else { return file.drop.discard() }
             try? deliver(file, named: name)
         case .settle(let generation):
+            inFlight.enter()
             DispatchQueue.global().asyncAfter(deadline: .now() + settleTime) {
+                defer { self.inFlight.leave() }
                 let due: Outcome = self.mutex.withLock {
                     guard file.generation == generation, file.openCount == 0, let name = file.name, self.visible[name] === file else { return .wait }
                     return self.takeForDelivery(file)
