@@ -10,9 +10,11 @@ final class DropFolder: @unchecked Sendable {
     let test: TestDevice
     let directory: String
     private(set) var mount: SpawnedProcess
+    private let extra: [String]
 
     init(_ test: TestDevice, extra: [String] = []) throws {
         self.test = test
+        self.extra = extra
         directory = test.path("drop")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         mount = try Self.start(test, directory, extra)
@@ -32,7 +34,7 @@ final class DropFolder: @unchecked Sendable {
         mount.signal(SIGKILL)
         _ = mount.waitForExit(timeout: 10)
         _ = try CLI.run(executable: URL(fileURLWithPath: FUSEAvailability.executable("fusermount3") ?? "/bin/fusermount3"), ["-u", "-z", directory])
-        mount = try Self.start(test, directory, [])
+        mount = try Self.start(test, directory, extra)
     }
 
     deinit {
@@ -221,6 +223,46 @@ struct InboxDropMountTests {
         let items = try drop.items(container, count: 2)
         #expect(Set(items.keys) == ["kept.txt", "next.txt"])
         #expect(try container.inboxQueue.entries().map(\.name).sorted() == ["kept.txt", "next.txt"], "each event once")
+    }
+
+    @Test("the drop folder SIGKILLed again and again while it delivers: every item in the Inbox is whole, recorded once; nothing staged is left")
+    func killedWhileDelivering() throws {
+        let test = try TestDevice()
+        let container = try test.makeContainer()
+        let drop = try DropFolder(test, extra: ["--settle", "0"])
+        for round in 0..<5 {
+            // 1 MiB files of one byte value each, so a delivered item shows whether it is whole.
+            let writer = try SpawnedProcess(URL(fileURLWithPath: "/usr/bin/env"), ["python3", "-c", """
+                import os
+                for i in range(30):
+                    try:
+                        with open(os.path.join('\(drop.directory)', 'f-\(round)-%d.bin' % i), 'wb') as f:
+                            f.write(bytes([i]) * (1 << 20))
+                    except OSError:
+                        break
+                """])
+            // Killed once this round's deliveries are under way, at a different point of one each round.
+            _ = try eventually(timeout: 30) { try container.inboxItems().contains { $0.name.hasPrefix("f-\(round)-") } }
+            usleep(useconds_t(round * 7_000))
+            try drop.killAndRestart()
+            _ = writer.waitForExit(timeout: 60)
+        }
+        try Data("last".utf8).write(to: URL(fileURLWithPath: drop.path("last.txt")))
+        _ = try drop.items(container, count: 1)
+        _ = try eventually(timeout: 30) { try container.inboxItems().contains { $0.name == "last.txt" } }
+        let items = try container.inboxItems()
+        for item in items where item.name.hasPrefix("f-") {
+            let index = try #require(UInt8(item.name.split(separator: "-")[2].split(separator: ".")[0]))
+            let content = try DropFolder.content(container, item)
+            #expect(content.count == 1 << 20 && content.allSatisfy { $0 == index }, "\(item.name) is whole")
+        }
+        let entries = try container.inboxQueue.entries()
+        #expect(Set(entries.map(\.sequence)).count == entries.count && Set(entries.map(\.name)).count == entries.count, "each delivery recorded once")
+        #expect(Set(entries.map(\.name)) == Set(items.map(\.name)), "every item has its record and every record its item")
+        let inbox = try container.directory.openDirectory(container.inboxPath)
+        let staged = try DirectoryNames.entries(in: try inbox.reopened(), displayPath: "Inbox").filter { $0.hasPrefix(InboxDrop.stagingPrefix) }
+        #expect(staged.isEmpty, "nothing staged is left: \(staged)")
+        print("drop folder killed 5 times while delivering: \(items.count - 1) files delivered whole, each recorded once")
     }
 
     @Test("the README's drop folder walkthrough works as printed")
