@@ -9,7 +9,7 @@ import SystemPackage
 /// first unlock; unlocked at delivery, it takes the Inbox's class then (one header rewrite).
 package final class InboxDrop: @unchecked Sendable {
     /// Staging names of drops start with this and the writing process's id, so a later drop mount sweeps only the
-    /// leftovers of processes that are gone (`Container.sweepAbandonedInboxDrops()`).
+    /// leftovers of processes that are gone (`Container.recoverAbandonedInboxDrops()`).
     static let stagingPrefix = "\(FileSystem.temporaryPrefix)drop-"
 
     private let container: Container
@@ -121,26 +121,40 @@ extension Container {
         try foundationErrors(writing: true) { try InboxDrop(container: self) }
     }
 
-    /// Removes the staged files of drops whose writing process is gone (a drop mount killed mid-file) and that no
-    /// delivery record names (those are interrupted deliveries, which the receiver finishes). Returns how many went.
+    /// Cleans up after drop folders that were killed: a drop whose delivery record was written finishes its delivery
+    /// (the rename the crash interrupted), and a staged drop that no record names is removed, once its writing process
+    /// is gone. Returns how many of each.
     @discardableResult
-    package func sweepAbandonedInboxDrops() throws -> Int {
+    package func recoverAbandonedInboxDrops() throws -> (finished: Int, removed: Int) {
         try foundationErrors(writing: true) {
             let inbox = try directory.openDirectory(inboxPath)
             let displayPath = directory.displayPath(inboxPath)
             return try inboxQueue.withLock {
-                let recorded = Set(try inboxQueue.entries().map(\.stagingName))
-                var removed = 0
-                for entry in try DirectoryNames.entries(in: try inbox.reopened(), displayPath: displayPath)
-                where entry.hasPrefix(InboxDrop.stagingPrefix) && !recorded.contains(entry) {
-                    let owner = entry.dropFirst(InboxDrop.stagingPrefix.count).split(separator: "-").first.flatMap { pid_t($0) }
-                    // A live owner is a drop mount still writing it.
-                    if let owner, owner == getpid() || kill(owner, 0) == 0 || Foundation.errno == EPERM { continue }
-                    FileLocation(directory: inbox.descriptor, name: entry, displayPath: displayPath).unlink()
+                func isAbandoned(_ staging: String) -> Bool {
+                    guard staging.hasPrefix(InboxDrop.stagingPrefix) else { return false }
+                    let owner = staging.dropFirst(InboxDrop.stagingPrefix.count).split(separator: "-").first.flatMap { pid_t($0) }
+                    // A live owner is a drop folder still writing or delivering it.
+                    guard let owner, owner != getpid() else { return false }
+                    return kill(owner, 0) != 0 && Foundation.errno == ESRCH
+                }
+                var finished = 0, removed = 0
+                let entries = try inboxQueue.entries()
+                for entry in entries where isAbandoned(entry.stagingName) {
+                    let item = try inbox.location(entry.name, displayPath: directory.displayPath(inboxPath.appending(entry.name)))
+                    let staged = try inbox.location(entry.stagingName, displayPath: item.displayPath)
+                    guard try item.status() == nil, try staged.status() != nil else { continue }
+                    try inbox.names.recordLongName(of: entry.name, in: inbox.descriptor, displayPath: item.displayPath)
+                    try staged.rename(to: item, replacing: false)
+                    try item.synchronizeDirectory()
+                    finished += 1
+                }
+                let recorded = Set(entries.map(\.stagingName))
+                for name in try DirectoryNames.entries(in: try inbox.reopened(), displayPath: displayPath) where isAbandoned(name) && !recorded.contains(name) {
+                    FileLocation(directory: inbox.descriptor, name: name, displayPath: displayPath).unlink()
                     removed += 1
                 }
                 if removed > 0 { try FileLocation(directory: inbox.descriptor, name: ".", displayPath: displayPath).synchronizeDirectory() }
-                return removed
+                return (finished, removed)
             }
         }
     }

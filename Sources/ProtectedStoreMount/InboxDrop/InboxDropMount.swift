@@ -17,12 +17,13 @@ package final class InboxDropMount: @unchecked Sendable {
         self.logger = logger
     }
 
-    /// Sweeps what an earlier drop mount left, mounts, calls `ready` once the folder is visible, serves requests, and
+    /// Recovers what an earlier drop folder left, mounts, calls `ready` once the folder is visible, serves requests, and
     /// unmounts, delivering the files that were done and discarding the rest. Throws if mounting fails.
     package func run(ready: () -> Void) throws {
         let container = fileSystem.container
-        let swept = try container.sweepAbandonedInboxDrops()
-        if swept > 0 { logger.info("removed \(swept) unfinished file(s) an earlier drop mount left in the Inbox") }
+        let recovered = try container.recoverAbandonedInboxDrops()
+        if recovered.finished > 0 { logger.info("finished \(recovered.finished) delivery(ies) an earlier drop folder was stopped in") }
+        if recovered.removed > 0 { logger.info("removed \(recovered.removed) unfinished file(s) an earlier drop folder left in the Inbox") }
         let options = "default_permissions,nodev,nosuid,noexec,fsname=sandboxctl-inbox:\(container.bundleIdentifier),subtype=sandboxctl-inbox"
         defer { fileSystem.stop() }
         try FUSESession.serve(mountPoint: mountPoint, options: options, operations: Self.operations, context: Unmanaged.passUnretained(self).toOpaque(),
