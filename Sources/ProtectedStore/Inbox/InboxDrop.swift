@@ -18,7 +18,7 @@ package final class InboxDrop: @unchecked Sendable {
     private let file: EncryptedFile
     private let handle: ProtectedFileHandle
     private let lock = NSLock()
-    private enum State { case writing, closed, delivered, discarded }
+    private enum State { case writing, delivering, delivered, discarded }
     private var state = State.writing
 
     fileprivate init(container: Container) throws {
@@ -56,16 +56,22 @@ package final class InboxDrop: @unchecked Sendable {
     }
 
     /// Delivers the file into the Inbox under `name` (or a free variant of it), with an open-URL event carrying
-    /// `sourceApplication` and `annotationJSON`, checked as `deliverToInbox` checks them. If it fails, nothing is
-    /// delivered and the staged file is gone.
+    /// `sourceApplication` and `annotationJSON`, checked as `deliverToInbox` checks them. If it fails before the
+    /// delivery is recorded, nothing is delivered and the staged file is gone; once recorded and renamed, it is
+    /// delivered (a failure to sync the Inbox after that is only logged by the caller's error, as `inbox deliver` does).
     @discardableResult
     package func deliver(named name: String, sourceApplication: String?, annotationJSON: String?) throws -> InboxItem {
         try foundationErrors(writing: true) {
+            let started = lock.withLock {
+                guard state == .writing else { return false }
+                state = .delivering
+                return true
+            }
+            guard started else {
+                throw ProtectedStoreError(.invalidArgument, path: staged.displayPath, problem: "this drop was already delivered or discarded",
+                                          remedy: "Start a new drop")
+            }
             do {
-                guard lock.withLock({ state == .writing }) else {
-                    throw ProtectedStoreError(.invalidArgument, path: staged.displayPath, problem: "this drop was already delivered or discarded",
-                                              remedy: "Start a new drop")
-                }
                 let itemName = try Container.checkedInboxName(name, source: container.directory.displayPath(container.inboxPath.appending(name)))
                 if let sourceApplication { try Container.checkSourceApplication(sourceApplication) }
                 let annotation = try annotationJSON.map(Container.checkedAnnotation)
@@ -73,7 +79,8 @@ package final class InboxDrop: @unchecked Sendable {
                 let target = try container.inheritedClass(in: inbox)
                 if container.device.state == .unlocked || target == .completeUnlessOpen {
                     do {
-                        try file.changeProtectionClass(to: target, keys: container.device)
+                        // Through the container, so a class A key is registered with the lock before it is one.
+                        try container.changeClass(of: file, to: target)
                         sealedClass = (target, false)
                     } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
                         // Locked meanwhile: delivered sealed for class B, as a locked device delivers.
@@ -81,7 +88,6 @@ package final class InboxDrop: @unchecked Sendable {
                 }
                 let size = UInt64(file.size)
                 try file.synchronize()
-                lock.withLock { state = .closed }
                 handle.forget()
                 try file.close()
                 let entry = try container.commit(staged, named: itemName, in: inbox, size: size, sourceApplication: sourceApplication, annotation: annotation)
@@ -90,27 +96,26 @@ package final class InboxDrop: @unchecked Sendable {
                                  annotationJSON: annotation, size: entry.size, protection: sealedClass.protection.fileProtectionType,
                                  awaitsDefaultClass: sealedClass.awaitsDefaultClass, sequenceNumber: entry.sequence, deliveryDate: entry.deliveredAt, problem: nil)
             } catch {
-                discard()
+                // commit removes its record and the staged file on its own failures; this covers the steps before it.
+                lock.withLock { state = .discarded }
+                handle.forget()
+                try? file.close()
+                staged.unlink()
                 throw error
             }
         }
     }
 
-    /// Throws away what was written: nothing is delivered. Does nothing once delivered or discarded.
+    /// Throws away what was written: nothing is delivered. Does nothing once delivering, delivered or discarded.
     package func discard() {
-        let previous = lock.withLock {
-            defer { if state != .delivered { state = .discarded } }
-            return state
+        let wasWriting = lock.withLock {
+            guard state == .writing else { return false }
+            state = .discarded
+            return true
         }
-        switch previous {
-        case .delivered, .discarded:
-            return
-        case .writing:
-            handle.forget()
-            try? file.close()
-        case .closed:
-            break
-        }
+        guard wasWriting else { return }
+        handle.forget()
+        try? file.close()
         staged.unlink()
     }
 }
@@ -143,10 +148,15 @@ extension Container {
                     let item = try inbox.location(entry.name, displayPath: directory.displayPath(inboxPath.appending(entry.name)))
                     let staged = try inbox.location(entry.stagingName, displayPath: item.displayPath)
                     guard try item.status() == nil, try staged.status() != nil else { continue }
-                    try inbox.names.recordLongName(of: entry.name, in: inbox.descriptor, displayPath: item.displayPath)
-                    try staged.rename(to: item, replacing: false)
-                    try item.synchronizeDirectory()
-                    finished += 1
+                    // One that can't be finished now is left for the receiver, which finishes interrupted deliveries too.
+                    do {
+                        try inbox.names.recordLongName(of: entry.name, in: inbox.descriptor, displayPath: item.displayPath)
+                        try staged.rename(to: item, replacing: false)
+                        try item.synchronizeDirectory()
+                        finished += 1
+                    } catch {
+                        continue
+                    }
                 }
                 let recorded = Set(entries.map(\.stagingName))
                 for name in try DirectoryNames.entries(in: try inbox.reopened(), displayPath: displayPath) where isAbandoned(name) && !recorded.contains(name) {

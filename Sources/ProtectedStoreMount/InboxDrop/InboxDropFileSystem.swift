@@ -31,8 +31,13 @@ package final class InboxDropFileSystem: @unchecked Sendable {
         /// Its name in the folder; nil once unlinked or replaced by a rename.
         var name: String?
         var openCount = 0
-        /// A writer died by a signal while it had the file open: the content may be partial.
+        /// A writer died by a signal while it had the file open, or a write failed: the content may be partial.
         var abandoned = false
+        /// Handles written through since their last flush (close). The kernel sends the last close's release after
+        /// close(2) has returned, so a rename can arrive first: a file with none left is treated as closed then.
+        var unflushed: Set<UInt64> = []
+        /// Renamed to a final name while a release was still on its way: delivered at the last release, no settling.
+        var deliverAtRelease = false
         var annotation: String?
         let writer: String?
         var modified = timespec()
@@ -98,14 +103,16 @@ package final class InboxDropFileSystem: @unchecked Sendable {
     package func attributes(of path: String) throws -> stat {
         if path == "/" { return folderAttributes() }
         let name = try name(in: path)
-        return try mutex.withLock {
+        // The file's size is read outside the folder's lock: it waits while a large write of that file runs.
+        let file = try mutex.withLock {
             guard let file = visible[name] else { throw Errno.noSuchFileOrDirectory }
-            return attributes(of: file)
+            return file
         }
+        return attributes(of: file)
     }
 
     package func attributes(ofHandle handle: UInt64) throws -> stat {
-        try mutex.withLock { attributes(of: try file(handle)) }
+        attributes(of: try mutex.withLock { try file(handle) })
     }
 
     private func folderAttributes() -> stat {
@@ -134,9 +141,10 @@ package final class InboxDropFileSystem: @unchecked Sendable {
         // Copy tools size their writes by it: 1 MiB requests are encrypted on every core (EncryptedFile's parallel path).
         info.st_blksize = 1 << 20
         info.st_blocks = blkcnt_t((file.drop.size + 511) / 512)
-        info.st_mtim = file.modified
-        info.st_ctim = file.modified
-        info.st_atim = file.modified
+        let modified = mutex.withLock { file.modified }
+        info.st_mtim = modified
+        info.st_ctim = modified
+        info.st_atim = modified
         return info
     }
 
@@ -168,19 +176,22 @@ package final class InboxDropFileSystem: @unchecked Sendable {
     package func create(_ path: String, writer: pid_t) throws -> UInt64 {
         let name = try checkedName(try name(in: path))
         let file = try newFile(named: name, writer: writer)
-        let replaced: (DropFile, Outcome)? = try mutex.withLock {
+        let (handle, replaced): (UInt64, (DropFile, Outcome)?) = try mutex.withLock {
             guard !stopped else { throw Errno.noSuchFileOrDirectory }
             let replaced = visible[name]
             visible[name] = file
+            // Open from the start, so no other request sees it closed before the writer has its handle.
+            file.openCount = 1
+            let handle = insertHandle(file)
             // One still open is delivered or dropped at its own last close (closedOutcome); a closed one now: a file
             // that was done goes under a free name, a temporary one was superseded.
-            guard let replaced, replaced.openCount == 0 else { return nil }
+            guard let replaced, replaced.openCount == 0 else { return (handle, nil) }
             replaced.generation += 1
             if Self.isTemporaryName(name) { replaced.name = nil }
-            return (replaced, Self.isTemporaryName(name) || replaced.abandoned ? .discard : .deliver)
+            return (handle, (replaced, Self.isTemporaryName(name) || replaced.abandoned ? .discard : .deliver))
         }
         if let (replaced, outcome) = replaced { carryOut(outcome, replaced) }
-        return register(file)
+        return handle
     }
 
     /// Opens `path` for writing: with O_TRUNC a new file under that name (as `create`), else the same file.
@@ -201,19 +212,41 @@ package final class InboxDropFileSystem: @unchecked Sendable {
     }
 
     package func write(_ handle: UInt64, from buffer: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
-        let file = try mutex.withLock { try self.file(handle) }
-        try file.drop.write(from: buffer, at: offset)
+        let file = try mutex.withLock {
+            let file = try self.file(handle)
+            file.unflushed.insert(handle)
+            return file
+        }
+        try failing(file) { try file.drop.write(from: buffer, at: offset) }
         _ = mutex.withLock { clock_gettime(CLOCK_REALTIME, &file.modified) }
         return buffer.count
     }
 
+    /// Runs a change of `file`'s content; if it fails, the writer has a partial file (cp reports the error and closes
+    /// it), so the file is never delivered.
+    private func failing(_ file: DropFile, _ body: () throws -> Void) throws {
+        do {
+            try body()
+        } catch {
+            mutex.withLock { file.abandoned = true }
+            logger.info("a write to \(file.name ?? "an unnamed file") failed (\(error)): it will not be delivered")
+            throw error
+        }
+    }
+
     package func truncate(_ path: String?, handle: UInt64?, to size: Int64) throws {
         let file: DropFile = try mutex.withLock {
-            if let handle { return try self.file(handle) }
+            if let handle {
+                let file = try self.file(handle)
+                file.unflushed.insert(handle)
+                return file
+            }
             guard let name = try path.map(name(in:)), let file = visible[name] else { throw Errno.noSuchFileOrDirectory }
+            // A change restarts the settle time.
+            file.generation += 1
             return file
         }
-        try file.drop.truncate(to: size)
+        try failing(file) { try file.drop.truncate(to: size) }
         _ = mutex.withLock { clock_gettime(CLOCK_REALTIME, &file.modified) }
     }
 
@@ -223,9 +256,13 @@ package final class InboxDropFileSystem: @unchecked Sendable {
 
     /// A descriptor is being closed by `pid`: if that process is dying of a signal, the file it was writing is abandoned.
     package func flush(_ handle: UInt64, by pid: pid_t) {
-        guard Self.wasKilledBySignal(pid) else { return }
+        let killed = Self.wasKilledBySignal(pid)
         mutex.withLock {
             guard let file = handles[handle] else { return }
+            guard killed else {
+                file.unflushed.remove(handle)
+                return
+            }
             file.abandoned = true
             logger.info("the writer of \(file.name ?? "an unnamed file") (pid \(pid)) was killed: it will not be delivered")
         }
@@ -236,7 +273,11 @@ package final class InboxDropFileSystem: @unchecked Sendable {
         let (file, outcome): (DropFile?, Outcome) = mutex.withLock {
             guard let file = handles.removeValue(forKey: handle) else { return (nil, .wait) }
             file.openCount -= 1
+            file.unflushed.remove(handle)
             file.generation += 1
+            if file.openCount == 0 && file.deliverAtRelease && !file.abandoned, let name = file.name, visible[name] === file {
+                return (file, takeForDelivery(file))
+            }
             return (file, closedOutcome(file))
         }
         if let file { carryOut(outcome, file) }
@@ -260,8 +301,12 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             visible[to] = file
             file.name = to
             file.generation += 1
-            // A rename is the writer saying it is done: a closed file with a final name goes now.
-            return (replaced, file, file.openCount == 0 && !Self.isTemporaryName(to) ? takeForDelivery(file) : .wait)
+            // A rename is the writer saying it is done: a closed file with a final name goes now, one whose last
+            // release is still on its way (everything flushed) goes at that release.
+            guard !Self.isTemporaryName(to), !file.abandoned else { return (replaced, file, .wait) }
+            if file.openCount == 0 { return (replaced, file, takeForDelivery(file)) }
+            if file.unflushed.isEmpty { file.deliverAtRelease = true }
+            return (replaced, file, .wait)
         }
         replaced?.drop.discard()
         if case .deliver = outcome { try deliver(file, named: to) }
@@ -291,6 +336,7 @@ package final class InboxDropFileSystem: @unchecked Sendable {
         try mutex.withLock {
             guard let file = visible[name] else { throw Errno.noSuchFileOrDirectory }
             file.annotation = checked
+            file.generation += 1
         }
     }
 
@@ -303,7 +349,9 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             visible.removeAll()
             handles.removeAll()
             return all.values.map { file in
-                let done = file.openCount == 0 && !file.abandoned && file.name.map { !Self.isTemporaryName($0) } == true
+                // Releases still on their way when the session ends never arrive: a file flushed by every writer is closed.
+                let closed = file.openCount == 0 || file.unflushed.isEmpty
+                let done = closed && !file.abandoned && file.name.map { !Self.isTemporaryName($0) } == true
                 return (file, done ? .deliver : .discard)
             }
         }
@@ -345,8 +393,9 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             guard let name = file.name else { return file.drop.discard() }
             try? deliver(file, named: name)
         case .settle(let generation):
-            inFlight.enter()
+            // The group is entered when the timer fires, not now: stop() must not wait out a settle time.
             DispatchQueue.global().asyncAfter(deadline: .now() + settleTime) {
+                self.inFlight.enter()
                 defer { self.inFlight.leave() }
                 let due: Outcome = self.mutex.withLock {
                     guard file.generation == generation, file.openCount == 0, let name = file.name, self.visible[name] === file else { return .wait }
@@ -378,16 +427,10 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             logger.error("could not start \(name) in the Inbox: \(error)")
             throw Errno.ioError
         }
+        let source = Self.sourceApplication(of: writer)
         return mutex.withLock {
             defer { nextInode += 1 }
-            return DropFile(drop: drop, inode: nextInode, name: name, writer: Self.sourceApplication(of: writer))
-        }
-    }
-
-    private func register(_ file: DropFile) -> UInt64 {
-        mutex.withLock {
-            file.openCount += 1
-            return insertHandle(file)
+            return DropFile(drop: drop, inode: nextInode, name: name, writer: source)
         }
     }
 
@@ -420,15 +463,17 @@ package final class InboxDropFileSystem: @unchecked Sendable {
         return (try? Container.checkSourceApplication(identifier)) != nil ? identifier : nil
     }
 
-    /// Whether process `pid` is exiting because a signal killed it (the kernel's PF_EXITING and PF_SIGNALED flags,
-    /// field 9 of /proc/PID/stat): its descriptors are being closed for it, so what it was writing is unfinished.
+    /// Whether process `pid` is exiting because a signal killed it: the kernel's PF_EXITING flag (field 9 of
+    /// /proc/PID/stat) and an exit code (field 52) whose low bits name a signal. Its descriptors are being closed for
+    /// it, so what it was writing is unfinished. (PF_SIGNALED alone is not enough: the other threads of a process that
+    /// calls exit() get it too.)
     static func wasKilledBySignal(_ pid: pid_t) -> Bool {
         guard pid > 0, let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
               let end = stat.range(of: ")", options: .backwards) else { return false }
-        // After "pid (comm)": state is field 3, flags field 9.
+        // After "pid (comm)": field 3 is the first.
         let fields = stat[end.upperBound...].split(separator: " ")
-        guard fields.count > 6, let flags = UInt64(fields[6]) else { return false }
-        let exiting: UInt64 = 0x4, signaled: UInt64 = 0x400
-        return flags & exiting != 0 && flags & signaled != 0
+        guard fields.count > 49, let flags = UInt64(fields[6]), let exitCode = Int32(fields[49].trimmingCharacters(in: .whitespacesAndNewlines)) else { return false }
+        let exiting: UInt64 = 0x4
+        return flags & exiting != 0 && exitCode & 0x7f != 0
     }
 }

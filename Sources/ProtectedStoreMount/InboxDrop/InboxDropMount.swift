@@ -24,6 +24,12 @@ package final class InboxDropMount: @unchecked Sendable {
         let recovered = try container.recoverAbandonedInboxDrops()
         if recovered.finished > 0 { logger.info("finished \(recovered.finished) delivery(ies) an earlier drop folder was stopped in") }
         if recovered.removed > 0 { logger.info("removed \(recovered.removed) unfinished file(s) an earlier drop folder left in the Inbox") }
+        // Every file waiting for its writer or its rename holds a descriptor: as many as the hard limit allows.
+        var limit = rlimit()
+        if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max
+            _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+        }
         let options = "default_permissions,nodev,nosuid,noexec,fsname=sandboxctl-inbox:\(container.bundleIdentifier),subtype=sandboxctl-inbox"
         defer { fileSystem.stop() }
         try FUSESession.serve(mountPoint: mountPoint, options: options, operations: Self.operations, context: Unmanaged.passUnretained(self).toOpaque(),
@@ -41,6 +47,9 @@ package final class InboxDropMount: @unchecked Sendable {
             if let config {
                 config.pointee.use_ino = 1
                 config.pointee.nullpath_ok = 1
+                // An unlink or a rename over an open file reaches the drop folder as such (it discards the file),
+                // instead of libfuse's rename to .fuse_hidden… until the last close.
+                config.pointee.hard_remove = 1
                 // Names change under the kernel only by its own requests, but sizes grow with every write.
                 config.pointee.attr_timeout = 0
                 config.pointee.entry_timeout = 0
