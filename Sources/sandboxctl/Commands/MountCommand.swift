@@ -81,8 +81,8 @@ struct MountCommand: ParsableCommand {
         var arguments = ["mount", bundleIdentifier, mountPoint, "--background-child", "--root", root]
         if let secret = device.resolvedDeviceSecret { arguments += ["--device-secret", secret] }
         if verbose { arguments.append("--verbose") }
-        let pid = try Self.startDetached(arguments: arguments, root: root, logName: "mount-\(bundleIdentifier).log")
-        print("Mounted \(bundleIdentifier) at \(mountPoint) (pid \(pid.process), log \(pid.log)).")
+        let started = try Self.startDetached(arguments: arguments, root: root, logName: "mount-\(bundleIdentifier).log")
+        print("Mounted \(bundleIdentifier) at \(mountPoint) (pid \(started.process), log \(started.log)).")
         print("Unmount with: fusermount3 -u \(mountPoint)")
     }
 
