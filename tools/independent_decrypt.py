@@ -4,7 +4,8 @@ version 2, encrypted names version 2, container descriptions and the Inbox
 queue (keybag and device secret: version 1).
 
 Written only from docs/FORMAT.md, as a check that the specification is
-sufficient. Depends on PyNaCl (libsodium bindings) and the standard library.
+sufficient. Depends on PyNaCl (libsodium bindings), libsodium itself (through
+ctypes, for HChaCha20) and the standard library.
 
 Usage:
     python3 tools/independent_decrypt.py --root ROOT --device-secret SECRET_FILE \
@@ -54,6 +55,8 @@ decrypted).
 
 import argparse
 import base64
+import ctypes
+import ctypes.util
 import hashlib
 import hmac
 import json
@@ -90,6 +93,28 @@ def aead_open(key: bytes, nonce: bytes, sealed: bytes, ad: bytes, what: str) -> 
         return sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(sealed, ad, nonce, key)
     except nacl.exceptions.CryptoError:
         raise FormatError(f"{what}: authentication failed") from None
+
+
+def hchacha20(key: bytes, seed: bytes) -> bytes:
+    """HChaCha20 (libsodium's crypto_core_hchacha20, which PyNaCl does not
+    wrap), through ctypes."""
+    name = ctypes.util.find_library("sodium")
+    if name is None:
+        raise FormatError("AES-256-GCM blocks need libsodium's HChaCha20 (apt-get install libsodium23)")
+    out = ctypes.create_string_buffer(32)
+    if ctypes.CDLL(name).crypto_core_hchacha20(out, seed, key, None) != 0:
+        raise FormatError("HChaCha20 failed")
+    return out.raw
+
+
+def open_block(cipher: int, fk: bytes, blk: bytes, ad: bytes) -> bytes:
+    """§4.4: a block is nonce field (24) || ciphertext || tag (16). Cipher 1:
+    XChaCha20-Poly1305 under FK with the field as nonce. Cipher 2: AES-256-GCM
+    under HChaCha20(FK, field[0:16]) with nonce field[12:24]."""
+    if cipher == CIPHER_XCHACHA20POLY1305:
+        return sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(blk[24:], ad, blk[:24], fk)
+    block_key = hchacha20(fk, blk[:16])
+    return sodium.crypto_aead_aes256gcm_decrypt(blk[24:], ad, blk[12:24], block_key)
 
 
 def unwrap(key: bytes, wrapped: bytes, ad: bytes, what: str) -> bytes:
@@ -218,6 +243,7 @@ BODY_OFFSET = 1024         # §4.3: block 0
 BLOCK_OVERHEAD = 40        # 24-byte nonce + 16-byte tag
 FILE_VERSION = 2
 CIPHER_XCHACHA20POLY1305 = 1
+CIPHER_AES256GCM = 2
 FLAG_AWAITS_DEFAULT_CLASS = 0x01
 MAX_STALE_TAILS = 16
 
@@ -232,7 +258,7 @@ def lmax(B: int) -> int:
 
 
 def check_header(hdr: bytes):
-    """§4.1 / §4.5 step 1 (keyless). Returns (class id, BS)."""
+    """§4.1 / §4.5 step 1 (keyless). Returns (class id, BS); the cipher id is hdr[8]."""
     if hdr[0:4] != b"PSEF":
         raise FormatError("bad magic")
     if u16(hdr, 4) != FILE_VERSION:
@@ -245,7 +271,7 @@ def check_header(hdr: bytes):
         raise FormatError(f"unknown header flags {flags:#04x}")
     if flags & FLAG_AWAITS_DEFAULT_CLASS and cid != 2:
         raise FormatError("'awaits its default class' flag set on a class other than B")
-    if hdr[8] != CIPHER_XCHACHA20POLY1305:
+    if hdr[8] not in (CIPHER_XCHACHA20POLY1305, CIPHER_AES256GCM):
         raise FormatError(f"unsupported format: cipher id {hdr[8]}")
     if hdr[9:12] != bytes(3):
         raise FormatError("reserved header bytes 9..<12 not zero")
@@ -355,7 +381,7 @@ def decrypt_file(path: str, kbid: bytes, keys: dict, pk_b: bytes, sink=None):
                 raise FormatError(f"block {i}: short read")
             ad = fid + struct.pack("<Q", i)
             try:
-                pt = sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(blk[24:], ad, blk[:24], fk)
+                pt = open_block(hdr[8], fk, blk, ad)
             except nacl.exceptions.CryptoError:
                 if blk == bytes(SB):
                     continue  # rule 3: a hole, zeros

@@ -3,11 +3,16 @@ import ProtectedStore
 import ProtectedStoreCore
 import SystemPackage
 
-/// Throughput of the file format against libsodium's AEAD alone and against plain files, measured in one run.
+/// Throughput of the file format against its block cipher alone (libsodium, one core) and against plain files,
+/// measured in one run.
 public struct CryptoBenchmark: Sendable {
     /// Figures in MB/s (10^6 bytes per second), each the median of `rounds` runs.
     public struct Result: Sendable, Codable {
+        /// XChaCha20-Poly1305 alone, one core: the baseline the targets are stated against.
         public var aeadRawMBps: Double
+        /// The cipher new files get on this machine (docs/FORMAT.md §4.4), and its throughput alone on one core.
+        public var cipher: String
+        public var cipherRawMBps: Double
         public var writeMBps: Double
         public var readMBps: Double
         public var plainWriteMBps: Double
@@ -19,14 +24,14 @@ public struct CryptoBenchmark: Sendable {
 
         // The JSON keys scripts read (`sandboxctl bench crypto --json`).
         enum CodingKeys: String, CodingKey {
-            case aeadRawMBps = "aead_raw_MBps", writeMBps = "write_MBps", readMBps = "read_MBps"
+            case aeadRawMBps = "aead_raw_MBps", cipher, cipherRawMBps = "cipher_raw_MBps", writeMBps = "write_MBps", readMBps = "read_MBps"
             case plainWriteMBps = "plain_write_MBps", plainReadMBps = "plain_read_MBps"
             case blockSize = "block_size", sizeMiB = "size_mib", cores, rounds
         }
 
-        /// Encrypted write throughput as a fraction of the raw single-core AEAD.
+        /// Encrypted write throughput over XChaCha20-Poly1305 alone on one core.
         public var writeRatio: Double { writeMBps / aeadRawMBps }
-        /// Encrypted read throughput as a fraction of the raw single-core AEAD.
+        /// Encrypted read throughput over XChaCha20-Poly1305 alone on one core.
         public var readRatio: Double { readMBps / aeadRawMBps }
     }
 
@@ -69,8 +74,11 @@ public struct CryptoBenchmark: Sendable {
 
         let encryptedPath = (root as NSString).appendingPathComponent("encrypted")
         let plainPath = (root as NSString).appendingPathComponent("plain")
+        let cipher = FileHeader.Cipher.preferred
         return Result(
-            aeadRawMBps: try throughput { try rawAEAD(payload: payload) },
+            aeadRawMBps: try throughput { try sealAlone(payload: payload, cipher: .xChaCha20Poly1305) },
+            cipher: cipher.name,
+            cipherRawMBps: try throughput { try sealAlone(payload: payload, cipher: cipher) },
             writeMBps: try throughput {
                 unlink(encryptedPath)
                 let file = try EncryptedFile.create(at: encryptedPath, protectionClass: .complete, keys: device, blockSize: blockSize)
@@ -104,21 +112,28 @@ public struct CryptoBenchmark: Sendable {
             blockSize: blockSize, sizeMiB: sizeMiB, cores: ProcessInfo.processInfo.activeProcessorCount, rounds: rounds)
     }
 
-    /// libsodium's XChaCha20-Poly1305 alone, one core, in memory, same block size and associated-data length as the format.
-    private func rawAEAD(payload: [UInt8]) throws {
-        let key = SecureBytes.random(count: AEAD.keyBytes)
-        let nonce = Random.bytes(AEAD.nonceBytes)
-        let associatedData = [UInt8](repeating: 7, count: FileHeader.idBytes + 9)
-        var output = [UInt8](repeating: 0, count: blockSize + AEAD.tagBytes)
+    /// One cipher alone, one core, in memory, as the format seals blocks: same block size, associated-data length and
+    /// nonce fields, one sealing pass per 1 MiB call.
+    private func sealAlone(payload: [UInt8], cipher: FileHeader.Cipher) throws {
+        let key = SecureBytes.random(count: FileHeader.fileKeyBytes)
+        defer { key.discard() }
+        let blocksPerCall = payload.count / blockSize
+        var fields = [UInt8](repeating: 0, count: blocksPerCall * BlockCipher.nonceFieldBytes)
+        let associatedData = [UInt8](repeating: 7, count: FileHeader.idBytes + 8)
+        var output = [UInt8](repeating: 0, count: blockSize + BlockCipher.tagBytes)
         try key.withUnsafeBytes { k in
-            payload.withUnsafeBytes { p in
-                nonce.withUnsafeBytes { n in
-                    associatedData.withUnsafeBytes { ad in
-                        output.withUnsafeMutableBytes { out in
-                            for _ in 0..<sizeMiB {
-                                for start in stride(from: 0, to: p.count, by: blockSize) {
-                                    AEAD.seal(UnsafeRawBufferPointer(rebasing: p[start..<start + blockSize]), key: k, nonce: n,
-                                              associatedData: ad, into: out)
+            for _ in 0..<sizeMiB {
+                fields.withUnsafeMutableBytes { BlockCipher.makeNonceFields(cipher, count: blocksPerCall, into: $0) }
+                BlockCipher.with(cipher, fileKey: k) { sealer in
+                    payload.withUnsafeBytes { p in
+                        fields.withUnsafeBytes { f in
+                            associatedData.withUnsafeBytes { ad in
+                                output.withUnsafeMutableBytes { out in
+                                    for block in 0..<blocksPerCall {
+                                        let field = UnsafeRawBufferPointer(rebasing: f[block * BlockCipher.nonceFieldBytes..<(block + 1) * BlockCipher.nonceFieldBytes])
+                                        sealer.seal(UnsafeRawBufferPointer(rebasing: p[block * blockSize..<(block + 1) * blockSize]), nonceField: field,
+                                                    associatedData: ad, into: out)
+                                    }
                                 }
                             }
                         }

@@ -162,13 +162,26 @@ package final class FUSEMount: @unchecked Sendable {
         }
         operations.removexattr = { path, name in serve("removexattr", path) { try $0.removeExtendedAttribute(try kernelString(path), name: try kernelString(name)) } }
         operations.opendir = { path, file in serve("opendir", path) { fs in file!.pointee.fh = try fs.openDirectory(try kernelString(path)) } }
-        operations.readdir = { path, buffer, fill, _, file, _ in
+        operations.readdir = { path, buffer, fill, offset, file, flags in
             serve("readdir", path) { fs in
-                for entry in try fs.directoryEntries(file!.pointee.fh) {
+                // Entry i goes out with offset i + 1, so the kernel can ask for the rest where a full reply stopped.
+                // Offsets are also what makes libfuse (before 3.17) pass readdirplus attributes on to the kernel.
+                let plus = flags.rawValue & FUSE_READDIR_PLUS.rawValue != 0
+                let entries = try fs.listing(file!.pointee.fh, fresh: offset == 0)
+                var index = Int(offset)
+                while index < entries.count {
+                    let entry = entries[index]
                     var info = stat()
-                    info.st_ino = ino_t(entry.inode)
-                    info.st_mode = entry.type
-                    if fill!(buffer, entry.name, &info, 0, fuse_fill_dir_flags(0)) != 0 { break }
+                    var entryFlags = fuse_fill_dir_flags(0)
+                    if plus, let attributes = fs.attributes(ofListed: entry, in: file!.pointee.fh) {
+                        info = attributes
+                        entryFlags = FUSE_FILL_DIR_PLUS
+                    } else {
+                        info.st_ino = ino_t(entry.inode)
+                        info.st_mode = entry.type
+                    }
+                    index += 1
+                    if fill!(buffer, entry.name, &info, off_t(index), entryFlags) != 0 { break }
                 }
             }
         }

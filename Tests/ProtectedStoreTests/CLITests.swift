@@ -1,4 +1,5 @@
 import Foundation
+@testable import ProtectedStoreCore
 import Testing
 
 /// Runs the real `sandboxctl` binary built beside the test bundle.
@@ -87,10 +88,11 @@ struct CLITests {
         let result = try CLI.run(["bench", "crypto", "--size-mib", "2", "--json", "--directory", dir.path])
         #expect(result.status == 0, "\(result.stderr)")
         let object = try #require(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
-        for key in ["aead_raw_MBps", "write_MBps", "read_MBps", "plain_write_MBps", "plain_read_MBps"] {
+        for key in ["aead_raw_MBps", "cipher_raw_MBps", "write_MBps", "read_MBps", "plain_write_MBps", "plain_read_MBps"] {
             let value = try #require(object[key] as? Double, "\(key) missing")
             #expect(value > 0)
         }
+        #expect(object["cipher"] as? String == FileHeader.Cipher.preferred.name)
         #expect(object["block_size"] as? Int == 4096)
         #expect(try FileManager.default.contentsOfDirectory(atPath: dir.path).isEmpty, "benchmark files removed")
     }

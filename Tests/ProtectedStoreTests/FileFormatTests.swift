@@ -7,6 +7,8 @@ import Testing
 @Suite("Encrypted file format")
 struct FileFormatTests {
     static let blockSize = EncryptedFile.defaultBlockSize
+    /// Both ciphers where this CPU has AES-NI and PCLMUL; XChaCha20-Poly1305 alone elsewhere.
+    static let ciphers = FileHeader.Cipher.allCases.filter(\.isAvailable)
 
     @Test("round trip", arguments: [0, 1, blockSize - 1, blockSize, blockSize + 1, 5 * blockSize + 17, 64 * blockSize + 3])
     func roundTrip(size: Int) throws {
@@ -40,12 +42,13 @@ struct FileFormatTests {
         }
     }
 
-    @Test("random writes, reads and truncations match an in-memory model", arguments: [UInt64(1), 2, 3, 4])
-    func randomOperations(seed: UInt64) throws {
+    @Test("random writes, reads and truncations match an in-memory model", arguments: ciphers, [UInt64(1), 2, 3])
+    func randomOperations(cipher: FileHeader.Cipher, seed: UInt64) throws {
         var random = SplitMix64(seed: seed)
         let test = try TestDevice()
         let path = test.path("model")
-        var file = try EncryptedFile.create(at: path, protectionClass: .completeUntilFirstUserAuthentication, keys: test.device, blockSize: 512)
+        var file = try EncryptedFile.create(at: FileLocation(path: path), protectionClass: .completeUntilFirstUserAuthentication, keys: test.device,
+                                            blockSize: 512, cipher: cipher)
         var model: [UInt8] = []
         for step in 0..<300 {
             let limit = 6000
@@ -302,12 +305,12 @@ struct FileFormatTests {
         }
     }
 
-    @Test("every single-byte modification of a small file is detected")
-    func everyByteFlipDetected() throws {
+    @Test("every single-byte modification of a small file is detected", arguments: ciphers)
+    func everyByteFlipDetected(cipher: FileHeader.Cipher) throws {
         let test = try TestDevice()
         let path = test.path("small")
         let contents = pattern(1300)
-        let file = try EncryptedFile.create(at: path, protectionClass: .complete, keys: test.device, blockSize: 512)
+        let file = try EncryptedFile.create(at: FileLocation(path: path), protectionClass: .complete, keys: test.device, blockSize: 512, cipher: cipher)
         try file.write(contents, at: 0)
         try file.close()
         let original = readRaw(path)
@@ -425,5 +428,89 @@ struct FileFormatTests {
         writeRaw(versioned, path)
         let versionError = expectError(.unsupportedFormat) { try other.device.readFile(at: path) }
         #expect(versionError?.problem.contains("version 9") == true)
+    }
+
+    @Test("AES-256-GCM blocks: one random seed per sealing pass, block counters 0…n−1 in it, a fresh seed for every pass",
+          .enabled(if: FileHeader.Cipher.aes256GCM.isAvailable, "this CPU lacks AES-NI or PCLMUL"))
+    func aesNonceFields() throws {
+        let test = try TestDevice()
+        let path = test.path("aes")
+        let file = try EncryptedFile.create(at: FileLocation(path: path), protectionClass: .none, keys: test.device, blockSize: 512, cipher: .aes256GCM)
+        try file.write(pattern(8 * 512), at: 0)
+        try file.write(pattern(2 * 512, seed: 9), at: 3 * 512)
+        try file.close()
+        let stored = readRaw(path)
+        #expect(stored[8] == FileHeader.Cipher.aes256GCM.rawValue)
+        let layout = BlockLayout(blockSize: 512)
+        let fields = (0..<8).map { index in
+            let start = Int(layout.storedOffset(ofBlock: Int64(index)))
+            return Array(stored[start..<start + BlockLayout.nonceBytes])
+        }
+        let seeds = fields.map { Array($0[0..<16]) }
+        let counters: [UInt64] = fields.map { field in
+            var counter: UInt64 = 0
+            for (shift, byte) in field[16..<24].enumerated() { counter |= UInt64(byte) << UInt64(8 * shift) }
+            return counter
+        }
+        // Blocks 0–2 and 5–7 from the first pass, 3–4 from the second, each pass counting from its first block.
+        #expect(Set([0, 1, 2, 5, 6, 7].map { seeds[$0] }).count == 1)
+        #expect(seeds[3] == seeds[4] && seeds[3] != seeds[0])
+        #expect(counters == [0, 1, 2, 0, 1, 5, 6, 7])
+        let reopened = try EncryptedFile.open(at: path, keys: test.device, writable: false)
+        var expected = pattern(8 * 512)
+        expected.replaceSubrange(3 * 512..<5 * 512, with: pattern(2 * 512, seed: 9))
+        #expect(try reopened.readAll() == expected)
+        // The seed is bound to the block key: the same counter under another seed does not open.
+        var swapped = stored
+        let third = Int(layout.storedOffset(ofBlock: 2))
+        swapped.replaceSubrange(third..<third + 16, with: seeds[3])
+        writeRaw(swapped, path)
+        let error = expectError(.integrity) { try EncryptedFile.open(at: path, keys: test.device, writable: false).readAll() }
+        #expect(error?.problem.contains("block 2 ") == true, "\(String(describing: error))")
+    }
+
+    @Test("a file keeps its cipher across writes, a class change and a reopen; both kinds read side by side")
+    func cipherKeptPerFile() throws {
+        let test = try TestDevice()
+        for cipher in Self.ciphers {
+            let path = test.path("kept-\(cipher.rawValue)")
+            let file = try EncryptedFile.create(at: FileLocation(path: path), protectionClass: .complete, keys: test.device, cipher: cipher)
+            try file.write(pattern(3 * Self.blockSize + 5), at: 0)
+            try file.changeProtectionClass(to: .completeUntilFirstUserAuthentication, keys: test.device)
+            try file.write([1, 2, 3], at: 10)
+            try file.close()
+            #expect(readRaw(path)[8] == cipher.rawValue)
+            var expected = pattern(3 * Self.blockSize + 5)
+            expected.replaceSubrange(10..<13, with: [1, 2, 3])
+            #expect(try EncryptedFile.open(at: path, keys: test.device, writable: false).readAll() == expected)
+        }
+    }
+
+    @Test("an AES-256-GCM pass's block key and state are zeroed in their guarded slot when the pass ends",
+          .enabled(if: FileHeader.Cipher.aes256GCM.isAvailable, "this CPU lacks AES-NI or PCLMUL"))
+    func blockKeyZeroed() throws {
+        let key = SecureBytes.random(count: FileHeader.fileKeyBytes)
+        var fields = [UInt8](repeating: 0, count: BlockCipher.nonceFieldBytes)
+        fields.withUnsafeMutableBytes { BlockCipher.makeNonceFields(.aes256GCM, count: 1, into: $0) }
+        var sealed = [UInt8](repeating: 0, count: 512 + BlockCipher.tagBytes)
+        var slot: UnsafeMutableRawPointer?
+        try key.withUnsafeBytes { fileKey in
+            BlockCipher.with(.aes256GCM, fileKey: fileKey) { sealer in
+                fields.withUnsafeBytes { field in
+                    [UInt8](repeating: 1, count: 512).withUnsafeBytes { plaintext in
+                        sealed.withUnsafeMutableBytes { sealer.seal(plaintext, nonceField: field, associatedData: UnsafeRawBufferPointer(start: nil, count: 0), into: $0) }
+                    }
+                }
+                // The slot the pass took is the one the pool hands out next once it is back (last in, first out).
+                slot = GuardedScratch.shared.acquire()
+                GuardedScratch.shared.release(slot!)
+            }
+        }
+        let reused = GuardedScratch.shared.acquire()
+        defer { GuardedScratch.shared.release(reused) }
+        #expect(reused != slot, "the pass's own slot went back after the probe's")
+        let bytes = UnsafeRawBufferPointer(start: reused, count: GuardedScratch.slotSize)
+        #expect(bytes.allSatisfy { $0 == 0 }, "no byte of the block key or its AES state is left")
+        #expect(sealed.contains { $0 != 0 })
     }
 }

@@ -74,6 +74,14 @@ struct InteropTests {
         try cut.truncate(to: 3 * 4096)
         try cut.close()
         expected[shrunk] = pattern(4096 + 100, seed: 5) + [UInt8](repeating: 0, count: 2 * 4096 - 100)
+        // Both ciphers (§4.4): the files above have the one this CPU prefers; these name each.
+        for cipher in FileHeader.Cipher.allCases where cipher.isAvailable {
+            let path = test.path("A-cipher-\(cipher.rawValue)")
+            let handle = try EncryptedFile.create(at: FileLocation(path: path), protectionClass: .complete, keys: test.device, cipher: cipher)
+            try handle.write(pattern(5 * 4096 + 7, seed: 7), at: 0)
+            try handle.close()
+            expected[path] = pattern(5 * 4096 + 7, seed: 7)
+        }
         try test.device.changePasscode(from: try Passcode(TestDevice.passcode), to: try Passcode("pässcode ✓"))
 
         let out = test.path("out")

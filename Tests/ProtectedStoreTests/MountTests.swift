@@ -122,6 +122,33 @@ struct MountTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: mounted.path("Documents")) == ["Inbox"])
     }
 
+    @Test("a directory too large for one reply lists every entry once, with the plaintext sizes in its attributes")
+    func largeListing() throws {
+        let mounted = try MountedDevice()
+        let folder = mounted.path("Documents/many")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        var expected: [String: Int] = [:]
+        for index in 0..<600 {
+            // Long names, so the listing takes many replies (readdirplus entries carry attributes too).
+            let name = String(format: "%04d-", index) + String(repeating: "n", count: 150)
+            writeRaw(pattern(index), "\(folder)/\(name)")
+            expected[name] = index
+        }
+        let names = try FileManager.default.contentsOfDirectory(atPath: folder)
+        #expect(names.count == expected.count && Set(names) == Set(expected.keys))
+        // Listed afresh after the kernel forgot the entries: the sizes come with the listing, not from lookups.
+        sync()
+        try? Data("2\n".utf8).write(to: URL(fileURLWithPath: "/proc/sys/vm/drop_caches"))
+        let found = try run("/usr/bin/find", [folder, "-mindepth", "1", "-printf", "%s %f\n"])
+        var sizes: [String: Int] = [:]
+        for line in found.stdout.split(separator: "\n") {
+            let fields = line.split(separator: " ", maxSplits: 1)
+            sizes[String(fields[1])] = Int(fields[0])
+        }
+        let wrong = expected.filter { sizes[$0.key] != $0.value }.map { "\($0.key.prefix(4)): \(sizes[$0.key].map(String.init) ?? "missing")" }
+        #expect(sizes.count == expected.count && wrong.isEmpty, "\(sizes.count) listed; wrong sizes: \(wrong.prefix(5))")
+    }
+
     /// Files of several sizes (empty, one block, around block edges, 3 MiB), nested folders, modes, an old mtime, symlinks.
     private func makeTree(at root: String) throws {
         let manager = FileManager.default
@@ -267,6 +294,9 @@ struct MountTests {
         let delivered = try sandboxctl(mounted.test, ["inbox", "deliver", TestDevice.bundleIdentifier, source])
         #expect(delivered.status == 0, "\(delivered.stderr)")
         let item = mounted.path("Documents/Inbox/report.txt")
+        // Listed first, before any lookup: the attributes the listing carries (readdirplus) follow the same rules.
+        let listed = try run("/usr/bin/find", [mounted.path("Documents/Inbox"), "-mindepth", "1", "-printf", "%M %s %f\n"])
+        #expect(listed.stdout.hasPrefix("-r") && !listed.stdout.contains("w") && listed.stdout.hasSuffix(" 10 report.txt\n"), "\(listed.stdout)")
         #expect(String(decoding: readRaw(item), as: UTF8.self) == "delivered\n")
         let mode = (try FileManager.default.attributesOfItem(atPath: item)[.posixPermissions] as? Int) ?? -1
         #expect(mode & 0o222 == 0, "Inbox items show no write permission: \(String(mode, radix: 8))")

@@ -7,6 +7,12 @@ enum Sodium {
     static func ensureInitialised() {
         precondition(initialised, "libsodium failed to initialise (sodium_init() < 0)")
     }
+
+    /// libsodium's AES-256-GCM runs only on CPUs with AES-NI and PCLMUL (it has no portable fallback).
+    static let isAES256GCMAvailable: Bool = {
+        ensureInitialised()
+        return crypto_aead_aes256gcm_is_available() == 1
+    }()
 }
 
 /// Random bytes from libsodium's CSPRNG (getrandom(2) underneath).

@@ -4,8 +4,8 @@
 /// The header and the length record have a 512-byte sector each, so writing one never touches the other; blocks follow at a fixed stride, each `nonce ‖ ciphertext ‖ tag` of exactly `blockSize` plaintext bytes,
 /// so writing one block never moves or re-encrypts another.
 package struct BlockLayout: Sendable {
-    static let nonceBytes = AEAD.nonceBytes
-    static let tagBytes = AEAD.tagBytes
+    static let nonceBytes = BlockCipher.nonceFieldBytes
+    static let tagBytes = BlockCipher.tagBytes
     /// Bytes a block adds to its plaintext.
     package static let overhead = nonceBytes + tagBytes
     /// The unit a power cut can tear writes at; the header and the length record own one each.

@@ -4,7 +4,7 @@ import Foundation
 import SystemPackage
 
 /// A random-access handle on one encrypted file: plaintext reads and writes at any offset,
-/// each write re-encrypting only the blocks it touches, each block under a fresh random nonce.
+/// each write re-encrypting only the blocks it touches, each block under a nonce never used before with its key.
 ///
 /// A handle runs reads concurrently and serialises writes; several handles on one file are not coordinated.
 /// Opened directly, a handle keeps its key until `close()` or `discardKey()`; files opened through a `Container`
@@ -69,13 +69,14 @@ public final class EncryptedFile: @unchecked Sendable {
     }
 
     package static func create(at location: FileLocation, protectionClass: ProtectionClass, flags: FileHeader.Flags = [], keys: any ClassKeyProviding,
-                       blockSize: Int = defaultBlockSize) throws -> EncryptedFile {
+                               blockSize: Int = defaultBlockSize, cipher: FileHeader.Cipher = .preferred) throws -> EncryptedFile {
         precondition(blockSize >= FileHeader.minimumBlockSize && blockSize <= FileHeader.maximumBlockSize && blockSize & (blockSize - 1) == 0)
+        precondition(cipher.isAvailable)
         let path = location.displayPath
         let fileKey = SecureBytes.random(count: FileHeader.fileKeyBytes)
         let header = try attributingKeyErrors(to: path) {
             try FileHeader.sealing(fileKey: fileKey, fileID: Random.bytes(FileHeader.idBytes),
-                                   protectionClass: protectionClass, flags: flags, blockSize: blockSize, keys: keys)
+                                   protectionClass: protectionClass, flags: flags, cipher: cipher, blockSize: blockSize, keys: keys)
         }
         let descriptor = try location.open(.readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite],
                                            doing: "create the encrypted file")
@@ -106,6 +107,10 @@ public final class EncryptedFile: @unchecked Sendable {
         do {
             let prefix = try readPrefix(descriptor, path: path)
             let header = try FileHeader.parse(prefix, path: path)
+            guard header.cipher.isAvailable else {
+                throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with \(header.cipher.name), which libsodium can't use on this CPU (it needs AES-NI and PCLMUL)",
+                                          remedy: "Open it on a machine whose CPU has them (grep -w -e aes -e pclmulqdq /proc/cpuinfo), or copy it out there and back in")
+            }
             let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
             let sector = recordSector(prefix)
             let authentic = try attributingKeyErrors(to: path) {
@@ -403,7 +408,7 @@ public final class EncryptedFile: @unchecked Sendable {
         try lock.withWriteLock {
             try checkWritable()
             let newHeader = try Self.attributingKeyErrors(to: path) {
-                try FileHeader.sealing(fileKey: fileKey, fileID: header.fileID, protectionClass: newClass, blockSize: header.blockSize, keys: keys)
+                try FileHeader.sealing(fileKey: fileKey, fileID: header.fileID, protectionClass: newClass, cipher: header.cipher, blockSize: header.blockSize, keys: keys)
             }
             try writeStored(newHeader.serialized, at: 0)
             try DurableIO.synchronizeContents(descriptor, path: path)
@@ -586,40 +591,42 @@ public final class EncryptedFile: @unchecked Sendable {
                 zeroize(scratch.baseAddress!, count: scratch.count)
                 scratch.deallocate()
             }
-            for offsetInRange in range {
-                let index = first + Int64(offsetInRange)
-                let blockStart = index * layout.blockSize
-                // The slice of this block the caller wants, in destination coordinates.
-                let wantedStart = max(blockStart, plaintextStart)
-                let wantedEnd = min(blockStart + layout.blockSize, plaintextStart + Int64(destination.count))
-                let target = UnsafeMutableRawBufferPointer(rebasing: destination[Int(wantedStart - plaintextStart)..<Int(wantedEnd - plaintextStart)])
-                let start = offsetInRange * storedBlock
-                if index >= record.extent || start + storedBlock > rangeStart + available {
-                    // Past the extent, or not (wholly) stored: zeros, unless an fsync had made the block durable.
-                    if index < record.extent && index < durable { return index }
-                    target.initializeMemory(as: UInt8.self, repeating: 0)
-                    continue
-                }
-                let block = UnsafeRawBufferPointer(rebasing: storedBytes[start..<start + storedBlock])
-                // A whole wanted block is decrypted in place; a partly wanted one aside, so only wanted bytes reach the caller.
-                let whole = target.count == plainBlock
-                let opened = whole ? target : scratch
-                if openBlock(block, key: key, associatedData: blockAssociatedData(index: index), into: opened) {
-                    if let tail = record.staleTails.first(where: { $0.block == index }) {
-                        UnsafeMutableRawBufferPointer(rebasing: opened[tail.validBytes...]).initializeMemory(as: UInt8.self, repeating: 0)
+            return BlockCipher.with(header.cipher, fileKey: key) { opener in
+                for offsetInRange in range {
+                    let index = first + Int64(offsetInRange)
+                    let blockStart = index * layout.blockSize
+                    // The slice of this block the caller wants, in destination coordinates.
+                    let wantedStart = max(blockStart, plaintextStart)
+                    let wantedEnd = min(blockStart + layout.blockSize, plaintextStart + Int64(destination.count))
+                    let target = UnsafeMutableRawBufferPointer(rebasing: destination[Int(wantedStart - plaintextStart)..<Int(wantedEnd - plaintextStart)])
+                    let start = offsetInRange * storedBlock
+                    if index >= record.extent || start + storedBlock > rangeStart + available {
+                        // Past the extent, or not (wholly) stored: zeros, unless an fsync had made the block durable.
+                        if index < record.extent && index < durable { return index }
+                        target.initializeMemory(as: UInt8.self, repeating: 0)
+                        continue
                     }
-                } else if block.allSatisfy({ $0 == 0 }) {
-                    // A hole: the stored block was never written.
-                    opened.initializeMemory(as: UInt8.self, repeating: 0)
-                } else {
-                    return index
+                    let block = UnsafeRawBufferPointer(rebasing: storedBytes[start..<start + storedBlock])
+                    // A whole wanted block is decrypted in place; a partly wanted one aside, so only wanted bytes reach the caller.
+                    let whole = target.count == plainBlock
+                    let opened = whole ? target : scratch
+                    if openBlock(block, with: opener, associatedData: blockAssociatedData(index: index), into: opened) {
+                        if let tail = record.staleTails.first(where: { $0.block == index }) {
+                            UnsafeMutableRawBufferPointer(rebasing: opened[tail.validBytes...]).initializeMemory(as: UInt8.self, repeating: 0)
+                        }
+                    } else if block.allSatisfy({ $0 == 0 }) {
+                        // A hole: the stored block was never written.
+                        opened.initializeMemory(as: UInt8.self, repeating: 0)
+                    } else {
+                        return index
+                    }
+                    if !whole {
+                        let from = Int(wantedStart - blockStart)
+                        target.copyMemory(from: UnsafeRawBufferPointer(rebasing: opened[from..<from + target.count]))
+                    }
                 }
-                if !whole {
-                    let from = Int(wantedStart - blockStart)
-                    target.copyMemory(from: UnsafeRawBufferPointer(rebasing: opened[from..<from + target.count]))
-                }
+                return nil
             }
-            return nil
         }
         if let failed = failures.min() {
             destination.initializeMemory(as: UInt8.self, repeating: 0)
@@ -628,11 +635,11 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
-    private func openBlock(_ block: UnsafeRawBufferPointer, key: UnsafeRawBufferPointer, associatedData: [UInt8],
+    private func openBlock(_ block: UnsafeRawBufferPointer, with opener: BlockCipher, associatedData: [UInt8],
                            into target: UnsafeMutableRawBufferPointer) -> Bool {
         associatedData.withUnsafeBytes { ad in
-            AEAD.open(UnsafeRawBufferPointer(rebasing: block[BlockLayout.nonceBytes...]), key: key,
-                      nonce: UnsafeRawBufferPointer(rebasing: block[0..<BlockLayout.nonceBytes]), associatedData: ad, into: target)
+            opener.open(UnsafeRawBufferPointer(rebasing: block[BlockLayout.nonceBytes...]),
+                        nonceField: UnsafeRawBufferPointer(rebasing: block[0..<BlockLayout.nonceBytes]), associatedData: ad, into: target)
         }
     }
 
@@ -736,22 +743,23 @@ public final class EncryptedFile: @unchecked Sendable {
         reserveScratch(storedCount)
         // Counted here, not in the workers' writes, which run in parallel.
         storedWrites += 1
-        // One CSPRNG call for all nonces instead of one per block.
         var nonces = [UInt8](repeating: 0, count: blockCount * BlockLayout.nonceBytes)
-        nonces.withUnsafeMutableBytes { Random.fill($0) }
+        nonces.withUnsafeMutableBytes { BlockCipher.makeNonceFields(header.cipher, count: blockCount, into: $0) }
         try storedScratch.withUnsafeMutableBytes { stored in
             _ = try nonces.withUnsafeBytes { nonceBytes in
                 try forEachBlockInParallel(count: blockCount) { range in
-                    for offsetInRange in range {
-                        let index = first + Int64(offsetInRange)
-                        let plaintext = plaintextOfBlock(index)
-                        let start = offsetInRange * storedBlock
-                        let nonce = UnsafeRawBufferPointer(rebasing: nonceBytes[offsetInRange * BlockLayout.nonceBytes..<(offsetInRange + 1) * BlockLayout.nonceBytes])
-                        UnsafeMutableRawBufferPointer(rebasing: stored[start..<start + BlockLayout.nonceBytes]).copyMemory(from: nonce)
-                        let ad = blockAssociatedData(index: index)
-                        ad.withUnsafeBytes { adBytes in
-                            AEAD.seal(plaintext, key: key, nonce: nonce, associatedData: adBytes,
-                                      into: UnsafeMutableRawBufferPointer(rebasing: stored[start + BlockLayout.nonceBytes..<start + storedBlock]))
+                    BlockCipher.with(header.cipher, fileKey: key) { sealer in
+                        for offsetInRange in range {
+                            let index = first + Int64(offsetInRange)
+                            let plaintext = plaintextOfBlock(index)
+                            let start = offsetInRange * storedBlock
+                            let nonce = UnsafeRawBufferPointer(rebasing: nonceBytes[offsetInRange * BlockLayout.nonceBytes..<(offsetInRange + 1) * BlockLayout.nonceBytes])
+                            UnsafeMutableRawBufferPointer(rebasing: stored[start..<start + BlockLayout.nonceBytes]).copyMemory(from: nonce)
+                            let ad = blockAssociatedData(index: index)
+                            ad.withUnsafeBytes { adBytes in
+                                sealer.seal(plaintext, nonceField: nonce, associatedData: adBytes,
+                                            into: UnsafeMutableRawBufferPointer(rebasing: stored[start + BlockLayout.nonceBytes..<start + storedBlock]))
+                            }
                         }
                     }
                     // Each range writes its own bytes, so one range's pwrite overlaps another's encryption.

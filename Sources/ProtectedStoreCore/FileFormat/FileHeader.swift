@@ -9,10 +9,11 @@ package struct FileHeader: Sendable {
     /// Bytes before the wrap nonce; they are the associated data of the key wrap, so all of them are authenticated.
     static let authenticatedPrefixSize = 80
 
-    /// The AEAD that seals a file's blocks and length records. One so far; the byte lets a faster one be added
-    /// without another format version.
-    package enum Cipher: UInt8, Sendable {
+    /// The AEAD that seals a file's blocks (docs/FORMAT.md §4.4); key wraps and length records always use
+    /// XChaCha20-Poly1305. Readers take both; new files get `preferred`.
+    package enum Cipher: UInt8, Sendable, CaseIterable {
         case xChaCha20Poly1305 = 1
+        case aes256GCM = 2
     }
     static let minimumBlockSize = 512
     static let maximumBlockSize = 1 << 20
@@ -58,9 +59,9 @@ package struct FileHeader: Sendable {
     var serialized: [UInt8] { authenticatedPrefix + wrappedFileKey + [UInt8](repeating: 0, count: Int(BlockLayout.sectorSize) - Self.size) }
 
     /// A header for a new file (or a class change of an existing one) with `fileKey` wrapped for `protectionClass`.
-    static func sealing(fileKey: SecureBytes, fileID: [UInt8], protectionClass: ProtectionClass, flags: Flags = [], blockSize: Int,
+    static func sealing(fileKey: SecureBytes, fileID: [UInt8], protectionClass: ProtectionClass, flags: Flags = [], cipher: Cipher, blockSize: Int,
                         keys: any ClassKeyProviding) throws -> FileHeader {
-        var header = FileHeader(protectionClass: protectionClass, flags: flags, blockSize: blockSize, keybagID: keys.keybagID, fileID: fileID,
+        var header = FileHeader(protectionClass: protectionClass, flags: flags, cipher: cipher, blockSize: blockSize, keybagID: keys.keybagID, fileID: fileID,
                                 ephemeralPublicKey: [UInt8](repeating: 0, count: X25519.keyBytes), wrappedFileKey: [])
         if protectionClass == .completeUnlessOpen {
             // One-pass key agreement: only the public class key is needed, so this works while locked.

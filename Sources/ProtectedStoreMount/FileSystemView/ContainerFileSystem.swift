@@ -163,21 +163,33 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// opendir: the directory stays open for listing until `releaseDirectory`.
     package func openDirectory(_ kernelPath: String) throws -> UInt64 {
-        let directory = try openDirectory(try containerPath(kernelPath))
+        let path = try containerPath(kernelPath)
+        let directory = try openDirectory(path)
         return try withExtendedLifetime(directory) {
             let copy = fcntl(directory.descriptor.rawValue, F_DUPFD_CLOEXEC, 0)
             guard copy >= 0 else { throw Errno(rawValue: Foundation.errno) }
-            return table.addDirectory(FileDescriptor(rawValue: copy))
+            return table.addDirectory(FileDescriptor(rawValue: copy), path: path)
         }
     }
 
+    /// One entry of a listing: its name, inode number and type, and its name as stored.
+    package struct ListedEntry: Sendable {
+        package var name: String
+        package var inode: UInt64
+        package var type: mode_t
+        fileprivate var stored: String?
+    }
+
     /// The names in an open directory, decrypted, with their inode numbers and types (`.` and `..` first), without
-    /// ProtectedStore's own. An entry whose name does not decrypt is left out (and logged), as gocryptfs does.
-    package func directoryEntries(_ number: UInt64) throws -> [(name: String, inode: UInt64, type: mode_t)] {
-        let descriptor = try table.directory(number)
-        let names = try DirectoryNames.load(cipher: container.directory.cipher, in: descriptor, displayPath: "directory \(number)")
+    /// ProtectedStore's own. An entry whose name does not decrypt is left out (and logged), as gocryptfs does. Read
+    /// afresh when `fresh` (a listing from its start); otherwise as the last fresh read left them, so a listing the
+    /// kernel asks for in several requests sees one order, and each name is decrypted once.
+    package func listing(_ number: UInt64, fresh: Bool) throws -> [ListedEntry] {
+        let directory = try table.openDirectory(number)
+        if !fresh, let cached = directory.listing { return cached }
+        let names = try DirectoryNames.load(cipher: container.directory.cipher, in: directory.descriptor, displayPath: "directory \(number)")
         // A fresh descriptor each time: its own read position from the start.
-        let copy = openat(descriptor.rawValue, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let copy = openat(directory.descriptor.rawValue, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard copy >= 0 else { throw Errno(rawValue: Foundation.errno) }
         guard let stream = fdopendir(copy) else {
             let error = Errno(rawValue: Foundation.errno)
@@ -185,18 +197,37 @@ package final class ContainerFileSystem: @unchecked Sendable {
             throw error
         }
         defer { closedir(stream) }
-        var entries: [(name: String, inode: UInt64, type: mode_t)] = [(".", 0, S_IFDIR), ("..", 0, S_IFDIR)]
+        var entries = [ListedEntry(name: ".", inode: 0, type: S_IFDIR), ListedEntry(name: "..", inode: 0, type: S_IFDIR)]
         while let entry = readdir(stream) {
             let stored = FileSystem.name(of: entry)
             if stored == "." || stored == ".." || stored.hasPrefix(ContainerPath.reservedPrefix) { continue }
             do {
-                let name = try names.name(ofEntry: stored, in: descriptor, displayPath: "\(container.bundleIdentifier) directory")
-                entries.append((name, UInt64(entry.pointee.d_ino), Self.mode(ofDirectoryEntryType: entry.pointee.d_type)))
+                let name = try names.name(ofEntry: stored, in: directory.descriptor, displayPath: "\(container.bundleIdentifier) directory")
+                entries.append(ListedEntry(name: name, inode: UInt64(entry.pointee.d_ino), type: Self.mode(ofDirectoryEntryType: entry.pointee.d_type), stored: stored))
             } catch let error as ProtectedStoreError {
                 logger.info("readdir: left out \(error.path ?? stored): \(error.problem)")
             }
         }
+        directory.listing = entries
         return entries
+    }
+
+    /// What `attributes(of:)` answers for a listed entry, so `ls -l` and `find` need no lookup per entry (readdirplus);
+    /// nil for `.` and `..`, for symbolic links (the size shown needs the target decrypted), and for an entry gone
+    /// meanwhile: the kernel then asks by lookup.
+    package func attributes(ofListed entry: ListedEntry, in number: UInt64) -> stat? {
+        guard let stored = entry.stored, entry.type != S_IFLNK, let directory = try? table.openDirectory(number) else { return nil }
+        var info = stat()
+        guard fstatat(directory.descriptor.rawValue, stored, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_mode & S_IFMT != S_IFLNK else { return nil }
+        if info.st_mode & S_IFMT == S_IFREG {
+            if let open = table.openFile(FileIdentity(info)) {
+                info.st_size = off_t(open.file.size)
+            } else {
+                info.st_size = off_t(Container.fileDetails(at: FileLocation(directory: directory.descriptor, name: stored, displayPath: stored)).size)
+            }
+            if directory.path.isWithin(container.inboxPath) { info.st_mode &= ~0o222 }
+        }
+        return info
     }
 
     /// releasedir.

@@ -31,7 +31,7 @@ final class OpenFileTable: @unchecked Sendable {
     private let mutex = NSLock()
     private var files: [FileIdentity: OpenFile] = [:]
     private var handles: [UInt64: OpenHandle] = [:]
-    private var directories: [UInt64: FileDescriptor] = [:]
+    private var directories: [UInt64: ListedDirectory] = [:]
     private var nextHandle: UInt64 = 1
 
     /// Returns the open file for `identity`, opening it with `open` if no descriptor has it yet; adds a handle to it.
@@ -133,22 +133,26 @@ final class OpenFileTable: @unchecked Sendable {
 
     // MARK: Directories
 
-    /// Keeps an open directory for listing; its descriptor is closed by `releaseDirectory`.
-    func addDirectory(_ descriptor: FileDescriptor) -> UInt64 {
+    /// Keeps an open directory for listing, with the path it was opened at; its descriptor is closed by `releaseDirectory`.
+    func addDirectory(_ descriptor: FileDescriptor, path: ContainerPath) -> UInt64 {
         mutex.withLock {
             let number = takeNumber()
-            directories[number] = descriptor
+            directories[number] = ListedDirectory(descriptor: descriptor, path: path)
             return number
         }
     }
 
     func directory(_ number: UInt64) throws -> FileDescriptor {
-        guard let descriptor = mutex.withLock({ directories[number] }) else { throw Errno.badFileDescriptor }
-        return descriptor
+        try openDirectory(number).descriptor
+    }
+
+    func openDirectory(_ number: UInt64) throws -> ListedDirectory {
+        guard let directory = mutex.withLock({ directories[number] }) else { throw Errno.badFileDescriptor }
+        return directory
     }
 
     func releaseDirectory(_ number: UInt64) {
-        if let descriptor = mutex.withLock({ directories.removeValue(forKey: number) }) { try? descriptor.close() }
+        if let directory = mutex.withLock({ directories.removeValue(forKey: number) }) { try? directory.descriptor.close() }
     }
 }
 
@@ -176,4 +180,23 @@ final class DirectoryCache: @unchecked Sendable {
     }
 
     func removeAll() { mutex.withLock { entries.removeAll() } }
+}
+
+/// A directory open for listing: its descriptor, the path it was opened at, and its last listing, which the kernel
+/// reads in several requests (libfuse serves one handle's requests one at a time).
+final class ListedDirectory: @unchecked Sendable {
+    let descriptor: FileDescriptor
+    let path: ContainerPath
+    private let mutex = NSLock()
+    private var entries: [ContainerFileSystem.ListedEntry]?
+
+    init(descriptor: FileDescriptor, path: ContainerPath) {
+        self.descriptor = descriptor
+        self.path = path
+    }
+
+    var listing: [ContainerFileSystem.ListedEntry]? {
+        get { mutex.withLock { entries } }
+        set { mutex.withLock { entries = newValue } }
+    }
 }

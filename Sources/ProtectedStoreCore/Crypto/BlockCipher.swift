@@ -1,0 +1,128 @@
+import CSodium
+
+/// Seals and opens the blocks of one file under its per-file key with the file's cipher (docs/FORMAT.md §4.4).
+///
+/// Every block carries a 24-byte nonce field. XChaCha20-Poly1305 uses it as its random nonce. AES-256-GCM's 96-bit
+/// nonces are too short to draw at random for the life of a file key, so for it the field is a 16-byte seed, random
+/// per sealing pass, then an 8-byte block counter within the pass: the block key is HChaCha20(file key, seed) (the
+/// subkey step of XChaCha20 itself) and the GCM nonce is the counter, so no key ever sees a nonce twice.
+///
+/// One instance per thread and pass: it keeps the last derived key (in guarded memory) for the next block with the
+/// same seed, and zeroes it in `finish()`.
+package final class BlockCipher {
+    package static let nonceFieldBytes = 24
+    package static let tagBytes = 16
+    private static let seedBytes = 16
+    private static let gcmNonceBytes = Int(crypto_aead_aes256gcm_NPUBBYTES)
+    private static let stateBytes = MemoryLayout<crypto_aead_aes256gcm_state>.size
+
+    private let cipher: FileHeader.Cipher
+    private let fileKey: UnsafeRawBufferPointer
+    /// AES-256-GCM only: the expanded state of the current block key, then the key itself, in a guarded slot.
+    private var slot: UnsafeMutableRawPointer?
+    private var currentSeed: (UInt64, UInt64)?
+
+    private init(cipher: FileHeader.Cipher, fileKey: UnsafeRawBufferPointer) {
+        precondition(fileKey.count == 32)
+        self.cipher = cipher
+        self.fileKey = fileKey
+    }
+
+    /// Runs `body` with a block cipher for `fileKey`; derived keys are zeroed before this returns.
+    package static func with<R>(_ cipher: FileHeader.Cipher, fileKey: UnsafeRawBufferPointer, _ body: (BlockCipher) throws -> R) rethrows -> R {
+        let blockCipher = BlockCipher(cipher: cipher, fileKey: fileKey)
+        defer { blockCipher.finish() }
+        return try body(blockCipher)
+    }
+
+    /// Fills the nonce fields of `count` blocks sealed in one pass (`count * nonceFieldBytes` bytes).
+    package static func makeNonceFields(_ cipher: FileHeader.Cipher, count: Int, into fields: UnsafeMutableRawBufferPointer) {
+        precondition(fields.count == count * nonceFieldBytes)
+        switch cipher {
+        case .xChaCha20Poly1305:
+            // One CSPRNG call for all nonces instead of one per block.
+            Random.fill(fields)
+        case .aes256GCM:
+            var seed = [UInt8](repeating: 0, count: seedBytes)
+            seed.withUnsafeMutableBytes { Random.fill($0) }
+            for index in 0..<count {
+                let field = fields.baseAddress! + index * nonceFieldBytes
+                seed.withUnsafeBytes { field.copyMemory(from: $0.baseAddress!, byteCount: seedBytes) }
+                UnsafeMutableRawPointer(field + seedBytes).storeBytes(of: UInt64(index).littleEndian, as: UInt64.self)
+            }
+        }
+    }
+
+    /// Seals one block: `output` gets the ciphertext then the tag (`plaintext.count + tagBytes` bytes).
+    package func seal(_ plaintext: UnsafeRawBufferPointer, nonceField: UnsafeRawBufferPointer, associatedData: UnsafeRawBufferPointer,
+              into output: UnsafeMutableRawBufferPointer) {
+        precondition(nonceField.count == Self.nonceFieldBytes && output.count == plaintext.count + Self.tagBytes)
+        switch cipher {
+        case .xChaCha20Poly1305:
+            AEAD.seal(plaintext, key: fileKey, nonce: nonceField, associatedData: associatedData, into: output)
+        case .aes256GCM:
+            let state = blockState(for: nonceField)
+            var written: UInt64 = 0
+            let result = crypto_aead_aes256gcm_encrypt_afternm(
+                output.baseAddress!.assumingMemoryBound(to: UInt8.self), &written,
+                plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(plaintext.count),
+                associatedData.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(associatedData.count),
+                nil, Self.gcmNonce(nonceField), state)
+            precondition(result == 0 && Int(written) == output.count)
+        }
+    }
+
+    /// Opens one block into `output` (`sealed.count - tagBytes` bytes); false, with `output` zeroed, if it does not
+    /// authenticate.
+    package func open(_ sealed: UnsafeRawBufferPointer, nonceField: UnsafeRawBufferPointer, associatedData: UnsafeRawBufferPointer,
+              into output: UnsafeMutableRawBufferPointer) -> Bool {
+        precondition(nonceField.count == Self.nonceFieldBytes)
+        switch cipher {
+        case .xChaCha20Poly1305:
+            return AEAD.open(sealed, key: fileKey, nonce: nonceField, associatedData: associatedData, into: output)
+        case .aes256GCM:
+            guard sealed.count >= Self.tagBytes, output.count == sealed.count - Self.tagBytes, let target = output.baseAddress else { return false }
+            let state = blockState(for: nonceField)
+            var written: UInt64 = 0
+            let result = crypto_aead_aes256gcm_decrypt_afternm(
+                target.assumingMemoryBound(to: UInt8.self), &written, nil,
+                sealed.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(sealed.count),
+                associatedData.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(associatedData.count),
+                Self.gcmNonce(nonceField), state)
+            guard result == 0 else {
+                // Whatever was decrypted before the tag was checked is not authentic: none of it may reach a caller.
+                sodium_memzero(target, output.count)
+                return false
+            }
+            return true
+        }
+    }
+
+    /// Zeroes the derived key and its state.
+    private func finish() {
+        if let slot { GuardedScratch.shared.release(slot) }
+        slot = nil
+        currentSeed = nil
+    }
+
+    /// The expanded AES state of the block key for this nonce field's seed, derived unless the last block had the same.
+    private func blockState(for nonceField: UnsafeRawBufferPointer) -> UnsafePointer<crypto_aead_aes256gcm_state> {
+        let slot = self.slot ?? GuardedScratch.shared.acquire()
+        self.slot = slot
+        let state = slot.bindMemory(to: crypto_aead_aes256gcm_state.self, capacity: 1)
+        let seed = (nonceField.loadUnaligned(fromByteOffset: 0, as: UInt64.self), nonceField.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+        if let currentSeed, currentSeed == seed { return UnsafePointer(state) }
+        let blockKey = (slot + Self.stateBytes).assumingMemoryBound(to: UInt8.self)
+        _ = crypto_core_hchacha20(blockKey, nonceField.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                                  fileKey.baseAddress!.assumingMemoryBound(to: UInt8.self), nil)
+        _ = crypto_aead_aes256gcm_beforenm(state, blockKey)
+        currentSeed = seed
+        return UnsafePointer(state)
+    }
+
+    /// The 12-byte GCM nonce of a block: the field's last 12 bytes (the seed's last 4, which are the same for every
+    /// block of a pass, then the counter), unique under the pass's key.
+    private static func gcmNonce(_ nonceField: UnsafeRawBufferPointer) -> UnsafePointer<UInt8> {
+        (nonceField.baseAddress! + nonceFieldBytes - gcmNonceBytes).assumingMemoryBound(to: UInt8.self)
+    }
+}
