@@ -17,6 +17,8 @@ final class DaemonServer: @unchecked Sendable {
     /// Idle connections (nothing subscribed, nothing running, nothing to send) one uid may hold; a new one beyond this
     /// closes that uid's least recently active one, so a flood of idle connections never keeps a `lock` out.
     static let maximumIdlePerUID = 32
+    /// Keys one `wrap-batch` may seal: the client asks for 32; the cap bounds one request's work and guarded memory.
+    static let maximumWrapBatch = 64
 
     let device: Device
     let socketPath: String
@@ -418,6 +420,34 @@ final class DaemonServer: @unchecked Sendable {
                 defer { fileKey.discard() }
                 var reply = DaemonReply(id: request.id)
                 reply.sealed = try device.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData).base64
+                send(reply, to: connection)
+            } catch {
+                send(.failure(id: request.id, Self.libraryError(error)), to: connection)
+            }
+        case .wrapBatch:
+            do {
+                let keyBytes = FileHeader.fileKeyBytes
+                guard let protectionClass = request.protectionClass.flatMap(ProtectionClass.init(name:)), protectionClass != .completeUnlessOpen,
+                      let list = request.associatedDataList, (1...Self.maximumWrapBatch).contains(list.count),
+                      let keys = frame.attachment, keys.count == list.count * keyBytes else {
+                    frame.attachment?.discard()
+                    throw ProtectedStoreError(.invalidArgument, problem: "wrap-batch needs a class (not B), 1 to \(Self.maximumWrapBatch) associated data and a \(keyBytes)-byte key for each",
+                                              remedy: "See docs/PROTOCOL.md")
+                }
+                defer { keys.discard() }
+                var sealedList: [String] = []
+                for (index, item) in list.enumerated() {
+                    guard let associatedData = [UInt8](base64: item) else {
+                        throw ProtectedStoreError(.invalidArgument, problem: "wrap-batch: associated data \(index) is not base64", remedy: "See docs/PROTOCOL.md")
+                    }
+                    let fileKey = try keys.withUnsafeBytes { all in
+                        SecureBytes(count: keyBytes) { $0.copyMemory(from: UnsafeRawBufferPointer(rebasing: all[index * keyBytes..<(index + 1) * keyBytes])) }
+                    }
+                    defer { fileKey.discard() }
+                    sealedList.append(try device.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData).base64)
+                }
+                var reply = DaemonReply(id: request.id)
+                reply.sealedList = sealedList
                 send(reply, to: connection)
             } catch {
                 send(.failure(id: request.id, Self.libraryError(error)), to: connection)

@@ -171,6 +171,60 @@ struct DaemonProtocolTests {
         #expect(try container.contents(atPath: "Documents/b2") == Data("b2".utf8))
     }
 
+    @Test("new files' keys are sealed in batches; the batch is zeroed at the lock, so no class A file is created while locked")
+    func prewrappedKeys() async throws {
+        let (test, daemon) = try daemon()
+        defer { daemon.stop() }
+        let client = try Device.attach(root: test.root, notificationCenter: NotificationCenter())
+        try client.unlock(passcode: try Passcode(TestDevice.passcode))
+        let container = try client.container(bundleIdentifier: TestDevice.bundleIdentifier)
+        let pool = try #require((client.holder as? DaemonKeyHolder)?.prewrapped)
+        let count = PrewrappedFileKeys.batchSize + 3
+        for index in 0..<count {
+            try container.write(Data("a\(index)".utf8), toPath: "Documents/a\(index)", options: .completeFileProtection)
+        }
+        // One round trip per batch; every key went to its own file and opens in another process.
+        #expect(pool.batchesFetched == 2)
+        let daemonSide = try daemon.device.container(bundleIdentifier: TestDevice.bundleIdentifier)
+        for index in 0..<count {
+            #expect(try daemonSide.contents(atPath: "Documents/a\(index)") == Data("a\(index)".utf8))
+        }
+        let fileIDs = try (0..<count).map { try EncryptedFile.header(at: FileLocation(path: container.storedPath("Documents/a\($0)"))).fileID }
+        #expect(Set(fileIDs).count == count)
+        // A class C file takes a batch of its own: a key is only ever sealed for the header it goes into.
+        try container.write(Data("c".utf8), toPath: "Documents/c", options: .completeFileProtectionUntilFirstUserAuthentication)
+        #expect(pool.batchesFetched == 3)
+
+        // 29 class A keys were left in the batch; the lock zeroes them, and a create then fails as iOS's does.
+        await client.lock(gracePeriod: 600)
+        #expect(client.state == .locked)
+        expectDenied(writing: true) { try container.write(Data("x".utf8), toPath: "Documents/locked", options: .completeFileProtection) }
+        #expect(!FileManager.default.fileExists(atPath: try container.storedPath("Documents/locked")))
+        try container.write(Data("b".utf8), toPath: "Documents/b", options: .completeFileProtectionUnlessOpen)
+        try client.unlock(passcode: try Passcode(TestDevice.passcode))
+        try container.write(Data("again".utf8), toPath: "Documents/again", options: .completeFileProtection)
+        #expect(pool.batchesFetched == 4, "a fresh batch after the unlock, none kept across the lock")
+        #expect(try daemonSide.contents(atPath: "Documents/again") == Data("again".utf8))
+    }
+
+    @Test("wrap-batch refuses class B, more than 64 keys, and lists that do not match the keys sent")
+    func wrapBatchBadInput() throws {
+        let (test, daemon) = try daemon()
+        defer { daemon.stop() }
+        let client = try Device.attach(root: test.root, notificationCenter: NotificationCenter())
+        try client.unlock(passcode: try Passcode(TestDevice.passcode))
+        let link = try #require((client.holder as? DaemonKeyHolder)?.link)
+        let prefix = [UInt8](repeating: 1, count: 80)
+        for (protectionClass, keys, prefixes) in [(ProtectionClass.completeUnlessOpen, 1, 1), (.complete, 65, 65), (.complete, 2, 3), (.complete, 0, 0)] {
+            let attachment = SecureBytes.random(count: max(1, keys) * FileHeader.fileKeyBytes)
+            let error = expectError(.invalidArgument) {
+                try link.wrapFileKeys(attachment, for: protectionClass, associatedData: Array(repeating: prefix, count: prefixes))
+            }
+            #expect(error?.problem.contains("wrap-batch needs") == true, "\(protectionClass) \(keys) \(prefixes)")
+        }
+        #expect(try link.wrapFileKeys(SecureBytes.random(count: 2 * FileHeader.fileKeyBytes), for: .complete, associatedData: [prefix, prefix]).count == 2)
+    }
+
     @Test("100 concurrent subscribers are all told before the keys go")
     func hundredSubscribers() async throws {
         let (test, daemon) = try daemon(grace: 30)

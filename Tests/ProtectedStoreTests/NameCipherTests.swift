@@ -207,6 +207,12 @@ struct SlashTests {
         try container.createSymbolicLink(atPath: "Documents/relative", withDestinationPath: "./" + name)
         #expect(try container.contents(atPath: "Documents/relative") == Data("x".utf8))
         #expect("a/\u{07F2}b".splitAtSlashes() == ["a", "\u{07F2}b"])
+        // The String version (the mount's) splits as the generic one does, empty parts and all.
+        for path in ["", "/", "//a", "a//b/", "/x/\u{07F2}/é", "no slash"] {
+            for omitting in [false, true] {
+                #expect(path.splitAtSlashes(omittingEmpty: omitting) == path[...].splitAtSlashes(omittingEmpty: omitting), "\(path) \(omitting)")
+            }
+        }
         #expect("/\u{07F2}".startsWithSlash && "x/\u{07F2}".containsSlash && !"x".containsSlash)
     }
 }

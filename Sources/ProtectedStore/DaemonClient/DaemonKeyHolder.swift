@@ -7,8 +7,13 @@ import ProtectedStoreCore
 /// This process's state follows the daemon's events (Device+Daemon.swift), not the replies here.
 final class DaemonKeyHolder: KeyHolder {
     let link: DaemonLink
+    /// New files' keys, sealed by the daemon in batches: one round trip per batch instead of one per create.
+    let prewrapped: PrewrappedFileKeys
 
-    init(link: DaemonLink) { self.link = link }
+    init(link: DaemonLink) {
+        self.link = link
+        self.prewrapped = PrewrappedFileKeys(link: link)
+    }
 
     deinit { link.close() }
 
@@ -62,8 +67,8 @@ final class DaemonKeyHolder: KeyHolder {
 
     func erase(_ device: Device) throws { try checkErasable(device) }
 
-    /// The class keys are in the daemon; this process holds none.
-    func discardClassKeys() {}
+    /// The class keys are in the daemon; this process holds only the keys it had sealed ahead for new files.
+    func discardClassKeys() { prewrapped.discardAll() }
 
     func shutDown() { link.close() }
 

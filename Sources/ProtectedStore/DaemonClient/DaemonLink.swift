@@ -313,6 +313,23 @@ extension DaemonLink {
         return sealed
     }
 
+    /// Seals `keys` (32 bytes each) for `protectionClass`, key i with header prefix `associatedData[i]`, in one round trip.
+    func wrapFileKeys(_ keys: SecureBytes, for protectionClass: ProtectionClass, associatedData: [[UInt8]]) throws -> [[UInt8]] {
+        var request = DaemonRequest(id: 0, op: .wrapBatch)
+        request.protectionClass = protectionClass.name
+        request.associatedDataList = associatedData.map(\.base64)
+        let reply = try call(request, attachment: keys).reply
+        guard let list = reply.sealedList, list.count == associatedData.count else {
+            throw ProtectedStoreError(.unsupportedFormat, path: socketPath, problem: "the key daemon's wrap-batch reply has not one sealed key per key sent", remedy: "Use a daemon of this version")
+        }
+        return try list.map { item in
+            guard let sealed = [UInt8](base64: item) else {
+                throw ProtectedStoreError(.unsupportedFormat, path: socketPath, problem: "the key daemon's wrap-batch reply holds a sealed key that is not base64", remedy: "Use a daemon of this version")
+            }
+            return sealed
+        }
+    }
+
     /// The name key of a container, or the device's own with nil, from the daemon (the device secret stays there).
     func nameKey(forContainer bundleIdentifier: String?) throws -> SecureBytes {
         var request = DaemonRequest(id: 0, op: .nameKey)

@@ -11,6 +11,7 @@ package struct DaemonRequest: Codable, Sendable {
         case hello, status, unlock, lock, subscribe, ack, wrap, unwrap
         case changePasscode = "change-passcode"
         case nameKey = "name-key"
+        case wrapBatch = "wrap-batch"
     }
 
     package var id: UInt64
@@ -19,6 +20,8 @@ package struct DaemonRequest: Codable, Sendable {
     package var grace: Double?
     package var protectionClass: String?
     package var associatedData: String?
+    /// `wrap-batch`: one header prefix (base64) per key in the attachment.
+    package var associatedDataList: [String]?
     package var ephemeralPublicKey: String?
     package var sealed: String?
     package var seq: UInt64?
@@ -59,6 +62,8 @@ package struct DaemonReply: Codable, Sendable {
     package var coreDumpsDisabled: Bool?
     package var lockedMemoryKiB: Int?
     package var sealed: String?
+    /// `wrap-batch`: the sealed keys, in the order of the request's.
+    package var sealedList: [String]?
 
     package init(id: UInt64?) { self.id = id }
 

@@ -296,6 +296,13 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         try holder.unwrapFileKey(wrapped, device: self)
     }
 
+    public func newWrappedFileKey(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8]) throws -> NewWrappedFileKey {
+        if let pool = (holder as? DaemonKeyHolder)?.prewrapped {
+            return try pool.take(for: protectionClass, associatedData: associatedData, device: self)
+        }
+        return try sealingNewFileKey(for: protectionClass, associatedData: associatedData)
+    }
+
     /// A class key of the in-process holder, or the data-protection error for the current state (tests look at it).
     package func classKey(for protectionClass: ProtectionClass) throws -> SecureBytes {
         guard let embedded = holder as? EmbeddedKeyHolder else { preconditionFailure("class keys stay in the daemon") }

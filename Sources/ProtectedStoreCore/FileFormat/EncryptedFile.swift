@@ -73,10 +73,8 @@ public final class EncryptedFile: @unchecked Sendable {
         precondition(blockSize >= FileHeader.minimumBlockSize && blockSize <= FileHeader.maximumBlockSize && blockSize & (blockSize - 1) == 0)
         precondition(cipher.isAvailable)
         let path = location.displayPath
-        let fileKey = SecureBytes.random(count: FileHeader.fileKeyBytes)
-        let header = try attributingKeyErrors(to: path) {
-            try FileHeader.sealing(fileKey: fileKey, fileID: Random.bytes(FileHeader.idBytes),
-                                   protectionClass: protectionClass, flags: flags, cipher: cipher, blockSize: blockSize, keys: keys)
+        let (header, fileKey) = try attributingKeyErrors(to: path) {
+            try FileHeader.new(protectionClass: protectionClass, flags: flags, cipher: cipher, blockSize: blockSize, keys: keys)
         }
         let descriptor = try location.open(.readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite],
                                            doing: "create the encrypted file")

@@ -75,6 +75,33 @@ package struct FileHeader: Sendable {
         return header
     }
 
+    /// The header of a new file and its new per-file key. Class B seals the key with the public class key (no holder
+    /// needed, so this works while locked); the other classes take a key the holder sealed, perhaps ahead of time.
+    static func new(protectionClass: ProtectionClass, flags: Flags = [], cipher: Cipher, blockSize: Int,
+                    keys: any ClassKeyProviding) throws -> (header: FileHeader, fileKey: SecureBytes) {
+        guard protectionClass != .completeUnlessOpen else {
+            let fileKey = SecureBytes.random(count: fileKeyBytes)
+            do {
+                return (try sealing(fileKey: fileKey, fileID: Random.bytes(idBytes), protectionClass: protectionClass, flags: flags, cipher: cipher,
+                                    blockSize: blockSize, keys: keys), fileKey)
+            } catch {
+                fileKey.discard()
+                throw error
+            }
+        }
+        var header = FileHeader(protectionClass: protectionClass, flags: flags, cipher: cipher, blockSize: blockSize, keybagID: keys.keybagID,
+                                fileID: [UInt8](repeating: 0, count: idBytes), ephemeralPublicKey: [UInt8](repeating: 0, count: X25519.keyBytes),
+                                wrappedFileKey: [])
+        let new = try keys.newWrappedFileKey(for: protectionClass) { fileID in
+            var named = header
+            named.fileID = fileID
+            return named.authenticatedPrefix
+        }
+        header.fileID = new.fileID
+        header.wrappedFileKey = new.sealed
+        return (header, new.fileKey)
+    }
+
     /// Parses the header bytes; `path` only names the file in errors.
     package static func parse(_ bytes: [UInt8], path: String) throws -> FileHeader {
         guard bytes.count >= size else {

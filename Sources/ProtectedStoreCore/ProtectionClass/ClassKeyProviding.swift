@@ -12,6 +12,44 @@ public protocol ClassKeyProviding: Sendable {
     func wrapFileKey(_ fileKey: SecureBytes, for protectionClass: ProtectionClass, associatedData: [UInt8]) throws -> [UInt8]
     /// Opens a sealed per-file key; nil when it fails authentication, `.protectedDataUnavailable` when the class is not available.
     func unwrapFileKey(_ wrapped: WrappedFileKey) throws -> SecureBytes?
+    /// A new random per-file key and file id, the key sealed under class A, C or D with the header prefix
+    /// `associatedData(fileID)`. A holder may have sealed it ahead of time (a key daemon's client does, in batches);
+    /// the default draws both and calls `wrapFileKey`.
+    func newWrappedFileKey(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8]) throws -> NewWrappedFileKey
+}
+
+extension ClassKeyProviding {
+    public func newWrappedFileKey(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8]) throws -> NewWrappedFileKey {
+        try sealingNewFileKey(for: protectionClass, associatedData: associatedData)
+    }
+
+    /// Draws a new per-file key and file id and seals the key now, with `wrapFileKey`.
+    public func sealingNewFileKey(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8]) throws -> NewWrappedFileKey {
+        let fileKey = SecureBytes.random(count: 32)
+        let fileID = Random.bytes(16)
+        do {
+            return NewWrappedFileKey(fileKey: fileKey, fileID: fileID, sealed: try wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData(fileID)))
+        } catch {
+            fileKey.discard()
+            throw error
+        }
+    }
+}
+
+/// A new file's key, its id, and the key as sealed in its header.
+public struct NewWrappedFileKey: Sendable {
+    /// The per-file key, in guarded memory.
+    public var fileKey: SecureBytes
+    /// The file's random 16-byte id.
+    public var fileID: [UInt8]
+    /// nonce ‖ encrypted key ‖ tag.
+    public var sealed: [UInt8]
+
+    public init(fileKey: SecureBytes, fileID: [UInt8], sealed: [UInt8]) {
+        self.fileKey = fileKey
+        self.fileID = fileID
+        self.sealed = sealed
+    }
 }
 
 /// A per-file key as sealed in a file header, with everything needed to open it.

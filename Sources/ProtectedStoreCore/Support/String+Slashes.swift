@@ -1,9 +1,22 @@
 extension StringProtocol {
     /// The parts between "/" bytes, as the kernel splits a path. Swift's own `split(separator: "/")` works on
     /// Characters, and a "/" followed by a combining mark is one Character, so it would not split there (found by
-    /// the names fuzzer).
+    /// the names fuzzer). A loop over contiguous bytes, inlinable: every kernel path the mount serves is split here, and
+    /// the standard library's generic `split`, unspecialised across modules, cost a tenth of `tar -x`'s CPU time.
+    @inlinable
     package func splitAtSlashes(omittingEmpty: Bool = false) -> [String] {
-        utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: omittingEmpty).map { String(decoding: $0, as: UTF8.self) }
+        var string = String(self)
+        return string.withUTF8 { bytes in
+            var parts: [String] = []
+            var start = 0
+            for index in 0...bytes.count where index == bytes.count || bytes[index] == UInt8(ascii: "/") {
+                if !(omittingEmpty && index == start) {
+                    parts.append(String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self))
+                }
+                start = index + 1
+            }
+            return parts
+        }
     }
 
     /// Whether a "/" byte occurs anywhere (see `splitAtSlashes`).
@@ -13,3 +26,4 @@ extension StringProtocol {
     /// Whether the last byte is "/".
     package var endsWithSlash: Bool { utf8.reversed().first == UInt8(ascii: "/") }
 }
+
