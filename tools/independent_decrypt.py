@@ -98,13 +98,19 @@ def aead_open(key: bytes, nonce: bytes, sealed: bytes, ad: bytes, what: str) -> 
 def hchacha20(key: bytes, seed: bytes) -> bytes:
     """HChaCha20 (libsodium's crypto_core_hchacha20, which PyNaCl does not
     wrap), through ctypes."""
-    name = ctypes.util.find_library("sodium")
-    if name is None:
-        raise FormatError("AES-256-GCM blocks need libsodium's HChaCha20 (apt-get install libsodium23)")
+    global _libsodium
+    if _libsodium is None:
+        name = ctypes.util.find_library("sodium")
+        if name is None:
+            raise FormatError("AES-256-GCM blocks need libsodium's HChaCha20 (apt-get install libsodium23)")
+        _libsodium = ctypes.CDLL(name)
     out = ctypes.create_string_buffer(32)
-    if ctypes.CDLL(name).crypto_core_hchacha20(out, seed, key, None) != 0:
+    if _libsodium.crypto_core_hchacha20(out, seed, key, None) != 0:
         raise FormatError("HChaCha20 failed")
     return out.raw
+
+
+_libsodium = None
 
 
 def open_block(cipher: int, fk: bytes, blk: bytes, ad: bytes) -> bytes:

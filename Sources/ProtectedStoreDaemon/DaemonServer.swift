@@ -363,6 +363,7 @@ final class DaemonServer: @unchecked Sendable {
             reply.classBPublicKey = device.classBPublicKey.hex
             reply.deviceSecretPath = device.deviceSecretPath
             reply.socketPath = socketPath
+            reply.operations = DaemonRequest.Operation.allCases.map(\.rawValue)
             send(reply, to: connection)
         case .status:
             send(statusReply(id: request.id), to: connection)

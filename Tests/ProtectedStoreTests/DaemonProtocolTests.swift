@@ -205,6 +205,11 @@ struct DaemonProtocolTests {
         try container.write(Data("again".utf8), toPath: "Documents/again", options: .completeFileProtection)
         #expect(pool.batchesFetched == 4, "a fresh batch after the unlock, none kept across the lock")
         #expect(try daemonSide.contents(atPath: "Documents/again") == Data("again".utf8))
+        // A daemon that does not list wrap-batch in its hello (an earlier release) gets one wrap per file.
+        pool.daemonChanged(sealsBatches: false)
+        try container.write(Data("one".utf8), toPath: "Documents/one", options: .completeFileProtection)
+        #expect(pool.batchesFetched == 4)
+        #expect(try daemonSide.contents(atPath: "Documents/one") == Data("one".utf8))
     }
 
     @Test("wrap-batch refuses class B, more than 64 keys, and lists that do not match the keys sent")

@@ -10,9 +10,14 @@ final class DaemonKeyHolder: KeyHolder {
     /// New files' keys, sealed by the daemon in batches: one round trip per batch instead of one per create.
     let prewrapped: PrewrappedFileKeys
 
-    init(link: DaemonLink) {
+    init(link: DaemonLink, hello: DaemonReply) {
         self.link = link
-        self.prewrapped = PrewrappedFileKeys(link: link)
+        self.prewrapped = PrewrappedFileKeys(link: link, daemonSealsBatches: Self.sealsBatches(hello))
+    }
+
+    /// Whether the daemon that said `hello` serves `wrap-batch`.
+    static func sealsBatches(_ hello: DaemonReply) -> Bool {
+        hello.operations?.contains(DaemonRequest.Operation.wrapBatch.rawValue) == true
     }
 
     deinit { link.close() }

@@ -39,7 +39,7 @@ extension Device {
                                       remedy: "Use a daemon of this version")
         }
         let device = Device(root: root, deviceSecretPath: hello.deviceSecretPath ?? "", keybagID: keybagID, classBPublicKey: classBPublicKey,
-                            holder: DaemonKeyHolder(link: link), state: Self.attachedState(hello.state), passcodePolicy: (try? loadPasscodePolicy(root: root)) ?? .default,
+                            holder: DaemonKeyHolder(link: link, hello: hello), state: Self.attachedState(hello.state), passcodePolicy: (try? loadPasscodePolicy(root: root)) ?? .default,
                             notificationCenter: notificationCenter)
         if let grace = hello.gracePeriod { device.currentGracePeriod = grace }
         link.start { [weak device, weak link] notice in
@@ -108,6 +108,7 @@ extension Device {
         case .lost:
             daemonLost()
         case .restored(let hello):
+            (holder as? DaemonKeyHolder)?.prewrapped.daemonChanged(sealsBatches: DaemonKeyHolder.sealsBatches(hello))
             // A daemon found unlocked (a restarted one unlocked before this process reconnected) sent its *did* to
             // others only: this process's observers hear it now, as they would have.
             let becameAvailable: Bool = mutex.withLock {

@@ -35,33 +35,48 @@ final class PrewrappedFileKeys: @unchecked Sendable {
     private var batches: [Template: Batch] = [:]
     /// Counts discards, so a batch sealed across a lock is not kept.
     private var generation = 0
-    /// Batches fetched, for tests that count round trips.
-    private(set) var batchesFetched = 0
+    private var fetched = 0
+    /// Whether the daemon serves `wrap-batch` (its `hello` says; a daemon of an earlier release does not).
+    private var daemonSealsBatches: Bool
 
-    init(link: DaemonLink) { self.link = link }
+    init(link: DaemonLink, daemonSealsBatches: Bool) {
+        self.link = link
+        self.daemonSealsBatches = daemonSealsBatches
+    }
+
+    /// Batches fetched, for tests that count round trips.
+    var batchesFetched: Int { mutex.withLock { fetched } }
+
+    /// After a reconnection: the daemon now serving may be of another release.
+    func daemonChanged(sealsBatches: Bool) {
+        mutex.withLock { daemonSealsBatches = sealsBatches }
+        discardAll()
+    }
 
     /// A key sealed for `protectionClass` and the header prefix `associatedData(fileID)`. Throws the data-protection
     /// error while the class is unavailable (class A once this process has locked), as a direct `wrap` would.
     func take(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8], device: Device) throws -> NewWrappedFileKey {
         let template = Template(protectionClass: protectionClass, headerPrefix: associatedData([UInt8](repeating: 0, count: FileHeader.idBytes)))
         for _ in 0..<2 {
-            // The device's state is read outside `mutex`: a lock discards the batches under the device's mutex.
+            // The generation first, then the state: a lock that completes after this read has discarded, so a batch
+            // fetched meanwhile is not kept. (The state is read outside `mutex`: a lock discards under the device's.)
+            let (startedAt, sealsBatches) = mutex.withLock { (generation, daemonSealsBatches) }
             let state = device.state
             if protectionClass == .complete, state != .unlocked && state != .locking {
                 throw Device.unavailableError(protectionClass, state: state)
             }
-            let startedAt = mutex.withLock { generation }
+            guard sealsBatches else { break }
             if let key = try mutex.withLock({ try handOut(template) }) { return key }
             let batch = try fetch(template, associatedData: associatedData)
             let kept = mutex.withLock {
                 guard generation == startedAt, batches[template] == nil else { return false }
                 batches[template] = batch
-                batchesFetched += 1
+                fetched += 1
                 return true
             }
             if !kept { batch.keys.discard() }
         }
-        // Locked, or raced by other creates twice: seal this one key alone.
+        // A daemon without batches, or raced by other creates twice: seal this one key alone.
         return try device.sealingNewFileKey(for: protectionClass, associatedData: associatedData)
     }
 

@@ -7,7 +7,7 @@ package let daemonProtocolVersion = 1
 /// A client's request. One flat shape for every operation keeps the decoder small; which fields an operation uses
 /// is in docs/PROTOCOL.md §3.
 package struct DaemonRequest: Codable, Sendable {
-    package enum Operation: String, Codable, Sendable {
+    package enum Operation: String, Codable, Sendable, CaseIterable {
         case hello, status, unlock, lock, subscribe, ack, wrap, unwrap
         case changePasscode = "change-passcode"
         case nameKey = "name-key"
@@ -64,6 +64,8 @@ package struct DaemonReply: Codable, Sendable {
     package var sealed: String?
     /// `wrap-batch`: the sealed keys, in the order of the request's.
     package var sealedList: [String]?
+    /// `hello`: the operations this daemon serves, so a client uses a newer one only where it exists.
+    package var operations: [String]?
 
     package init(id: UInt64?) { self.id = id }
 

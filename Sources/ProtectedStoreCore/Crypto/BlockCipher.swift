@@ -1,6 +1,6 @@
 import CSodium
 
-/// Seals and opens the blocks of one file under its per-file key with the file's cipher (docs/FORMAT.md §4.4).
+/// Seals and opens the blocks of one file under its per-file key with the file's cipher (docs/FORMAT.md §4.3).
 ///
 /// Every block carries a 24-byte nonce field. XChaCha20-Poly1305 uses it as its random nonce. AES-256-GCM's 96-bit
 /// nonces are too short to draw at random for the life of a file key, so for it the field is a 16-byte seed, random

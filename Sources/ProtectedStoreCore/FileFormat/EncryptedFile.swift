@@ -76,8 +76,14 @@ public final class EncryptedFile: @unchecked Sendable {
         let (header, fileKey) = try attributingKeyErrors(to: path) {
             try FileHeader.new(protectionClass: protectionClass, flags: flags, cipher: cipher, blockSize: blockSize, keys: keys)
         }
-        let descriptor = try location.open(.readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite],
+        let descriptor: FileDescriptor
+        do {
+            descriptor = try location.open(.readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite],
                                            doing: "create the encrypted file")
+        } catch {
+            fileKey.discard()
+            throw error
+        }
         let empty = LengthRecord(length: 0, extent: 0, synchronizedExtent: 0)
         let file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, record: empty, isWritable: true)
         do {

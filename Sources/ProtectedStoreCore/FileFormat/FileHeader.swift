@@ -9,7 +9,7 @@ package struct FileHeader: Sendable {
     /// Bytes before the wrap nonce; they are the associated data of the key wrap, so all of them are authenticated.
     static let authenticatedPrefixSize = 80
 
-    /// The AEAD that seals a file's blocks (docs/FORMAT.md §4.4); key wraps and length records always use
+    /// The AEAD that seals a file's blocks (docs/FORMAT.md §4.3); key wraps and length records always use
     /// XChaCha20-Poly1305. Readers take both; new files get `preferred`.
     package enum Cipher: UInt8, Sendable, CaseIterable {
         case xChaCha20Poly1305 = 1
