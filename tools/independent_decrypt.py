@@ -105,7 +105,7 @@ def hchacha20(key: bytes, seed: bytes) -> bytes:
             raise FormatError("AES-256-GCM blocks need libsodium's HChaCha20 (apt-get install libsodium23)")
         _libsodium = ctypes.CDLL(name)
     out = ctypes.create_string_buffer(32)
-    if _libsodium.crypto_core_hchacha20(out, seed, key, None) != 0:
+    if _libsodium.crypto_core_hchacha20(out, seed, key, b"PSEF AES-GCM key") != 0:
         raise FormatError("HChaCha20 failed")
     return out.raw
 
@@ -116,7 +116,8 @@ _libsodium = None
 def open_block(cipher: int, fk: bytes, blk: bytes, ad: bytes) -> bytes:
     """§4.4: a block is nonce field (24) || ciphertext || tag (16). Cipher 1:
     XChaCha20-Poly1305 under FK with the field as nonce. Cipher 2: AES-256-GCM
-    under HChaCha20(FK, field[0:16]) with nonce field[12:24]."""
+    under HChaCha20(FK, field[0:16], constants "PSEF AES-GCM key") with nonce
+    field[12:24]."""
     if cipher == CIPHER_XCHACHA20POLY1305:
         return sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(blk[24:], ad, blk[:24], fk)
     block_key = hchacha20(fk, blk[:16])

@@ -87,7 +87,7 @@ struct InteropTests {
         let out = test.path("out")
         let files = expected.keys.sorted()
         let (status, log) = try Self.decrypt(root: test.root, secret: test.secretPath, passcode: "pässcode ✓", out: out, files: files)
-        #expect(status == 0, "\(log)")
+        try #require(status == 0, "\(log)")
         for path in files {
             #expect(readRaw((out as NSString).appendingPathComponent((path as NSString).lastPathComponent)) == expected[path], "\(path)")
         }

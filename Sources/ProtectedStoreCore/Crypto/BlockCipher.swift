@@ -5,7 +5,7 @@ import CSodium
 /// Every block carries a 24-byte nonce field. XChaCha20-Poly1305 uses it as its random nonce. AES-256-GCM's 96-bit
 /// nonces are too short to draw at random for the life of a file key, so for it the field is a 16-byte seed, random
 /// per sealing pass, then an 8-byte block counter within the pass: the block key is HChaCha20(file key, seed) (the
-/// subkey step of XChaCha20 itself) and the GCM nonce is the counter, so no key ever sees a nonce twice.
+/// subkey step of XChaCha20, with constants of its own) and the GCM nonce is the counter, so no key ever sees a nonce twice.
 ///
 /// One instance per thread and pass: it keeps the last derived key (in guarded memory) for the next block with the
 /// same seed, and zeroes it in `finish()`.
@@ -14,6 +14,9 @@ package final class BlockCipher {
     package static let tagBytes = 16
     private static let seedBytes = 16
     private static let gcmNonceBytes = Int(crypto_aead_aes256gcm_NPUBBYTES)
+    /// HChaCha20's 16 constant bytes for block keys, not its usual "expand 32-byte k": the length record's
+    /// XChaCha20-Poly1305 takes its subkey from the same file key with those, so the two derivations never meet.
+    private static let blockKeyConstants: [UInt8] = Array("PSEF AES-GCM key".utf8)
     private static let stateBytes = MemoryLayout<crypto_aead_aes256gcm_state>.size
 
     private let cipher: FileHeader.Cipher
@@ -113,8 +116,10 @@ package final class BlockCipher {
         let seed = (nonceField.loadUnaligned(fromByteOffset: 0, as: UInt64.self), nonceField.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
         if let currentSeed, currentSeed == seed { return UnsafePointer(state) }
         let blockKey = (slot + Self.stateBytes).assumingMemoryBound(to: UInt8.self)
-        _ = crypto_core_hchacha20(blockKey, nonceField.baseAddress!.assumingMemoryBound(to: UInt8.self),
-                                  fileKey.baseAddress!.assumingMemoryBound(to: UInt8.self), nil)
+        _ = Self.blockKeyConstants.withUnsafeBufferPointer { constants in
+            crypto_core_hchacha20(blockKey, nonceField.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                                  fileKey.baseAddress!.assumingMemoryBound(to: UInt8.self), constants.baseAddress)
+        }
         _ = crypto_aead_aes256gcm_beforenm(state, blockKey)
         currentSeed = seed
         return UnsafePointer(state)
