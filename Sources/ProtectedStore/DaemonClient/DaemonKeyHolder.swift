@@ -26,6 +26,10 @@ final class DaemonKeyHolder: KeyHolder {
         try link.wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData)
     }
 
+    func newWrappedFileKey(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8], device: Device) throws -> NewWrappedFileKey {
+        try prewrapped.take(for: protectionClass, associatedData: associatedData, device: device)
+    }
+
     func nameKey(forContainer bundleIdentifier: String?, device: Device) throws -> SecureBytes {
         try link.nameKey(forContainer: bundleIdentifier)
     }

@@ -141,11 +141,6 @@ extension Device {
         }
     }
 
-    /// Keys sealed ahead for new files go with the per-file keys of open class A files.
-    private func discardPrewrappedKeys() {
-        (holder as? DaemonKeyHolder)?.prewrapped.discardAll()
-    }
-
     /// The daemon went away: this process can unwrap nothing until one is back, so it locks itself.
     func daemonLost() {
         let wasAvailable: Bool = mutex.withLock {
@@ -157,7 +152,8 @@ extension Device {
             if wasAvailable {
                 self.handleWillBecomeUnavailable(grace: self.gracePeriod, then: finished)
             } else {
-                self.discardPrewrappedKeys()
+                // Keys sealed ahead for new files go with the per-file keys of open class A files.
+                self.holder.discardClassKeys()
                 self.discardKeys(of: self.mutex.withLock { self.takeClassAFiles() })
                 finished()
             }
@@ -174,7 +170,7 @@ extension Device {
                 if self.currentState == .locking { self.currentState = .locked }
                 return self.takeClassAFiles()
             }
-            self.discardPrewrappedKeys()
+            self.holder.discardClassKeys()
             self.discardKeys(of: files)
             then()
         }

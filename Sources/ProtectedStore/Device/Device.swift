@@ -297,10 +297,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     }
 
     public func newWrappedFileKey(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8]) throws -> NewWrappedFileKey {
-        if let pool = (holder as? DaemonKeyHolder)?.prewrapped {
-            return try pool.take(for: protectionClass, associatedData: associatedData, device: self)
-        }
-        return try sealingNewFileKey(for: protectionClass, associatedData: associatedData)
+        try holder.newWrappedFileKey(for: protectionClass, associatedData: associatedData, device: self)
     }
 
     /// A class key of the in-process holder, or the data-protection error for the current state (tests look at it).

@@ -12,6 +12,8 @@ protocol KeyHolder: AnyObject, Sendable {
     func wrapFileKey(_ fileKey: SecureBytes, for protectionClass: ProtectionClass, associatedData: [UInt8], device: Device) throws -> [UInt8]
     /// Opens a sealed per-file key, as `ClassKeyProviding.unwrapFileKey` promises.
     func unwrapFileKey(_ wrapped: WrappedFileKey, device: Device) throws -> SecureBytes?
+    /// A new file's key, id and sealed key, as `ClassKeyProviding.newWrappedFileKey` promises.
+    func newWrappedFileKey(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8], device: Device) throws -> NewWrappedFileKey
     /// The name key of a container, or the device's own with nil (docs/FORMAT.md §7), available in every lock state.
     func nameKey(forContainer bundleIdentifier: String?, device: Device) throws -> SecureBytes
     /// Locks, as `Device.lock(gracePeriod:)` promises; `then` runs once the keys are gone or an unlock cancelled the lock.
@@ -30,4 +32,11 @@ protocol KeyHolder: AnyObject, Sendable {
     func shutDown()
     /// The daemon's own view of the device; nil when the keys are in this process.
     func daemonStatus() throws -> DaemonStatus?
+}
+
+extension KeyHolder {
+    /// Sealed now, one call per file; a daemon's client seals ahead in batches instead.
+    func newWrappedFileKey(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8], device: Device) throws -> NewWrappedFileKey {
+        try device.sealingNewFileKey(for: protectionClass, associatedData: associatedData)
+    }
 }

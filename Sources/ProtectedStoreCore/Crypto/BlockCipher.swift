@@ -26,7 +26,7 @@ package final class BlockCipher {
     private var currentSeed: (UInt64, UInt64)?
 
     private init(cipher: FileHeader.Cipher, fileKey: UnsafeRawBufferPointer) {
-        precondition(fileKey.count == 32)
+        precondition(fileKey.count == FileHeader.fileKeyBytes)
         self.cipher = cipher
         self.fileKey = fileKey
     }
@@ -52,6 +52,28 @@ package final class BlockCipher {
                 let field = fields.baseAddress! + index * nonceFieldBytes
                 seed.withUnsafeBytes { field.copyMemory(from: $0.baseAddress!, byteCount: seedBytes) }
                 UnsafeMutableRawPointer(field + seedBytes).storeBytes(of: UInt64(index).littleEndian, as: UInt64.self)
+            }
+        }
+    }
+
+    /// Seals each `blockSize` bytes of `plaintext` as one pass of the format does (nonce fields, a `FileHeader.idBytes + 8`
+    /// byte associated data), keeping no output: what sealing costs, for measurements.
+    package static func sealDiscarding(_ plaintext: UnsafeRawBufferPointer, blockSize: Int, cipher: FileHeader.Cipher, fileKey: UnsafeRawBufferPointer) {
+        let blocks = plaintext.count / blockSize
+        let fields = UnsafeMutableRawBufferPointer.allocate(byteCount: blocks * nonceFieldBytes, alignment: 8)
+        let output = UnsafeMutableRawBufferPointer.allocate(byteCount: blockSize + tagBytes, alignment: 16)
+        defer {
+            fields.deallocate()
+            output.deallocate()
+        }
+        makeNonceFields(cipher, count: blocks, into: fields)
+        [UInt8](repeating: 7, count: FileHeader.idBytes + 8).withUnsafeBytes { associatedData in
+            with(cipher, fileKey: fileKey) { sealer in
+                for block in 0..<blocks {
+                    sealer.seal(UnsafeRawBufferPointer(rebasing: plaintext[block * blockSize..<(block + 1) * blockSize]),
+                                nonceField: UnsafeRawBufferPointer(rebasing: fields[block * nonceFieldBytes..<(block + 1) * nonceFieldBytes]),
+                                associatedData: associatedData, into: output)
+                }
             }
         }
     }

@@ -25,8 +25,8 @@ extension ClassKeyProviding {
 
     /// Draws a new per-file key and file id and seals the key now, with `wrapFileKey`.
     public func sealingNewFileKey(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8]) throws -> NewWrappedFileKey {
-        let fileKey = SecureBytes.random(count: 32)
-        let fileID = Random.bytes(16)
+        let fileKey = SecureBytes.random(count: FileHeader.fileKeyBytes)
+        let fileID = Random.bytes(FileHeader.idBytes)
         do {
             return NewWrappedFileKey(fileKey: fileKey, fileID: fileID, sealed: try wrapFileKey(fileKey, for: protectionClass, associatedData: associatedData(fileID)))
         } catch {

@@ -26,4 +26,3 @@ extension StringProtocol {
     /// Whether the last byte is "/".
     package var endsWithSlash: Bool { utf8.reversed().first == UInt8(ascii: "/") }
 }
-

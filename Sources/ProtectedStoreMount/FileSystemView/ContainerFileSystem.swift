@@ -83,12 +83,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { withExtendedLifetime(item) {} }
         var info = try status(item)
         if info.st_mode & S_IFMT == S_IFREG {
-            if let open = table.openFile(FileIdentity(info)) {
-                info.st_size = off_t(open.file.size)
-            } else {
-                info.st_size = off_t(plaintextSize(of: item))
-            }
-            if path.isWithin(container.inboxPath) { info.st_mode &= ~0o222 }
+            showPlaintext(&info, of: item.location, inInbox: path.isWithin(container.inboxPath))
         } else if info.st_mode & S_IFMT == S_IFLNK, let target = try? item.parent.names.linkTarget(at: item.location) {
             // As ext4 shows it: the target's length, not the stored (sealed) one's.
             info.st_size = off_t(target.utf8.count)
@@ -220,14 +215,21 @@ package final class ContainerFileSystem: @unchecked Sendable {
         var info = stat()
         guard fstatat(directory.descriptor.rawValue, stored, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_mode & S_IFMT != S_IFLNK else { return nil }
         if info.st_mode & S_IFMT == S_IFREG {
-            if let open = table.openFile(FileIdentity(info)) {
-                info.st_size = off_t(open.file.size)
-            } else {
-                info.st_size = off_t(Container.fileDetails(at: FileLocation(directory: directory.descriptor, name: stored, displayPath: stored)).size)
-            }
-            if directory.path.isWithin(container.inboxPath) { info.st_mode &= ~0o222 }
+            showPlaintext(&info, of: FileLocation(directory: directory.descriptor, name: stored, displayPath: stored),
+                          inInbox: directory.path.isWithin(container.inboxPath))
         }
         return info
+    }
+
+    /// A regular file's lstat as a program sees it: its plaintext size (an open file's own, else from its length
+    /// record, read without any key), and no write permission in the Inbox.
+    private func showPlaintext(_ info: inout stat, of location: FileLocation, inInbox: Bool) {
+        if let open = table.openFile(FileIdentity(info)) {
+            info.st_size = off_t(open.file.size)
+        } else {
+            info.st_size = off_t(Container.fileDetails(at: location).size)
+        }
+        if inInbox { info.st_mode &= ~0o222 }
     }
 
     /// releasedir.
@@ -623,11 +625,6 @@ package final class ContainerFileSystem: @unchecked Sendable {
         } catch let error as ProtectedStoreError where !writable && (error.errno == .permissionDenied || error.errno == .readOnlyFileSystem) {
             return try EncryptedFile.open(at: item.location, keys: device, writable: false)
         }
-    }
-
-    /// A closed file's plaintext size, from its length record (read without any key, as `stat` works while locked).
-    private func plaintextSize(of item: ResolvedItem) -> UInt64 {
-        Container.fileDetails(at: item.location).size
     }
 
     private func protectionClass(of path: ContainerPath) throws -> ProtectionClass? {
