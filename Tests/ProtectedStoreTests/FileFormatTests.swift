@@ -486,6 +486,28 @@ struct FileFormatTests {
         }
     }
 
+    @Test("a guarded slot is zeroed when it is given back, and handed out again; secrets small and large work")
+    func guardedSlotZeroed() throws {
+        // A pool of its own: the shared ones serve the tests running beside this one.
+        let pool = GuardedScratch(slotSize: 64, slotsPerRegion: 4)
+        let slot = pool.acquire()
+        #expect(UnsafeRawBufferPointer(start: slot, count: 64).allSatisfy { $0 == 0 })
+        memset(slot, 0xA5, 64)
+        pool.release(slot)
+        let reused = pool.acquire()
+        #expect(reused == slot, "last in, first out")
+        #expect(UnsafeRawBufferPointer(start: reused, count: 64).allSatisfy { $0 == 0 }, "no byte of the secret is left in its slot")
+        for count in [FileHeader.fileKeyBytes, GuardedScratch.smallSecrets.slotSize, GuardedScratch.smallSecrets.slotSize + 1] {
+            let secret = SecureBytes.random(count: count)
+            try secret.withUnsafeBytes { bytes in
+                #expect(bytes.count == count)
+                #expect(bytes.contains { $0 != 0 })
+            }
+            secret.discard()
+            #expect(secret.isDiscarded)
+        }
+    }
+
     @Test("an AES-256-GCM pass's block key and state are zeroed in their guarded slot when the pass ends",
           .enabled(if: FileHeader.Cipher.aes256GCM.isAvailable, "this CPU lacks AES-NI or PCLMUL"))
     func blockKeyZeroed() throws {
@@ -509,7 +531,7 @@ struct FileFormatTests {
         let reused = GuardedScratch.shared.acquire()
         defer { GuardedScratch.shared.release(reused) }
         #expect(reused != slot, "the pass's own slot went back after the probe's")
-        let bytes = UnsafeRawBufferPointer(start: reused, count: GuardedScratch.slotSize)
+        let bytes = UnsafeRawBufferPointer(start: reused, count: GuardedScratch.shared.slotSize)
         #expect(bytes.allSatisfy { $0 == 0 }, "no byte of the block key or its AES state is left")
         #expect(sealed.contains { $0 != 0 })
     }

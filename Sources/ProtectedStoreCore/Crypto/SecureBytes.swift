@@ -1,6 +1,8 @@
 import CSodium
 
 /// Secret bytes (keys, passcodes) in libsodium's guarded memory: guard pages around, mlocked, zeroed when discarded or freed.
+/// Up to 64 bytes take a slot of a shared guarded region (`GuardedScratch.smallSecrets`), larger ones a
+/// `sodium_malloc` of their own.
 ///
 /// It deliberately has no `==`, no printable contents and no way to copy the bytes out into ordinary memory
 /// except inside `withUnsafeBytes`; compare with `constantTimeEquals(_:)`.
@@ -14,26 +16,40 @@ public final class SecureBytes: @unchecked Sendable {
 
     /// Allocates `count` zeroed bytes of guarded memory.
     init(count: Int) {
-        precondition(count > 0, "SecureBytes needs at least one byte")
-        Sodium.ensureInitialised()
-        guard let pointer = sodium_malloc(count) else {
-            fatalError("sodium_malloc(\(count)) failed: out of memory or mlock limit reached (raise `ulimit -l`)")
-        }
-        sodium_memzero(pointer, count)
         self.count = count
-        self.storage = pointer
+        storage = Self.allocate(count)
+        sodium_memzero(storage, count)
     }
 
     /// Allocates guarded memory and lets `initialiser` fill it, so the secret never sits in ordinary memory.
     package init(count: Int, initialiser: (UnsafeMutableRawBufferPointer) throws -> Void) rethrows {
+        self.count = count
+        storage = Self.allocate(count)
+        do {
+            try initialiser(UnsafeMutableRawBufferPointer(start: storage, count: count))
+        } catch {
+            Self.deallocate(storage, count: count)
+            throw error
+        }
+    }
+
+    private static func allocate(_ count: Int) -> UnsafeMutableRawPointer {
         precondition(count > 0, "SecureBytes needs at least one byte")
+        if count <= GuardedScratch.smallSecrets.slotSize { return GuardedScratch.smallSecrets.acquire() }
         Sodium.ensureInitialised()
         guard let pointer = sodium_malloc(count) else {
             fatalError("sodium_malloc(\(count)) failed: out of memory or mlock limit reached (raise `ulimit -l`)")
         }
-        self.count = count
-        self.storage = pointer
-        try initialiser(UnsafeMutableRawBufferPointer(start: pointer, count: count))
+        return pointer
+    }
+
+    /// Zeroes and frees (sodium_free zeroes the region before unmapping it).
+    private static func deallocate(_ storage: UnsafeMutableRawPointer, count: Int) {
+        if count <= GuardedScratch.smallSecrets.slotSize {
+            GuardedScratch.smallSecrets.release(storage)
+        } else {
+            sodium_free(storage)
+        }
     }
 
     /// Fresh random bytes, e.g. a new key.
@@ -41,10 +57,7 @@ public final class SecureBytes: @unchecked Sendable {
         SecureBytes(count: count) { Random.fill($0) }
     }
 
-    deinit {
-        // sodium_free zeroes the region before unmapping it.
-        sodium_free(storage)
-    }
+    deinit { Self.deallocate(storage, count: count) }
 
     /// Whether `discard()` has zeroed this secret.
     public var isDiscarded: Bool { lock.withReadLock { discarded } }

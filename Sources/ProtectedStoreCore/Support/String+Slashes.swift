@@ -23,6 +23,7 @@ extension StringProtocol {
     package var containsSlash: Bool { utf8.contains(UInt8(ascii: "/")) }
     /// Whether the first byte is "/": an absolute path.
     package var startsWithSlash: Bool { utf8.first == UInt8(ascii: "/") }
-    /// Whether the last byte is "/".
-    package var endsWithSlash: Bool { utf8.reversed().first == UInt8(ascii: "/") }
+    /// Whether the last byte is "/". Through `String`, whose UTF-8 view is bidirectional: the protocol's view is only
+    /// a `Collection`, whose `reversed()` copied the whole path into an array on every container call.
+    package var endsWithSlash: Bool { String(self).utf8.last == UInt8(ascii: "/") }
 }

@@ -18,9 +18,9 @@ final class ContainerVFS: @unchecked Sendable {
     private let cName: UnsafeMutablePointer<CChar>
     private let mutex = NSLock()
     private var lastFailure: (any Error)?
-    /// Databases that had a rollback journal when they were opened (a transaction a crash interrupted), until SQLite
-    /// removes it: the only time a torn database block is expected.
-    private var interruptedDatabases: Set<String> = []
+    /// Databases whose rollback journal SQLite opened empty, until it removes it: that journal holds only this
+    /// session's transaction, not one a crash interrupted.
+    private var journalsOfThisSession: Set<String> = []
 
     init(container: Container) throws {
         guard let base = sqlite3_vfs_find(nil) else {
@@ -63,20 +63,26 @@ final class ContainerVFS: @unchecked Sendable {
         return code
     }
 
-    fileprivate func noteOpened(database path: String) {
-        // A plain stat of the stored journal, not the container's item lookup (which reads its header): this runs at
-        // every open of the database. Past the 1 KiB header and length record means a non-empty journal.
-        var info = stat()
-        guard let stored = try? container.storedPath("\(path)-journal"), stat(stored, &info) == 0, info.st_size > 1024 else { return }
-        mutex.withLock { _ = interruptedDatabases.insert(path) }
+    fileprivate func noteOpened(journal handle: ProtectedFileHandle, of database: String) {
+        guard handle.size == 0 else { return }
+        mutex.withLock { _ = journalsOfThisSession.insert(database) }
     }
 
     fileprivate func noteDeleted(_ path: String) {
         guard path.hasSuffix("-journal") else { return }
-        mutex.withLock { _ = interruptedDatabases.remove(String(path.dropLast("-journal".count))) }
+        mutex.withLock { _ = journalsOfThisSession.remove(String(path.dropLast("-journal".count))) }
     }
 
-    fileprivate func wasInterrupted(database path: String) -> Bool { mutex.withLock { interruptedDatabases.contains(path) } }
+    /// Whether the database has a rollback journal left by an interrupted transaction: one that is not empty and was
+    /// not begun empty by this session (so it was there when the database was opened). Asked only when a block fails
+    /// authentication, so the open path pays nothing for it. A plain stat of the stored journal, not the container's
+    /// item lookup (which reads its header): past the 1 KiB header and length record means a non-empty journal.
+    fileprivate func wasInterrupted(database path: String) -> Bool {
+        guard !mutex.withLock({ journalsOfThisSession.contains(path) }) else { return false }
+        var info = stat()
+        guard let stored = try? container.storedPath("\(path)-journal"), stat(stored, &info) == 0 else { return false }
+        return info.st_size > 1024
+    }
 
     fileprivate var lastFailureDescription: String { mutex.withLock { lastFailure.map { "\($0)" } ?? "" } }
 
@@ -174,8 +180,8 @@ private final class OpenFile {
     }
 
     /// Whether a torn block of this file reads as zeros: always in a journal (SQLite's checksums reject it); in a
-    /// database only if it was opened with a rollback journal left by an interrupted transaction, until SQLite has
-    /// played it back and removed it (the journal holds every page the transaction changed, as it was). Any other
+    /// database only while a rollback journal left by an interrupted transaction is there, until SQLite has played it
+    /// back and removed it (the journal holds every page the transaction changed, as it was). Any other
     /// bad block is corruption, and is reported.
     func tornBlockReadsAsZeros() -> Bool {
         isJournal || isMainDatabase && vfs.wasInterrupted(database: path)
@@ -230,7 +236,7 @@ private let vfsOpen: @convention(c) (UnsafeMutablePointer<sqlite3_vfs>?, UnsafeP
             handle = try container.createFile(atPath: path)
         }
         let isMainDatabase = flags & SQLITE_OPEN_MAIN_DB != 0
-        if isMainDatabase { context.noteOpened(database: path) }
+        if isJournal, path.hasSuffix("-journal") { context.noteOpened(journal: handle, of: String(path.dropLast("-journal".count))) }
         let opened = OpenFile(handle: handle, path: path, deleteOnClose: flags & SQLITE_OPEN_DELETEONCLOSE != 0 || name == nil,
                               isJournal: isJournal, isMainDatabase: isMainDatabase, vfs: context)
         wrapper.pointee.handle = Unmanaged.passRetained(opened).toOpaque()

@@ -31,6 +31,10 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
     private var connection: SQLiteConnection?
     private var isClosed = false
     private var lastPendingSequence: UInt64 = 0
+    /// Whether `Pending/` or `Imported/` may hold something to fold in. Only this store writes them (one store per
+    /// database), so after a fold that emptied them an unlock skips listing them: most unlocks find nothing there.
+    /// True at the start, for what an earlier process left.
+    private var mayHaveStagedChanges = true
     private let logger = Logger(label: "Notes")
 
     /// Opens the store, creating its folders; the database opens now if protected data is available, else at the
@@ -204,6 +208,7 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
             guard !isClosed else { return }
             do {
                 let folder = "\(importsFolder)/\(UUID().uuidString)"
+                mayHaveStagedChanges = true
                 try container.createDirectory(atPath: folder)
                 do {
                     try container.moveItem(atPath: path, toPath: "\(folder)/\((path as NSString).lastPathComponent)")
@@ -233,14 +238,17 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
             // One page is one encrypted block. DELETE, because its commit point (removing the journal) is one atomic
             // step; truncating an encrypted journal is two (rewrite its first block, then cut the file).
             try connection.execute("""
-                PRAGMA page_size = 4096; PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY;
+                PRAGMA page_size = 4096; PRAGMA journal_mode = DELETE; PRAGMA synchronous = EXTRA; PRAGMA temp_store = MEMORY;
                 CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, title TEXT NOT NULL, body TEXT NOT NULL,
                                                   created REAL NOT NULL /* seconds since 2001, Date's own reference: exact round trips */, imported_from TEXT);
                 """)
             // In use only once everything accepted while it was closed is in: a direct write before that could be
             // overtaken by an older journal entry replayed later.
-            try foldPending(into: connection)
-            try importStaged(into: connection)
+            if mayHaveStagedChanges {
+                try foldPending(into: connection)
+                try importStaged(into: connection)
+                mayHaveStagedChanges = false
+            }
             self.connection = connection
         } catch {
             opened?.close()
@@ -304,6 +312,7 @@ public final class NotesStore: @unchecked Sendable, ProtectedDataDelegate, OpenU
     private func appendPending(_ changes: [NoteChange]) throws {
         // Taken before writing, so a failed write never leaves later ones colliding with its name.
         lastPendingSequence += 1
+        mayHaveStagedChanges = true
         let path = "\(pendingFolder)/\(String(format: "%016llu", lastPendingSequence)).json"
         do {
             try container.write(try JSONEncoder().encode(PendingEntry(changes: changes)), toPath: path,
