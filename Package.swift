@@ -89,6 +89,7 @@ let package = Package(
         .executableTarget(
             name: "sandboxctl",
             dependencies: [
+                "CSupport",
                 "ProtectedStore",
                 "ProtectedStoreDaemon",
                 "ProtectedStoreMount",

@@ -16,6 +16,8 @@ command -v sqlite3 >/dev/null 2>&1 || packages+=(sqlite3)
 # The Inbox drop folder's tests write through rsync and set an annotation with setfattr.
 command -v rsync >/dev/null 2>&1 || packages+=(rsync)
 command -v setfattr >/dev/null 2>&1 || packages+=(attr)
+# sandboxctl launch runs apps in a bubblewrap sandbox.
+command -v bwrap >/dev/null 2>&1 || packages+=(bubblewrap)
 # The reference notes store (Examples/Notes) links libsqlite3.
 if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists sqlite3; then
     packages+=(libsqlite3-dev)

@@ -1,3 +1,5 @@
+#define _GNU_SOURCE
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include "CSupport.h"
@@ -10,4 +12,8 @@ int ps_disable_core_dumps(void) {
 
 int ps_is_dumpable(void) {
     return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+}
+
+int ps_spawn_close_from(posix_spawn_file_actions_t *actions, int from) {
+    return posix_spawn_file_actions_addclosefrom_np(actions, from);
 }

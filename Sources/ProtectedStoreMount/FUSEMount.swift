@@ -21,7 +21,8 @@ package final class FUSEMount: @unchecked Sendable {
     }
 
     /// Mounts, calls `ready` once the file system is visible, serves requests, and unmounts. Throws if mounting fails.
-    package func run(ready: () -> Void) throws {
+    /// With `unmountedBy`, signals are the caller's, and it is handed the call that unmounts (see `FUSESession.serve`).
+    package func run(unmountedBy: ((@escaping @Sendable () -> Void) -> Void)? = nil, ready: () -> Void) throws {
         let container = fileSystem.container
         // nodev and nosuid: an app container holds no device nodes and no set-id programs, as on iOS.
         let options = "default_permissions,nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl"
@@ -37,7 +38,7 @@ package final class FUSEMount: @unchecked Sendable {
         }, stopping: { [fileSystem] in
             // Before fuse_destroy: a lock arriving later must not reach a freed instance.
             fileSystem.setPageCacheInvalidator(nil)
-        }, ready: {
+        }, unmountedBy: unmountedBy, ready: {
             widenReadahead()
             ready()
         })

@@ -9,8 +9,10 @@ import SystemPackage
 enum FUSESession {
     /// Mounts with `operations` (whose requests find `context` as their private data), calls `started` with the
     /// libfuse instance, `ready` once the file system is visible, and `stopping` before the instance is destroyed.
+    /// With `unmountedBy`, SIGINT, SIGTERM and SIGHUP are left to the caller, which is handed the call that unmounts.
     static func serve(mountPoint: String, options: String, operations: fuse_operations, context: UnsafeMutableRawPointer, what: String,
-                      logger: Logger, started: (FuseHandle) -> Void = { _ in }, stopping: () -> Void = {}, ready: () -> Void) throws {
+                      logger: Logger, started: (FuseHandle) -> Void = { _ in }, stopping: () -> Void = {},
+                      unmountedBy: ((@escaping @Sendable () -> Void) -> Void)? = nil, ready: () -> Void) throws {
         var arguments = fuse_args()
         defer { fuse_opt_free_args(&arguments) }
         for argument in ["sandboxctl", "-o", options] where fuse_opt_add_arg(&arguments, argument) != 0 {
@@ -32,7 +34,8 @@ enum FUSESession {
         defer { unmount.run() }
         // libfuse's own handlers only flag the session, which wakes its loop only if the signal lands on the loop's
         // thread; unmounting ends every worker's read, wherever the signal lands.
-        let signals = [SIGINT, SIGTERM, SIGHUP].map { number in
+        unmountedBy?({ unmount.run() })
+        let signals: [any DispatchSourceSignal] = (unmountedBy != nil ? [] : [SIGINT, SIGTERM, SIGHUP]).map { number in
             signal(number, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
             source.setEventHandler {

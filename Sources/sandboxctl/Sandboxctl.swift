@@ -27,13 +27,14 @@ struct Sandboxctl: AsyncParsableCommand {
               64  usage error (bad option, bad argument)
               65  integrity error (authentication failed, corrupt or unsupported data; a device in format
                   version 1, which `sandboxctl migrate` converts)
-              69  no key daemon serves the device (lock, unlock, watch, mount), or it stopped
+              69  no key daemon serves the device (lock, unlock, watch, mount, launch), or it stopped
               77  denied by data protection (locked, before first unlock, wrong passcode) or by the Inbox's
                   read-and-delete rule
             """,
         subcommands: [InitCommand.self, DaemonCommand.self, UnlockCommand.self, LockCommand.self, WatchCommand.self,
                       CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self, InboxCommand.self,
                       RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, MountCommand.self, PasswdCommand.self, MigrateCommand.self, EraseCommand.self,
+                      LaunchCommand.self, PsCommand.self, TerminateCommand.self,
                       DemoCommand.self, BenchCommand.self]
     )
 }

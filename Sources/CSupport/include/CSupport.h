@@ -47,4 +47,9 @@ int ps_disable_core_dumps(void);
 /// prctl(PR_GET_DUMPABLE): 1 if this process may be dumped or traced, 0 if not, -1 with errno set.
 int ps_is_dumpable(void);
 
+/// posix_spawn_file_actions_addclosefrom_np (glibc 2.34, declared only under _GNU_SOURCE): the child closes every
+/// descriptor from `from` up. Returns 0 or an error number.
+#include <spawn.h>
+int ps_spawn_close_from(posix_spawn_file_actions_t *actions, int from);
+
 #endif

@@ -138,8 +138,9 @@ struct MountCommand: ParsableCommand {
     }
 
     /// Logs to standard error at `verbose`'s level (the background child's standard error is its log file).
-    static func bootstrapLogging(verbose: Bool) {
-        let level: Logger.Level = verbose ? .debug : .info
+    static func bootstrapLogging(verbose: Bool) { bootstrapLogging(level: verbose ? .debug : .info) }
+
+    static func bootstrapLogging(level: Logger.Level) {
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level

@@ -1,0 +1,299 @@
+import ArgumentParser
+import CSupport
+import Foundation
+import Logging
+import ProtectedStore
+import ProtectedStoreMount
+
+struct LaunchCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "launch",
+        abstract: "Run COMMAND as the app BUNDLE, inside its sandbox (bubblewrap), with its container as HOME.",
+        discussion: """
+            The program sees its own container and nothing else of the user's data: the container is mounted (as \
+            `sandboxctl mount` does, with every protection rule) at \(LaunchCommand.home), which is its HOME; TMPDIR is \
+            its tmp folder. It runs in its own mount, PID, IPC, UTS and user namespaces, without network unless \
+            --share-network, with the system's /usr and the few /etc files programs need read-only, and its own /tmp, \
+            /proc and /dev. The device root, the keybag, the device secret, other containers and the daemon's socket \
+            are not there. The environment is HOME, TMPDIR, SANDBOXCTL_BUNDLE, PATH, LANG and TERM, and what --env adds.
+
+            Needs a running `sandboxctl daemon` (exit 69 without) and bubblewrap (apt-get install bubblewrap). One \
+            instance per bundle: a second launch is refused with the running one's pid. The command stays in the \
+            foreground; its exit status is the program's. SIGINT, SIGTERM or SIGHUP to it, or `sandboxctl terminate \
+            BUNDLE`, ends the program (SIGTERM, then SIGKILL after --terminate-timeout seconds). The mount lives as \
+            long as the program and is unmounted when it exits, however it exits.
+            """
+    )
+
+    /// Where the container is mounted inside the sandbox, the app's HOME.
+    static let home = "/home/app"
+
+    @OptionGroup var device: DeviceOptions
+
+    @Argument(help: ArgumentHelp("The container's bundle identifier.", valueName: "bundle"))
+    var bundleIdentifier: String
+
+    @Option(name: .customLong("env"), help: ArgumentHelp("Set an environment variable inside the sandbox (repeatable).", valueName: "name=value"))
+    var environment: [String] = []
+
+    @Flag(help: "Let the program use the network (by default it has none: only its own loopback).")
+    var shareNetwork = false
+
+    @Option(name: .customLong("read-only"), help: ArgumentHelp("Also show this host path inside, read-only, at the same place (a toolchain, the program's own folder; repeatable).", valueName: "path"))
+    var readOnlyPaths: [String] = []
+
+    @Option(help: ArgumentHelp("Seconds between SIGTERM and SIGKILL when the program is ended.", valueName: "seconds"))
+    var terminateTimeout: Double = 5
+
+    @Argument(parsing: .postTerminator, help: ArgumentHelp("The program and its arguments, after --.", valueName: "command"))
+    var command: [String] = []
+
+    func validate() throws {
+        guard !command.isEmpty else { throw ValidationError("Give the program to run after --, e.g. `sandboxctl launch \(bundleIdentifier) -- /bin/sh`.") }
+        for setting in environment where !setting.contains("=") || setting.hasPrefix("=") {
+            throw ValidationError("--env \(setting): give NAME=VALUE.")
+        }
+        for path in readOnlyPaths where !path.hasPrefix("/") {
+            throw ValidationError("--read-only \(path): give an absolute path.")
+        }
+        guard terminateTimeout >= 0, terminateTimeout <= 3600 else { throw ValidationError("--terminate-timeout must be between 0 and 3600 seconds.") }
+    }
+
+    func run() throws {
+        // The program's standard error is the terminal's too: only the mount's errors join it.
+        MountCommand.bootstrapLogging(level: .warning)
+        let status = try reportingErrors { () throws -> Int32 in
+            let bubblewrap = try Sandbox.findBubblewrap()
+            try Sandbox.checkUserNamespaces()
+            let root = device.resolvedRoot
+            let attached = try device.attach()
+            let container = try attached.container(bundleIdentifier: bundleIdentifier)
+            let slot = try LaunchSlot.claim(bundleIdentifier, root: root)
+            defer { slot.release() }
+            let app = try Sandbox(container: container, slot: slot, bubblewrap: bubblewrap, command: command,
+                                  environment: environment, shareNetwork: shareNetwork, readOnlyPaths: readOnlyPaths,
+                                  terminateTimeout: terminateTimeout)
+            return try app.run()
+        }
+        if status != 0 { throw ExitCode(status) }
+    }
+}
+
+/// One launched app: the container mounted for it in this process, bubblewrap started on it, the record for `ps`,
+/// and the ending (SIGTERM, then SIGKILL) when asked.
+final class Sandbox: @unchecked Sendable {
+    private let container: Container
+    private let slot: LaunchSlot
+    private let bubblewrap: String
+    private let command: [String]
+    private let environment: [String]
+    private let shareNetwork: Bool
+    private let readOnlyPaths: [String]
+    private let terminateTimeout: Double
+    private let logger = Logger(label: "sandboxctl.launch")
+    private let mutex = NSLock()
+    private var sandboxPID: pid_t = 0
+    private var ending = false
+
+    init(container: Container, slot: LaunchSlot, bubblewrap: String, command: [String], environment: [String], shareNetwork: Bool,
+         readOnlyPaths: [String], terminateTimeout: Double) throws {
+        self.container = container
+        self.slot = slot
+        self.bubblewrap = bubblewrap
+        self.command = command
+        self.environment = environment
+        self.shareNetwork = shareNetwork
+        self.readOnlyPaths = readOnlyPaths
+        self.terminateTimeout = terminateTimeout
+    }
+
+    static func findBubblewrap() throws -> String {
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
+        for folder in path.split(separator: ":") where access("\(folder)/bwrap", X_OK) == 0 { return "\(folder)/bwrap" }
+        throw ProtectedStoreError(.notFound, path: "bwrap", problem: "bubblewrap is not installed (no bwrap on PATH)",
+                                  remedy: "Install it: apt-get install bubblewrap")
+    }
+
+    /// bubblewrap needs user namespaces; say which setting turns them off rather than let it fail obscurely.
+    static func checkUserNamespaces() throws {
+        func setting(_ path: String) -> Int? {
+            (try? String(contentsOfFile: path, encoding: .utf8)).flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        }
+        if setting("/proc/sys/user/max_user_namespaces") == 0 {
+            throw ProtectedStoreError(.permissionDenied, path: "/proc/sys/user/max_user_namespaces", problem: "user namespaces are turned off (user.max_user_namespaces = 0)",
+                                      remedy: "Turn them on: sysctl -w user.max_user_namespaces=15000")
+        }
+        if getuid() != 0, setting("/proc/sys/kernel/unprivileged_userns_clone") == 0 {
+            throw ProtectedStoreError(.permissionDenied, path: "/proc/sys/kernel/unprivileged_userns_clone", problem: "user namespaces are turned off for users other than root",
+                                      remedy: "Turn them on: sysctl -w kernel.unprivileged_userns_clone=1")
+        }
+    }
+
+    /// Mounts, runs the program to its end, unmounts; returns the program's exit status.
+    func run() throws -> Int32 {
+        let home = slot.homeMount
+        try prepareMountPoint(home)
+        defer { rmdir(home) }
+        let mount = FUSEMount(container: container, mountPoint: home, logger: logger)
+        let mounted = DispatchSemaphore(value: 0)
+        let finished = DispatchSemaphore(value: 0)
+        nonisolated(unsafe) var unmount: (@Sendable () -> Void)?
+        nonisolated(unsafe) var mountFailure: (any Error)?
+        let server = Thread {
+            do {
+                try mount.run(unmountedBy: { unmount = $0 }, ready: { mounted.signal() })
+            } catch {
+                mountFailure = error
+                mounted.signal()
+            }
+            finished.signal()
+        }
+        server.start()
+        mounted.wait()
+        if let mountFailure { throw mountFailure }
+        defer {
+            unmount?()
+            finished.wait()
+        }
+        let signals = [SIGINT, SIGTERM, SIGHUP].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { [self] in end() }
+            source.resume()
+            return source
+        }
+        defer { signals.forEach { $0.cancel() } }
+        let (bubblewrapPID, info) = try spawnBubblewrap(home: home)
+        // bubblewrap reports its first process in the sandbox (as seen from here) on the info descriptor.
+        let reported = String(decoding: info.readDataToEndOfFile(), as: UTF8.self)
+        let childPID = (try? JSONSerialization.jsonObject(with: Data(reported.utf8)) as? [String: Any])?["child-pid"] as? Int
+        if let childPID {
+            mutex.withLock { sandboxPID = pid_t(childPID) }
+            try slot.write(AppRecord(bundle: container.bundleIdentifier, launcherPID: getpid(), sandboxPID: pid_t(childPID),
+                                     command: command, state: "running", since: Date()))
+        }
+        var status: Int32 = 0
+        while waitpid(bubblewrapPID, &status, 0) < 0 && errno == EINTR {}
+        // WIFEXITED / WTERMSIG, which Glibc's Swift overlay does not bring.
+        let signalNumber = status & 0x7f
+        return signalNumber == 0 ? (status >> 8) & 0xff : 128 + signalNumber
+    }
+
+    /// Ends the program: SIGTERM to every process of the sandbox, SIGKILL to all after the timeout.
+    func end() {
+        let pid: pid_t? = mutex.withLock {
+            guard !ending, sandboxPID > 0 else { return nil }
+            ending = true
+            return sandboxPID
+        }
+        guard let pid else { return }
+        // bubblewrap's init (the first process) passes nothing on; the program and its children get SIGTERM.
+        for process in AppRuntime.processes(inSandboxOf: pid).dropFirst() { kill(process, SIGTERM) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + terminateTimeout) {
+            // Killing the namespace's first process kills every process in it.
+            kill(pid, SIGKILL)
+        }
+    }
+
+    /// An empty directory to mount on; one left mounted by a launcher that was killed is unmounted first.
+    private func prepareMountPoint(_ path: String) throws {
+        var info = stat()
+        if stat(path, &info) != 0 && errno == ENOTCONN {
+            let cleanup = Process()
+            cleanup.executableURL = URL(fileURLWithPath: "/bin/fusermount3")
+            cleanup.arguments = ["-u", "-z", path]
+            try? cleanup.run()
+            cleanup.waitUntilExit()
+        }
+        if mkdir(path, 0o700) != 0 && errno != EEXIST {
+            throw ProtectedStoreError(.io, path: path, problem: "cannot create the mount point (\(String(cString: strerror(errno))))", remedy: "Check the permissions of \(slot.folder)")
+        }
+    }
+
+    /// bubblewrap's arguments: what the sandbox contains.
+    func bubblewrapArguments(home: String, infoDescriptor: Int32) -> [String] {
+        var arguments = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+                         "--info-fd", "\(infoDescriptor)", "--hostname", "app"]
+        if !shareNetwork { arguments.append("--unshare-net") }
+        arguments += ["--ro-bind", "/usr", "/usr"]
+        // Merged /usr (Debian 12 and later): the top-level folders are links into it; else their own read-only binds.
+        for folder in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+            if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/\(folder)") {
+                arguments += ["--symlink", target, "/\(folder)"]
+            } else if FileManager.default.fileExists(atPath: "/\(folder)") {
+                arguments += ["--ro-bind", "/\(folder)", "/\(folder)"]
+            }
+        }
+        // What dynamic linking, name lookup, time zones, certificates and `alternatives` links need; nothing about users
+        // beyond the account files, no secrets.
+        var etc = ["ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "passwd", "group", "alternatives",
+                   "ssl", "ca-certificates", "mime.types"]
+        if shareNetwork { etc += ["resolv.conf", "hosts", "host.conf", "gai.conf"] }
+        for name in etc { arguments += ["--ro-bind-try", "/etc/\(name)", "/etc/\(name)"] }
+        for path in readOnlyPaths { arguments += ["--ro-bind", path, path] }
+        // The program itself, when it lives outside /usr.
+        if let program = resolvedProgram(), !program.hasPrefix("/usr/"), !readOnlyPaths.contains(where: { program.hasPrefix($0) }) {
+            arguments += ["--ro-bind", program, program]
+        }
+        arguments += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run",
+                      "--bind", home, LaunchCommand.home, "--chdir", LaunchCommand.home, "--clearenv",
+                      "--setenv", "HOME", LaunchCommand.home, "--setenv", "TMPDIR", "\(LaunchCommand.home)/tmp",
+                      "--setenv", "SANDBOXCTL_BUNDLE", container.bundleIdentifier,
+                      "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
+        if let terminal = ProcessInfo.processInfo.environment["TERM"] { arguments += ["--setenv", "TERM", terminal] }
+        for setting in environment {
+            let name = String(setting.prefix { $0 != "=" })
+            arguments += ["--setenv", name, String(setting.dropFirst(name.count + 1))]
+        }
+        return arguments + ["--"] + command
+    }
+
+    /// The program's path on this machine: as given if it has a "/", else found on PATH; nil if not found (bubblewrap
+    /// then reports it).
+    private func resolvedProgram() -> String? {
+        let program = command[0]
+        if program.contains("/") {
+            return URL(fileURLWithPath: program).standardizedFileURL.resolvingSymlinksInPath().path
+        }
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
+        return path.split(separator: ":").map { "\($0)/\(program)" }.first { access($0, X_OK) == 0 }
+    }
+
+    /// Starts bubblewrap with the info descriptor as fd 3; returns its pid and the read end of that descriptor.
+    private func spawnBubblewrap(home: String) throws -> (pid_t, FileHandle) {
+        let info = Pipe()
+        let infoDescriptor: Int32 = 3
+        let arguments = [bubblewrap] + bubblewrapArguments(home: home, infoDescriptor: infoDescriptor)
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_adddup2(&actions, info.fileHandleForWriting.fileDescriptor, infoDescriptor)
+        // Nothing else of this process reaches the sandbox: not the daemon connection, not the FUSE device.
+        ps_spawn_close_from(&actions, infoDescriptor + 1)
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        // The program gets the default dispositions and an empty mask, not this process's ignored SIGINT, SIGTERM and
+        // SIGHUP, which Dispatch's signal sources also block.
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for number in [SIGINT, SIGTERM, SIGHUP, SIGPIPE] { sigaddset(&defaults, number) }
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        var unblocked = sigset_t()
+        sigemptyset(&unblocked)
+        posix_spawnattr_setsigmask(&attributes, &unblocked)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
+        var argv = arguments.map { strdup($0) }
+        argv.append(nil)
+        defer { argv.forEach { free($0) } }
+        var environ: [UnsafeMutablePointer<CChar>?] = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { environ.forEach { free($0) } }
+        var pid: pid_t = 0
+        let result = posix_spawn(&pid, bubblewrap, &actions, &attributes, &argv, &environ)
+        try? info.fileHandleForWriting.close()
+        guard result == 0 else {
+            throw ProtectedStoreError(.io, path: bubblewrap, problem: "cannot start bubblewrap (\(String(cString: strerror(result))))", remedy: "Check the bubblewrap installation")
+        }
+        return (pid, info.fileHandleForReading)
+    }
+}

@@ -1,0 +1,150 @@
+import Foundation
+@testable import ProtectedStore
+import Testing
+
+/// Whether apps can be launched here: FUSE for the container, bubblewrap for the sandbox.
+enum LaunchAvailability {
+    static let problem: String? = FUSEAvailability.problem ?? (FUSEAvailability.executable("bwrap") == nil ? "bubblewrap is not installed (apt-get install bubblewrap)" : nil)
+
+    static var isAvailable: Bool {
+        if let problem { print("Skipping launch tests: \(problem)") }
+        return problem == nil
+    }
+}
+
+/// `sandboxctl launch`: a real bubblewrap sandbox around a real shell, its container mounted as HOME.
+@Suite("sandboxctl launch", .enabled(if: LaunchAvailability.isAvailable, "needs FUSE and bubblewrap"))
+struct LaunchTests {
+    static let other = "com.example.other"
+
+    /// A device with two containers and a daemon, unlocked, with a class A and a class C file in the app's Documents.
+    private func device(_ bundle: String) throws -> (TestDevice, DaemonProcess) {
+        let test = try TestDevice()
+        _ = try test.makeContainer(bundle)
+        _ = try test.makeContainer(Self.other)
+        let daemon = try DaemonProcess(test, grace: 1)
+        try MountedDevice.unlock(test)
+        for (path, protection, text) in [("a.txt", "complete", "class A"), ("c.txt", "complete-until-first-user-authentication", "class C")] {
+            let put = try sandboxctl(test, ["put", "--protection", protection, "-", "\(bundle):Documents/\(path)"], stdin: text + "\n")
+            #expect(put.status == 0, "\(put.stderr)")
+        }
+        let secret = try sandboxctl(test, ["put", "-", "\(Self.other):Documents/other.txt"], stdin: "another app's\n")
+        #expect(secret.status == 0, "\(secret.stderr)")
+        return (test, daemon)
+    }
+
+    /// The folder of the Swift runtime this build links, for running sandboxctl itself inside the sandbox.
+    private static var swiftRuntimeFolder: String? {
+        // /proc files report no size, so they are read to their end rather than by their size.
+        let maps = String(decoding: FileHandle(forReadingAtPath: "/proc/self/maps")?.readDataToEndOfFile() ?? Data(), as: UTF8.self)
+        return maps.split(separator: "\n").compactMap { line in line.split(separator: " ").last.map(String.init) }
+            .first { $0.hasSuffix("/libswiftCore.so") }.map { ($0 as NSString).deletingLastPathComponent }
+    }
+
+    private func launch(_ test: TestDevice, _ bundle: String, _ extra: [String] = [], _ command: [String]) throws -> SpawnedProcess {
+        try SpawnedProcess(CLI.executable, ["launch", bundle, "--root", test.root, "--device-secret", test.secretPath] + extra + ["--"] + command)
+    }
+
+    /// Runs one line in the launched shell; returns its output lines and status.
+    private func run(_ shell: SpawnedProcess, _ line: String) -> (output: [String], status: Int?) {
+        shell.send("{ \(line); } 2>&1; echo \"@@ $?\"\n")
+        var output: [String] = []
+        while let next = shell.nextLine(timeout: 30) {
+            if next.hasPrefix("@@ ") { return (output, Int(next.dropFirst(3))) }
+            output.append(next)
+        }
+        return (output + ["(no answer; launch stderr: \(shell.standardError))"], nil)
+    }
+
+    private func isMounted(_ bundle: String) -> Bool {
+        String(decoding: FileHandle(forReadingAtPath: "/proc/mounts")?.readDataToEndOfFile() ?? Data(), as: UTF8.self).contains("sandboxctl:\(bundle) ")
+    }
+
+    /// `sandboxctl launch` with the device options before the program's `--`.
+    private func launchNow(_ test: TestDevice, _ bundle: String, environment: [String: String] = [:]) throws -> CLI.Result {
+        try CLI.run(["launch", bundle, "--root", test.root, "--device-secret", test.secretPath, "--", "/bin/true"], environment: environment)
+    }
+
+    @Test("inside, the container is HOME and nothing else of the device is there; its files read and write, the Inbox refuses writes, a lock from inside fails")
+    func sandboxView() throws {
+        let bundle = "com.example.launch.view"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let tool = CLI.executable.deletingLastPathComponent().path
+        let runtime = try #require(Self.swiftRuntimeFolder)
+        let shell = try launch(test, bundle, ["--read-only", tool, "--read-only", runtime, "--env", "EXTRA=yes"], ["/bin/sh"])
+        #expect(run(shell, "echo $HOME $TMPDIR $SANDBOXCTL_BUNDLE $EXTRA").output == ["/home/app /home/app/tmp \(bundle) yes"])
+        #expect(run(shell, "cat Documents/a.txt Documents/c.txt").output == ["class A", "class C"])
+        #expect(run(shell, "echo made > Documents/made.txt").status == 0)
+        #expect(try sandboxctl(test, ["cat", "\(bundle):Documents/made.txt"]).stdout == "made\n")
+        let inbox = run(shell, "echo x > Documents/Inbox/x.txt")
+        #expect(inbox.status != 0 && inbox.output.joined().contains("Permission denied"), "\(inbox)")
+        // Nothing of the device or the user outside: the root (keybag, other containers, the daemon's socket), /root.
+        for path in [test.root, "\(test.root)/daemon.sock", "\(test.root)/keybag", test.secretPath, "/root"] {
+            #expect(run(shell, "test -e '\(path)'").status == 1, "\(path) is visible inside")
+        }
+        #expect(run(shell, "grep -c '\(Self.other)' /proc/mounts").output == ["0"])
+        // No network but its own loopback.
+        #expect(run(shell, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").output == ["lo"])
+        // The daemon's control socket is unreachable: a lock from inside finds no daemon (exit 69).
+        let lock = run(shell, "\(tool)/sandboxctl lock --root '\(test.root)'")
+        #expect(lock.status == 69, "\(lock)")
+        #expect(try sandboxctl(test, ["status"]).stdout.contains("unlocked"))
+
+        // A lock outside reaches the app's files at once: class A refused, class C readable, class B creatable.
+        #expect(run(shell, "mkdir Documents/b && setfattr -n user.protection.class -v complete-unless-open Documents/b").status == 0)
+        #expect(try sandboxctl(test, ["lock"]).status == 0)
+        let locked = run(shell, "cat Documents/a.txt")
+        #expect(locked.status == 1 && locked.output.joined().contains("Operation not permitted"), "\(locked)")
+        #expect(run(shell, "cat Documents/c.txt").output == ["class C"])
+        #expect(run(shell, "echo while locked > Documents/b/new.txt").status == 0)
+        try MountedDevice.unlock(test)
+        #expect(run(shell, "cat Documents/a.txt Documents/b/new.txt").output == ["class A", "while locked"])
+
+        shell.send("exit 7\n")
+        #expect(shell.waitForExit(timeout: 30) == 7, "the program's status is launch's")
+        #expect(!isMounted(bundle), "the container is unmounted when the app exits")
+    }
+
+    @Test("one instance per bundle; ps lists it; terminate ends it and its mount")
+    func oneInstanceAndTerminate() throws {
+        let bundle = "com.example.launch.single"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let app = try launch(test, bundle, [], ["/bin/sh", "-c", "echo started; exec sleep 600"])
+        #expect(app.nextLine(timeout: 30) == "started", "\(app.standardError)")
+        let listed = try sandboxctl(test, ["ps", "--json"])
+        let apps = try #require(try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]])
+        #expect(apps.count == 1)
+        #expect(apps.first?["bundle"] as? String == bundle)
+        #expect(apps.first?["pid"] as? Int == Int(app.pid))
+        #expect(apps.first?["state"] as? String == "running")
+
+        let second = try launchNow(test, bundle)
+        #expect(second.status == 1)
+        #expect(second.stderr.contains("already running (pid \(app.pid))"), "\(second.stderr)")
+
+        let terminated = try sandboxctl(test, ["terminate", bundle])
+        #expect(terminated.status == 0, "\(terminated.stderr)")
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
+        #expect(!isMounted(bundle))
+        #expect(try sandboxctl(test, ["ps"]).stdout == "No apps running.\n")
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 1, "nothing left to terminate")
+    }
+
+    @Test("bad input: no command, an unknown bundle, no daemon, no bubblewrap; each says what to do")
+    func badInput() throws {
+        let test = try TestDevice()
+        _ = try test.makeContainer()
+        let noCommand = try sandboxctl(test, ["launch", TestDevice.bundleIdentifier])
+        #expect(noCommand.status == 64 && noCommand.stderr.contains("after --"), "\(noCommand.stderr)")
+        let noDaemon = try launchNow(test, TestDevice.bundleIdentifier)
+        #expect(noDaemon.status == 69, "\(noDaemon.stderr)")
+        let daemon = try DaemonProcess(test, grace: 1)
+        defer { _ = daemon }
+        let unknown = try launchNow(test, "com.example.missing")
+        #expect(unknown.status == 1 && unknown.stderr.contains("com.example.missing"), "\(unknown.stderr)")
+        let noBubblewrap = try launchNow(test, TestDevice.bundleIdentifier, environment: ["PATH": "/nonexistent"])
+        #expect(noBubblewrap.status == 1 && noBubblewrap.stderr.contains("apt-get install bubblewrap"), "\(noBubblewrap.stderr)")
+    }
+}
