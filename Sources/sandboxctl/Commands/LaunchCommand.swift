@@ -215,7 +215,8 @@ final class Sandbox: @unchecked Sendable {
         var arguments = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
                          "--info-fd", "\(infoDescriptor)", "--hostname", "app"]
         if !shareNetwork { arguments.append("--unshare-net") }
-        arguments += ["--ro-bind", "/usr", "/usr"]
+        // The sandbox's own /proc, /dev, /tmp and /run first: binds below them (a program in /tmp) go on top.
+        arguments += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run", "--ro-bind", "/usr", "/usr"]
         // Merged /usr (Debian 12 and later): the top-level folders are links into it; else their own read-only binds.
         for folder in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
             if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/\(folder)") {
@@ -235,8 +236,7 @@ final class Sandbox: @unchecked Sendable {
         if let program = resolvedProgram(), !program.hasPrefix("/usr/"), !readOnlyPaths.contains(where: { program.hasPrefix($0) }) {
             arguments += ["--ro-bind", program, program]
         }
-        arguments += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run",
-                      "--bind", home, LaunchCommand.home, "--chdir", LaunchCommand.home, "--clearenv",
+        arguments += ["--bind", home, LaunchCommand.home, "--chdir", LaunchCommand.home, "--clearenv",
                       "--setenv", "HOME", LaunchCommand.home, "--setenv", "TMPDIR", "\(LaunchCommand.home)/tmp",
                       "--setenv", "SANDBOXCTL_BUNDLE", container.bundleIdentifier,
                       "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
