@@ -497,6 +497,11 @@ struct FileFormatTests {
         let reused = pool.acquire()
         #expect(reused == slot, "last in, first out")
         #expect(UnsafeRawBufferPointer(start: reused, count: 64).allSatisfy { $0 == 0 }, "no byte of the secret is left in its slot")
+        // A secret whose initialiser throws gives its slot back once: twice, two later secrets would share it.
+        struct Refused: Error {}
+        #expect(throws: Refused.self) { _ = try SecureBytes(count: 32) { _ in throw Refused() } }
+        let first = SecureBytes.random(count: 32), second = SecureBytes.random(count: 32)
+        #expect(try first.withUnsafeBytes { $0.baseAddress } != second.withUnsafeBytes { $0.baseAddress })
         for count in [FileHeader.fileKeyBytes, GuardedScratch.smallSecrets.slotSize, GuardedScratch.smallSecrets.slotSize + 1] {
             let secret = SecureBytes.random(count: count)
             try secret.withUnsafeBytes { bytes in

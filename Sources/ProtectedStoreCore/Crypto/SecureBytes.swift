@@ -25,12 +25,9 @@ public final class SecureBytes: @unchecked Sendable {
     package init(count: Int, initialiser: (UnsafeMutableRawBufferPointer) throws -> Void) rethrows {
         self.count = count
         storage = Self.allocate(count)
-        do {
-            try initialiser(UnsafeMutableRawBufferPointer(start: storage, count: count))
-        } catch {
-            Self.deallocate(storage, count: count)
-            throw error
-        }
+        // Every stored property is set, so if this throws, deinit frees the memory (freeing it here too would put
+        // one slot in the pool twice).
+        try initialiser(UnsafeMutableRawBufferPointer(start: storage, count: count))
     }
 
     private static func allocate(_ count: Int) -> UnsafeMutableRawPointer {
