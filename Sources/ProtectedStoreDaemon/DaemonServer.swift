@@ -50,6 +50,43 @@ final class DaemonServer: @unchecked Sendable {
     /// when the process has run out of them.
     private var reserveDescriptor: Int32 = -1
     private var tally = LogTally()
+    // Loop thread only: launched apps by bundle, and lifecycle events waiting for their acknowledgements.
+    private var apps: [String: LaunchedApp] = [:]
+    private var lifecycleWaits: [UInt64: LifecycleWait] = [:]
+    private var nextWaitID: UInt64 = 0
+
+    /// An app registered by its launcher: its own listening socket, and its processes, which `app-suspend` stops.
+    private final class LaunchedApp {
+        let bundle: String
+        let sandboxPID: Int32
+        let listener: Int32
+        let socketPath: String
+        /// The launcher's connection: the app is forgotten when it closes.
+        let owner: UInt64
+        var suspended = false
+        var since = Date()
+        /// A suspend, resume or terminate in progress: one at a time.
+        var busy = false
+
+        init(bundle: String, sandboxPID: Int32, listener: Int32, socketPath: String, owner: UInt64) {
+            self.bundle = bundle
+            self.sandboxPID = sandboxPID
+            self.listener = listener
+            self.socketPath = socketPath
+            self.owner = owner
+        }
+
+        var status: AppStatus {
+            AppStatus(bundle: bundle, pid: sandboxPID, state: suspended ? "suspended" : "running", since: since.timeIntervalSince1970)
+        }
+    }
+
+    /// A lifecycle event sent to an app's subscribers; `finish` runs once all of them acknowledged, left, or the time ran out.
+    private struct LifecycleWait {
+        let event: LifecycleEvent
+        var remaining: Set<UInt64>
+        let finish: () -> Void
+    }
 
     private final class Connection {
         let id: UInt64
@@ -62,6 +99,8 @@ final class DaemonServer: @unchecked Sendable {
         let output = FrameBuffer()
         var greeted = false
         var subscribed = false
+        /// Accepted on a launched app's own socket: it may only follow its own events (docs/PROTOCOL.md §6).
+        let appBundle: String?
         /// An unlock or passcode change of this connection is running: one at a time, so a peer can't pile up work.
         var passcodeOperationRunning = false
         /// Locks of this connection waiting for the keys to go; their replies come later.
@@ -72,11 +111,12 @@ final class DaemonServer: @unchecked Sendable {
         /// (Closing a socket with unread input resets it, and the peer would lose the error reply.)
         var drainDeadline: ContinuousClock.Instant?
 
-        init(id: UInt64, fd: Int32, pid: Int32, uid: uid_t, now: ContinuousClock.Instant) {
+        init(id: UInt64, fd: Int32, pid: Int32, uid: uid_t, appBundle: String?, now: ContinuousClock.Instant) {
             self.id = id
             self.fd = fd
             self.pid = pid
             self.uid = uid
+            self.appBundle = appBundle
             self.accepted = now
             self.lastActive = now
         }
@@ -144,6 +184,8 @@ final class DaemonServer: @unchecked Sendable {
             let ordered = Array(connections.values)
             let listenerEvents = acceptPausedUntil == nil ? Int16(POLLIN) : 0
             var polled = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0), pollfd(fd: listener, events: listenerEvents, revents: 0)]
+            let appList = Array(apps.values)
+            for app in appList { polled.append(pollfd(fd: app.listener, events: listenerEvents, revents: 0)) }
             for connection in ordered {
                 let wantsOutput = connection.output.count > 0
                 let wantsInput = !connection.closing || connection.drainDeadline != nil
@@ -160,14 +202,19 @@ final class DaemonServer: @unchecked Sendable {
             }
             if polled[0].revents != 0 { runTasks() }
             if polled[1].revents & Int16(POLLIN) != 0 { acceptConnections() }
+            for (index, app) in appList.enumerated() where polled[index + 2].revents & Int16(POLLIN) != 0 && apps[app.bundle] === app {
+                acceptConnections(on: app.listener, forApp: app.bundle)
+            }
+            let connectionsStart = 2 + appList.count
             for (index, connection) in ordered.enumerated() where connections[connection.id] != nil {
-                let events = polled[index + 2].revents
+                let events = polled[index + connectionsStart].revents
                 if events & Int16(POLLOUT) != 0 { flush(connection) }
                 if events & Int16(POLLIN | POLLHUP | POLLERR) != 0, connections[connection.id] != nil { readAvailable(connection) }
             }
         }
         runTasks()
         for connection in Array(connections.values) { close(connection, reason: nil) }
+        for app in Array(apps.values) { forget(app) }
         lockDone.take()?()
         Glibc.close(listener)
         if reserveDescriptor >= 0 { Glibc.close(reserveDescriptor) }
@@ -191,7 +238,8 @@ final class DaemonServer: @unchecked Sendable {
 
     // MARK: Connections
 
-    private func acceptConnections() {
+    private func acceptConnections(on listener: Int32? = nil, forApp appBundle: String? = nil) {
+        let listener = listener ?? self.listener
         // A bounded batch, so a flood of new connections can't keep the loop from reading the ones it has.
         for _ in 0..<256 {
             let fd = ps_accept(listener)
@@ -206,7 +254,7 @@ final class DaemonServer: @unchecked Sendable {
                 }
                 return
             }
-            admit(fd)
+            admit(fd, appBundle: appBundle)
         }
     }
 
@@ -232,13 +280,13 @@ final class DaemonServer: @unchecked Sendable {
         return false
     }
 
-    private func admit(_ fd: Int32) {
+    private func admit(_ fd: Int32, appBundle: String?) {
         var pid: Int32 = 0
         var uid: UInt32 = UInt32.max
         let knownPeer = ps_peer_credentials(fd, &pid, &uid) == 0
         let now = ContinuousClock.now
         nextConnectionID += 1
-        let connection = Connection(id: nextConnectionID, fd: fd, pid: pid, uid: uid, now: now)
+        let connection = Connection(id: nextConnectionID, fd: fd, pid: pid, uid: uid, appBundle: appBundle, now: now)
         connections[connection.id] = connection
         guard knownPeer, allowedUIDs.contains(uid) else {
             tally.note("connections refused for their uid", now: now, logger: logger,
@@ -333,7 +381,12 @@ final class DaemonServer: @unchecked Sendable {
         if connection.subscribed {
             registry.remove(connection.id)
             completeLockIfAcknowledged()
+            for (id, var wait) in lifecycleWaits where wait.remaining.remove(connection.id) != nil {
+                lifecycleWaits[id] = wait
+                if wait.remaining.isEmpty { finishWait(id) }
+            }
         }
+        for app in apps.values where app.owner == connection.id { forget(app) }
     }
 
     // MARK: Requests
@@ -350,6 +403,11 @@ final class DaemonServer: @unchecked Sendable {
             // The peer's text is echoed only in part: a reply must always fit a frame.
             return fail(connection, code: .unknownOperation, message: "unknown operation \"\(request.op.prefix(64))\"", remedy: "Use an operation of protocol version \(daemonProtocolVersion)", id: request.id)
         }
+        if let bundle = connection.appBundle, !operation.isAllowedForApps {
+            tally.note("app connections refused an operation", now: .now, logger: logger, "\(bundle)'s connection \(connection.id) (pid \(connection.pid)) asked for \(operation.rawValue): refused")
+            return fail(connection, code: .permissionDenied, message: "\(bundle)'s own socket serves its events only, not \(operation.rawValue)",
+                        remedy: "Lock, unlock and everything else about the device are for its owner, outside the sandbox", id: request.id)
+        }
         switch operation {
         case .hello:
             guard request.version == daemonProtocolVersion else {
@@ -357,6 +415,14 @@ final class DaemonServer: @unchecked Sendable {
                             remedy: "Use a sandboxctl and library of the daemon's version", id: request.id)
             }
             connection.greeted = true
+            if let bundle = connection.appBundle {
+                var reply = DaemonReply(id: request.id)
+                reply.version = daemonProtocolVersion
+                reply.state = device.state.rawValue
+                reply.bundle = bundle
+                reply.operations = DaemonRequest.Operation.allCases.filter(\.isAllowedForApps).map(\.rawValue)
+                return send(reply, to: connection)
+            }
             var reply = statusReply(id: request.id)
             reply.version = daemonProtocolVersion
             reply.keybagID = device.keybagID.hex
@@ -366,19 +432,23 @@ final class DaemonServer: @unchecked Sendable {
             reply.operations = DaemonRequest.Operation.allCases.map(\.rawValue)
             send(reply, to: connection)
         case .status:
-            send(statusReply(id: request.id), to: connection)
+            send(connection.appBundle == nil ? statusReply(id: request.id) : appStatusReply(id: request.id), to: connection)
         case .subscribe:
             if !connection.subscribed {
                 connection.subscribed = true
                 registry.add(connection.id, available: device.state == .unlocked)
             }
-            send(statusReply(id: request.id), to: connection)
+            send(connection.appBundle == nil ? statusReply(id: request.id) : appStatusReply(id: request.id), to: connection)
         case .ack:
             guard connection.subscribed, let seq = request.seq else {
                 return fail(connection, code: .badFrame, message: "ack needs a subscription and a seq", remedy: "Subscribe first; acknowledge the seq of the event received", id: request.id)
             }
-            for delivery in registry.acknowledge(connection.id, seq: seq) { sendEvent(delivery) }
+            let (handled, next) = registry.acknowledge(connection.id, seq: seq)
+            for delivery in next { sendEvent(delivery) }
             completeLockIfAcknowledged()
+            if case .lifecycle(let event) = handled { lifecycleAcknowledged(event, by: connection.id) }
+        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate:
+            handleApp(operation, request, on: connection)
         case .lock:
             let grace = request.grace ?? device.gracePeriod
             guard grace >= 0, grace <= 3600, grace.isFinite else {
@@ -578,7 +648,7 @@ final class DaemonServer: @unchecked Sendable {
         var reply = DaemonReply(id: nil)
         reply.event = delivery.event.wireName
         reply.seq = delivery.seq
-        if delivery.event == .willBecomeUnavailable { reply.grace = mutex.withLock { lockGrace } }
+        if delivery.event == .protection(.willBecomeUnavailable) { reply.grace = mutex.withLock { lockGrace } }
         send(reply, to: connection)
     }
 
@@ -586,5 +656,149 @@ final class DaemonServer: @unchecked Sendable {
         guard lockDone != nil, registry.lockAcknowledged else { return }
         registry.lockCompleted()
         lockDone.take()?()
+    }
+
+    // MARK: Launched apps (docs/PROTOCOL.md §6)
+
+    private func appStatusReply(id: UInt64) -> DaemonReply {
+        var reply = DaemonReply(id: id)
+        reply.state = device.state.rawValue
+        return reply
+    }
+
+    private func appFailure(_ request: DaemonRequest, _ kind: ProtectedStoreError.Kind, _ problem: String, _ remedy: String) -> DaemonReply {
+        .failure(id: request.id, ProtectedStoreError(kind, path: request.bundle, problem: problem, remedy: remedy))
+    }
+
+    private func handleApp(_ operation: DaemonRequest.Operation, _ request: DaemonRequest, on connection: Connection) {
+        if operation == .apps {
+            var reply = DaemonReply(id: request.id)
+            reply.apps = apps.values.map(\.status).sorted { $0.bundle < $1.bundle }
+            return send(reply, to: connection)
+        }
+        guard let bundle = request.bundle else {
+            return send(appFailure(request, .invalidArgument, "\(operation.rawValue) needs a bundle", "See docs/PROTOCOL.md"), to: connection)
+        }
+        if operation == .appRegister { return register(bundle, request, on: connection) }
+        guard let app = apps[bundle] else {
+            return send(appFailure(request, .notFound, "no app of this bundle is running", "Start it with `sandboxctl launch \(bundle) -- COMMAND`"), to: connection)
+        }
+        guard !app.busy else {
+            return send(appFailure(request, .invalidArgument, "the app is being suspended, resumed or ended already", "Try again when that is done"), to: connection)
+        }
+        let timeout = request.timeout ?? 5
+        guard timeout >= 0, timeout <= 600, timeout.isFinite else {
+            return send(appFailure(request, .invalidArgument, "time \(timeout) s is out of range", "Give 0 to 600 seconds"), to: connection)
+        }
+        let connectionID = connection.id
+        let reply = { [self] in
+            var reply = DaemonReply(id: request.id)
+            reply.apps = apps[bundle].map { [$0.status] } ?? []
+            send(reply, toConnection: connectionID)
+        }
+        switch operation {
+        case .appSuspend:
+            guard !app.suspended else { return reply() }
+            app.busy = true
+            logger.info("\(bundle): did-enter-background, then suspended")
+            sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] in
+                app.busy = false
+                guard apps[bundle] === app else { return reply() }
+                for id in subscribers(of: bundle) { registry.setSuspended(id, true) }
+                completeLockIfAcknowledged()
+                AppProcesses.signal(SIGSTOP, inSandboxOf: app.sandboxPID)
+                app.suspended = true
+                app.since = Date()
+                reply()
+            }
+        case .appResume:
+            guard app.suspended else { return reply() }
+            logger.info("\(bundle): resumed, will-enter-foreground")
+            AppProcesses.signal(SIGCONT, inSandboxOf: app.sandboxPID)
+            app.suspended = false
+            app.since = Date()
+            let ids = subscribers(of: bundle)
+            for id in ids { registry.setSuspended(id, false) }
+            // The protection events it missed follow its acknowledgement of this one (SubscriberRegistry).
+            for delivery in registry.send(.willEnterForeground, to: ids) { sendEvent(delivery) }
+            reply()
+        case .appTerminate:
+            // A suspended app can't run to handle it: iOS ends suspended apps without notice too.
+            guard !app.suspended else { return reply() }
+            app.busy = true
+            logger.info("\(bundle): will-terminate")
+            sendLifecycle(.willTerminate, to: app, timeout: timeout) {
+                app.busy = false
+                reply()
+            }
+        default:
+            break
+        }
+    }
+
+    private func register(_ bundle: String, _ request: DaemonRequest, on connection: Connection) {
+        guard connection.appBundle == nil else { return }
+        guard let pid = request.pid, pid > 1, let socketPath = request.socketPath, socketPath.hasPrefix("/") else {
+            return send(appFailure(request, .invalidArgument, "app-register needs the sandbox's pid and an absolute socket path", "See docs/PROTOCOL.md"), to: connection)
+        }
+        guard apps[bundle] == nil else {
+            return send(appFailure(request, .alreadyExists, "the app is already running (pid \(apps[bundle]!.sandboxPID))", "End it first with `sandboxctl terminate \(bundle)`"), to: connection)
+        }
+        do {
+            _ = try device.container(bundleIdentifier: bundle)
+        } catch {
+            return send(.failure(id: request.id, Self.libraryError(error)), to: connection)
+        }
+        // A socket left by a daemon that was killed is ours to replace; the launcher's folder is private to the user.
+        unlink(socketPath)
+        let listener = ps_unix_listen(socketPath, 64)
+        guard listener >= 0 else {
+            return send(appFailure(request, .io, "cannot listen on \(socketPath) (\(String(cString: strerror(errno))))", "Check the launcher's runtime folder"), to: connection)
+        }
+        chmod(socketPath, 0o600)
+        apps[bundle] = LaunchedApp(bundle: bundle, sandboxPID: pid, listener: listener, socketPath: socketPath, owner: connection.id)
+        logger.info("\(bundle): launched (sandbox pid \(pid)), its socket \(socketPath)")
+        var reply = DaemonReply(id: request.id)
+        reply.apps = [apps[bundle]!.status]
+        send(reply, to: connection)
+    }
+
+    /// The launcher is gone: the app's socket and connections go too, and a stopped app is let go on.
+    private func forget(_ app: LaunchedApp) {
+        guard apps[app.bundle] === app else { return }
+        apps[app.bundle] = nil
+        Glibc.close(app.listener)
+        unlink(app.socketPath)
+        if app.suspended { AppProcesses.signal(SIGCONT, inSandboxOf: app.sandboxPID) }
+        for connection in Array(connections.values) where connection.appBundle == app.bundle { close(connection, reason: nil) }
+        logger.info("\(app.bundle): ended")
+    }
+
+    private func subscribers(of bundle: String) -> [UInt64] {
+        connections.values.filter { $0.appBundle == bundle && $0.subscribed }.map(\.id)
+    }
+
+    /// Sends `event` to the app's subscribers and calls `finish` once each acknowledged or left, or after `timeout`.
+    private func sendLifecycle(_ event: LifecycleEvent, to app: LaunchedApp, timeout: TimeInterval, finish: @escaping () -> Void) {
+        let ids = subscribers(of: app.bundle)
+        guard !ids.isEmpty else { return finish() }
+        nextWaitID += 1
+        let waitID = nextWaitID
+        lifecycleWaits[waitID] = LifecycleWait(event: event, remaining: Set(ids), finish: finish)
+        for delivery in registry.send(event, to: ids) { sendEvent(delivery) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { [weak self] in
+            self?.execute { self?.finishWait(waitID) }
+        }
+    }
+
+    private func lifecycleAcknowledged(_ event: LifecycleEvent, by subscriber: UInt64) {
+        for (id, var wait) in lifecycleWaits where wait.event == event && wait.remaining.remove(subscriber) != nil {
+            lifecycleWaits[id] = wait
+            if wait.remaining.isEmpty { finishWait(id) }
+        }
+    }
+
+    private func finishWait(_ id: UInt64) {
+        lifecycleWaits.removeValue(forKey: id)?.finish()
     }
 }

@@ -9,19 +9,36 @@ import ProtectedStoreCore
 package struct SubscriberRegistry {
     typealias ID = UInt64
 
+    /// What a subscriber is sent: the device's protection events, and a launched app's lifecycle events.
+    enum Event: Equatable {
+        case protection(ProtectedDataEvent)
+        case lifecycle(LifecycleEvent)
+
+        var wireName: String {
+            switch self {
+            case .protection(let event): event.wireName
+            case .lifecycle(let event): event.wireName
+            }
+        }
+    }
+
     /// An event to send now.
     struct Delivery: Equatable {
         let subscriber: ID
-        let event: ProtectedDataEvent
+        let event: Event
         let seq: UInt64
     }
 
     private struct Subscriber {
-        /// The last event sent: what the subscriber believes.
+        /// The last protection event sent: what the subscriber believes.
         var view: ProtectedDataEvent
-        var outstanding: UInt64?
+        var outstanding: (seq: UInt64, event: Event)?
         /// A lock began after `view` was sent while the subscriber was busy; its open class A handles died with it.
         var missedLock = false
+        /// A lifecycle event waiting for the outstanding one's acknowledgement; it goes before any protection event.
+        var pendingLifecycle: LifecycleEvent?
+        /// Its app is suspended (stopped): protection events are folded, not sent, and no lock waits for it.
+        var suspended = false
     }
 
     private var subscribers: [ID: Subscriber] = [:]
@@ -48,14 +65,14 @@ package struct SubscriberRegistry {
         awaiting?.remove(id)
     }
 
-    /// A new event: sent at once to every idle subscriber, folded into the record of busy ones.
+    /// A new event: sent at once to every idle subscriber, folded into the record of busy or suspended ones.
     mutating func broadcast(_ event: ProtectedDataEvent) -> [Delivery] {
         latest = event
-        awaiting = event == .willBecomeUnavailable ? Set(subscribers.keys) : nil
+        awaiting = event == .willBecomeUnavailable ? Set(subscribers.filter { !$0.value.suspended }.keys) : nil
         var deliveries: [Delivery] = []
         for (id, subscriber) in subscribers {
-            if subscriber.outstanding == nil {
-                deliveries.append(send(event, to: id))
+            if subscriber.outstanding == nil && !subscriber.suspended {
+                deliveries.append(send(.protection(event), to: id))
             } else if event == .willBecomeUnavailable {
                 subscribers[id]?.missedLock = true
             }
@@ -63,27 +80,59 @@ package struct SubscriberRegistry {
         return deliveries
     }
 
-    /// The subscriber handled event `seq`: the next coalesced event, if its view is behind.
-    mutating func acknowledge(_ id: ID, seq: UInt64) -> [Delivery] {
-        guard var subscriber = subscribers[id], subscriber.outstanding == seq else { return [] }
+    /// A lifecycle event for `ids` (one app's subscribers): sent now to those with nothing outstanding, else right
+    /// after their acknowledgement, before any protection event.
+    mutating func send(_ event: LifecycleEvent, to ids: [ID]) -> [Delivery] {
+        ids.compactMap { id in
+            guard let subscriber = subscribers[id] else { return nil }
+            guard subscriber.outstanding == nil else {
+                subscribers[id]?.pendingLifecycle = event
+                return nil
+            }
+            return send(.lifecycle(event), to: id)
+        }
+    }
+
+    /// Marks a subscriber's app suspended or resumed. A suspended one is not waited for by a lock.
+    mutating func setSuspended(_ id: ID, _ suspended: Bool) {
+        subscribers[id]?.suspended = suspended
+        if suspended { awaiting?.remove(id) }
+    }
+
+    /// The subscriber handled event `seq`: which event that was, and what to send it next (a waiting lifecycle event,
+    /// else the next coalesced protection event if its view is behind and its app is not suspended).
+    mutating func acknowledge(_ id: ID, seq: UInt64) -> (handled: Event?, next: [Delivery]) {
+        guard var subscriber = subscribers[id], let outstanding = subscriber.outstanding, outstanding.seq == seq else { return (nil, []) }
         subscriber.outstanding = nil
         subscribers[id] = subscriber
-        if subscriber.view == .willBecomeUnavailable { awaiting?.remove(id) }
+        if outstanding.event == .protection(.willBecomeUnavailable) { awaiting?.remove(id) }
+        if let lifecycle = subscriber.pendingLifecycle {
+            subscribers[id]?.pendingLifecycle = nil
+            return (outstanding.event, [send(.lifecycle(lifecycle), to: id)])
+        }
+        return (outstanding.event, subscriber.suspended ? [] : catchUp(id))
+    }
+
+    /// The protection event that brings the subscriber's view up to date, if any (one per kind, as iOS coalesces).
+    private mutating func catchUp(_ id: ID) -> [Delivery] {
+        guard let subscriber = subscribers[id] else { return [] }
         let available = (latest ?? subscriber.view) == .didBecomeAvailable
         if subscriber.view == .didBecomeAvailable && subscriber.missedLock {
-            return [send(.willBecomeUnavailable, to: id)]
+            return [send(.protection(.willBecomeUnavailable), to: id)]
         }
         if subscriber.view == .willBecomeUnavailable && available {
-            return [send(.didBecomeAvailable, to: id)]
+            return [send(.protection(.didBecomeAvailable), to: id)]
         }
         return []
     }
 
-    private mutating func send(_ event: ProtectedDataEvent, to id: ID) -> Delivery {
+    private mutating func send(_ event: Event, to id: ID) -> Delivery {
         nextSeq += 1
-        subscribers[id]?.view = event
-        subscribers[id]?.outstanding = nextSeq
-        subscribers[id]?.missedLock = false
+        if case .protection(let protection) = event {
+            subscribers[id]?.view = protection
+            subscribers[id]?.missedLock = false
+        }
+        subscribers[id]?.outstanding = (nextSeq, event)
         return Delivery(subscriber: id, event: event, seq: nextSeq)
     }
 }

@@ -303,11 +303,12 @@ struct SubscriberRegistryTests {
                 if delivery.subscriber == 2 { _ = registry.acknowledge(2, seq: delivery.seq) }
             }
         }
-        #expect(sentToStopped.map(\.event) == [.willBecomeUnavailable])
+        #expect(sentToStopped.map(\.event) == [.protection(.willBecomeUnavailable)])
         // It resumes and acknowledges the will it had: the net change since is one did (the device ended unlocked).
         let resumed = registry.acknowledge(1, seq: sentToStopped[0].seq)
-        #expect(resumed.map(\.event) == [.didBecomeAvailable])
-        #expect(registry.acknowledge(1, seq: resumed[0].seq).isEmpty)
+        #expect(resumed.handled == .protection(.willBecomeUnavailable))
+        #expect(resumed.next.map(\.event) == [.protection(.didBecomeAvailable)])
+        #expect(registry.acknowledge(1, seq: resumed.next[0].seq).next.isEmpty)
     }
 
     @Test("a lock waits for every subscriber present, also one whose will was held back behind an earlier event")
@@ -318,11 +319,46 @@ struct SubscriberRegistryTests {
         #expect(did.count == 1)
         #expect(registry.broadcast(.willBecomeUnavailable).isEmpty, "held back: the did is not acknowledged yet")
         #expect(!registry.lockAcknowledged)
-        let will = registry.acknowledge(1, seq: did[0].seq)
-        #expect(will.map(\.event) == [.willBecomeUnavailable])
+        let will = registry.acknowledge(1, seq: did[0].seq).next
+        #expect(will.map(\.event) == [.protection(.willBecomeUnavailable)])
         #expect(!registry.lockAcknowledged)
-        #expect(registry.acknowledge(1, seq: will[0].seq).isEmpty)
+        #expect(registry.acknowledge(1, seq: will[0].seq).next.isEmpty)
         #expect(registry.lockAcknowledged)
+    }
+
+    @Test("a suspended app's subscriber: did-enter-background first, nothing while suspended, no lock waits for it; on resume will-enter-foreground, then the net change")
+    func suspension() {
+        var registry = SubscriberRegistry()
+        registry.add(1, available: true)
+        let background = registry.send(.didEnterBackground, to: [1])
+        #expect(background.map(\.event) == [.lifecycle(.didEnterBackground)])
+        #expect(registry.acknowledge(1, seq: background[0].seq).handled == .lifecycle(.didEnterBackground))
+        registry.setSuspended(1, true)
+        #expect(registry.broadcast(.willBecomeUnavailable).isEmpty, "a stopped app is sent nothing")
+        #expect(registry.lockAcknowledged, "and no lock waits for it")
+        registry.lockCompleted()
+        #expect(registry.broadcast(.didBecomeAvailable).isEmpty)
+        #expect(registry.broadcast(.willBecomeUnavailable).isEmpty)
+        registry.lockCompleted()
+        registry.setSuspended(1, false)
+        let foreground = registry.send(.willEnterForeground, to: [1])
+        #expect(foreground.map(\.event) == [.lifecycle(.willEnterForeground)])
+        // It saw did-become-available last; a lock happened and the device is locked now: one will.
+        let net = registry.acknowledge(1, seq: foreground[0].seq).next
+        #expect(net.map(\.event) == [.protection(.willBecomeUnavailable)])
+        #expect(registry.acknowledge(1, seq: net[0].seq).next.isEmpty)
+    }
+
+    @Test("a lifecycle event for a busy subscriber waits for its acknowledgement and goes before the protection catch-up")
+    func lifecycleBehindOutstanding() {
+        var registry = SubscriberRegistry()
+        registry.add(1, available: true)
+        let will = registry.broadcast(.willBecomeUnavailable)
+        _ = registry.broadcast(.didBecomeAvailable)
+        #expect(registry.send(.willTerminate, to: [1]).isEmpty)
+        let next = registry.acknowledge(1, seq: will[0].seq).next
+        #expect(next.map(\.event) == [.lifecycle(.willTerminate)])
+        #expect(registry.acknowledge(1, seq: next[0].seq).next.map(\.event) == [.protection(.didBecomeAvailable)])
     }
 
     @Test("a subscriber that leaves no longer holds up a lock; stale acknowledgements are ignored")
@@ -331,10 +367,11 @@ struct SubscriberRegistryTests {
         registry.add(1, available: true)
         registry.add(2, available: true)
         let deliveries = registry.broadcast(.willBecomeUnavailable)
-        #expect(registry.acknowledge(1, seq: 999).isEmpty)
+        #expect(registry.acknowledge(1, seq: 999).next.isEmpty)
         _ = registry.acknowledge(1, seq: deliveries.first { $0.subscriber == 1 }!.seq)
         #expect(!registry.lockAcknowledged)
         registry.remove(2)
         #expect(registry.lockAcknowledged)
     }
 }
+

@@ -1,5 +1,6 @@
 import Foundation
 @testable import ProtectedStore
+import ProtectedStoreDaemon
 import Testing
 
 /// Whether apps can be launched here: FUSE for the container, bubblewrap for the sandbox.
@@ -130,6 +131,111 @@ struct LaunchTests {
         #expect(!isMounted(bundle))
         #expect(try sandboxctl(test, ["ps"]).stdout == "No apps running.\n")
         #expect(try sandboxctl(test, ["terminate", bundle]).status == 1, "nothing left to terminate")
+    }
+
+    /// The next JSON line `sandboxctl watch --json` printed inside the sandbox: its event and application state.
+    private func nextEvent(_ app: SpawnedProcess, timeout: TimeInterval = 30) -> (event: String, applicationState: String)? {
+        guard let line = app.nextLine(timeout: timeout),
+              let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+              let event = object["event"] as? String else { return nil }
+        return (event, object["applicationState"] as? String ?? "")
+    }
+
+    private func processStates(_ sandboxPID: Int) -> [String] {
+        AppProcesses.inSandbox(of: pid_t(sandboxPID)).compactMap { pid in
+            let status = String(decoding: FileHandle(forReadingAtPath: "/proc/\(pid)/status")?.readDataToEndOfFile() ?? Data(), as: UTF8.self)
+            return status.split(separator: "\n").first { $0.hasPrefix("State:") }.map { String($0.dropFirst(6).trimmingCharacters(in: .whitespaces).prefix(1)) }
+        }
+    }
+
+    @Test("lifecycle: the app's observer gets did-enter-background before it stops, nothing while suspended, will-enter-foreground and the net change after it resumes, will-terminate before it ends")
+    func lifecycle() throws {
+        let bundle = "com.example.launch.life"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let tool = CLI.executable.deletingLastPathComponent().path
+        let runtime = try #require(Self.swiftRuntimeFolder)
+        let app = try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"])
+        #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+
+        #expect(try sandboxctl(test, ["suspend", bundle, "--background-time", "10"]).status == 0)
+        let background = nextEvent(app)
+        #expect(background?.event == "didEnterBackground" && background?.applicationState == "background", "\(app.standardError)")
+        let listed = try sandboxctl(test, ["ps", "--json"])
+        let entry = try #require((try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]])?.first)
+        #expect(entry["state"] as? String == "suspended")
+        let sandboxPID = try #require(entry["sandboxPID"] as? Int)
+        #expect(processStates(sandboxPID).allSatisfy { $0 == "T" }, "every process of the app is stopped")
+
+        // A lock and an unlock while it is stopped: the lock does not wait for it, and it is sent nothing.
+        let lockStart = Date()
+        #expect(try sandboxctl(test, ["lock", "--grace", "20"]).status == 0)
+        #expect(Date().timeIntervalSince(lockStart) < 15, "the lock waited for a suspended app")
+        try MountedDevice.unlock(test)
+        #expect(app.nextLine(timeout: 1) == nil, "a suspended app printed something")
+
+        #expect(try sandboxctl(test, ["resume", bundle]).status == 0)
+        // It last saw did-become-available; a lock came and went: will, then did, after will-enter-foreground.
+        let resumed = (0..<3).compactMap { _ in nextEvent(app) }
+        #expect(resumed.map(\.event) == ["willEnterForeground", "willBecomeUnavailable", "didBecomeAvailable"], "\(resumed)")
+        #expect(resumed.first?.applicationState == "active")
+        #expect(processStates(sandboxPID).allSatisfy { $0 != "T" })
+
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+        #expect(nextEvent(app)?.event == "willTerminate")
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
+    }
+
+    @Test("a daemon restart while the app runs: the app keeps running, hears the loss, and the new daemon's events once it is back")
+    func daemonRestart() throws {
+        let bundle = "com.example.launch.restart"
+        let (test, daemon) = try device(bundle)
+        let tool = CLI.executable.deletingLastPathComponent().path
+        let runtime = try #require(Self.swiftRuntimeFolder)
+        let app = try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"])
+        #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+
+        daemon.spawned.signal(SIGTERM)
+        #expect(daemon.spawned.waitForExit(timeout: 20) == 0)
+        #expect(nextEvent(app)?.event == "willBecomeUnavailable", "without the daemon, protected data is gone")
+        let restarted = try DaemonProcess(test, grace: 1)
+        defer { _ = restarted }
+        // The launcher registers the app again, and the app's observer reconnects to its socket.
+        #expect(eventually(timeout: 20) { (try? sandboxctl(test, ["ps", "--json"]).stdout.contains(bundle)) == true })
+        #expect(app.process.isRunning)
+        try MountedDevice.unlock(test)
+        #expect(nextEvent(app)?.event == "didBecomeAvailable", "\(app.standardError)")
+        #expect(try sandboxctl(test, ["lock"]).status == 0)
+        #expect(nextEvent(app)?.event == "willBecomeUnavailable")
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
+    }
+
+    @Test("the app's own socket serves its events and nothing else: a lock through it is refused and closes it")
+    func appSocketRefusesDeviceOperations() throws {
+        let bundle = "com.example.launch.socket"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        // A raw client inside the sandbox: hello (answered with the bundle), then lock.
+        let client = """
+            import json, os, socket, struct
+            s = socket.socket(socket.AF_UNIX); s.connect(os.environ["SANDBOXCTL_APP_SOCKET"])
+            def call(request):
+                message = json.dumps(request).encode()
+                s.sendall(struct.pack(">IH", len(message) + 2, len(message)) + message)
+                header = s.recv(6, socket.MSG_WAITALL)
+                size, length = struct.unpack(">IH", header)
+                return json.loads(s.recv(size - 2, socket.MSG_WAITALL)[:length])
+            print(call({"id": 1, "op": "hello", "version": 1}).get("bundle"))
+            print(call({"id": 2, "op": "lock"})["error"]["code"])
+            print(s.recv(1) == b"")
+            """
+        let app = try launch(test, bundle, [], ["/usr/bin/python3", "-c", client])
+        #expect(app.nextLine(timeout: 30) == bundle, "\(app.standardError)")
+        #expect(app.nextLine(timeout: 30) == "permission-denied")
+        #expect(app.nextLine(timeout: 30) == "True", "the daemon closed the connection")
+        #expect(app.waitForExit(timeout: 30) == 0)
+        #expect(try sandboxctl(test, ["status"]).stdout.contains("unlocked"), "the device is still unlocked")
     }
 
     @Test("bad input: no command, an unknown bundle, no daemon, no bubblewrap; each says what to do")

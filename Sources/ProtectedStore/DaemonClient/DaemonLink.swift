@@ -11,12 +11,16 @@ package final class DaemonLink: @unchecked Sendable {
     /// acknowledgement never reaches a newer daemon whose event numbers started again.
     enum Notice: Sendable {
         case event(ProtectedDataEvent, seq: UInt64, grace: TimeInterval, connection: UInt64)
+        /// On an app's own socket (`Application`).
+        case lifecycle(LifecycleEvent, seq: UInt64, connection: UInt64)
         case lost
         case restored(DaemonReply)
     }
 
     let root: String
     let socketPath: String
+    /// An app's own socket: reconnect to it, not to whatever socket the root's daemon records.
+    private let isAppSocket: Bool
     private let mutex = NSLock()
     // Held around every send and around closing the descriptor, so a send never goes to a number that was
     // closed and reused meanwhile (it would carry a passcode or a key to a stranger).
@@ -55,12 +59,20 @@ package final class DaemonLink: @unchecked Sendable {
         let path = Device.absolute(socketPath ?? Self.socketPath(root: root))
         let received = FrameBuffer()
         let (descriptor, hello) = try handshake(root: root, socketPath: path, buffer: received)
-        return (DaemonLink(root: root, socketPath: path, descriptor: descriptor, received: received), hello)
+        return (DaemonLink(root: root, socketPath: path, isAppSocket: false, descriptor: descriptor, received: received), hello)
     }
 
-    private init(root: String, socketPath: String, descriptor: Int32, received: FrameBuffer) {
+    /// Connects to a launched app's own socket (`sandboxctl launch`), says hello and subscribes.
+    static func connect(appSocket: String) throws -> (DaemonLink, DaemonReply) {
+        let received = FrameBuffer()
+        let (descriptor, hello) = try handshake(root: appSocket, socketPath: appSocket, buffer: received)
+        return (DaemonLink(root: appSocket, socketPath: appSocket, isAppSocket: true, descriptor: descriptor, received: received), hello)
+    }
+
+    private init(root: String, socketPath: String, isAppSocket: Bool, descriptor: Int32, received: FrameBuffer) {
         self.root = root
         self.socketPath = socketPath
+        self.isAppSocket = isAppSocket
         self.descriptor = descriptor
         self.received = received
     }
@@ -192,6 +204,8 @@ package final class DaemonLink: @unchecked Sendable {
             waiter.done.signal()
         } else if let name = reply.event, let event = ProtectedDataEvent(wireName: name), let seq = reply.seq {
             notify(.event(event, seq: seq, grace: reply.grace ?? Device.defaultGracePeriod, connection: connection))
+        } else if let name = reply.event, let event = LifecycleEvent(wireName: name), let seq = reply.seq {
+            notify(.lifecycle(event, seq: seq, connection: connection))
         }
     }
 
@@ -202,7 +216,7 @@ package final class DaemonLink: @unchecked Sendable {
     /// Tries again every 200 ms until a daemon serves the root or the link is closed.
     private func reconnect() -> DaemonReply? {
         while !mutex.withLock({ closed }) {
-            if let (fd, hello) = try? Self.handshake(root: root, socketPath: Self.socketPath(root: root), buffer: received) {
+            if let (fd, hello) = try? Self.handshake(root: root, socketPath: isAppSocket ? socketPath : Self.socketPath(root: root), buffer: received) {
                 let stillWanted: Bool = mutex.withLock {
                     guard !closed else { return false }
                     descriptor = fd

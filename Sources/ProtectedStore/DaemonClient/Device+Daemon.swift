@@ -105,6 +105,9 @@ extension Device {
                     finished()
                 }
             }
+        case .lifecycle(_, let seq, let connection):
+            // Only an app's own socket sends these, and a device never attaches through one.
+            link.acknowledge(seq: seq, connection: connection)
         case .lost:
             daemonLost()
         case .restored(let hello):
@@ -189,5 +192,25 @@ extension Array where Element == UInt8 {
             index = next
         }
         self = bytes
+    }
+}
+
+// MARK: Launched apps
+
+extension Device {
+    /// A launched-app request to the daemon this device is attached to (`sandboxctl launch`, `ps`, `suspend`,
+    /// `resume`, `terminate`; docs/PROTOCOL.md §6): the apps it concerns, as the daemon tracks them.
+    package func appRequest(_ operation: DaemonRequest.Operation, bundle: String? = nil, timeout: TimeInterval? = nil,
+                            sandboxPID: Int32? = nil, socketPath: String? = nil) throws -> [AppStatus] {
+        guard let link = (holder as? DaemonKeyHolder)?.link else {
+            throw ProtectedStoreError(.daemonUnavailable, path: root, problem: "launched apps are tracked by the key daemon, and this device is not attached to one",
+                                      remedy: "Start `sandboxctl daemon`")
+        }
+        var request = DaemonRequest(id: 0, op: operation)
+        request.bundle = bundle
+        request.timeout = timeout
+        request.pid = sandboxPID
+        request.socketPath = socketPath
+        return try link.call(request).reply.apps ?? []
     }
 }

@@ -12,6 +12,14 @@ package struct DaemonRequest: Codable, Sendable {
         case changePasscode = "change-passcode"
         case nameKey = "name-key"
         case wrapBatch = "wrap-batch"
+        case appRegister = "app-register"
+        case apps
+        case appSuspend = "app-suspend"
+        case appResume = "app-resume"
+        case appTerminate = "app-terminate"
+
+        /// What a connection on an app's own socket may ask: events for itself, nothing about the device.
+        package var isAllowedForApps: Bool { [.hello, .status, .subscribe, .ack].contains(self) }
     }
 
     package var id: UInt64
@@ -26,6 +34,14 @@ package struct DaemonRequest: Codable, Sendable {
     package var sealed: String?
     package var seq: UInt64?
     package var container: String?
+    /// `app-*`: the app's bundle identifier.
+    package var bundle: String?
+    /// `app-register`: the sandbox's first process (its PID namespace's init), as the daemon sees it.
+    package var pid: Int32?
+    /// `app-register`: where the daemon listens for the app's own connections.
+    package var socketPath: String?
+    /// `app-suspend`, `app-terminate`: seconds the app's observers have to handle the event.
+    package var timeout: Double?
 
     package init(id: UInt64, op: Operation) {
         self.id = id
@@ -66,6 +82,10 @@ package struct DaemonReply: Codable, Sendable {
     package var sealedList: [String]?
     /// `hello`: the operations this daemon serves, so a client uses a newer one only where it exists.
     package var operations: [String]?
+    /// `apps`: the launched apps.
+    package var apps: [AppStatus]?
+    /// On an app's own connection: its bundle identifier.
+    package var bundle: String?
 
     package init(id: UInt64?) { self.id = id }
 
@@ -134,6 +154,24 @@ package enum DaemonErrorCode: String, Sendable {
     }
 }
 
+/// A launched app as the daemon tracks it (`apps`).
+package struct AppStatus: Codable, Sendable, Equatable {
+    package var bundle: String
+    /// The sandbox's first process.
+    package var pid: Int32
+    /// `running` or `suspended`.
+    package var state: String
+    /// Seconds since 1970 when it entered that state.
+    package var since: Double
+
+    package init(bundle: String, pid: Int32, state: String, since: Double) {
+        self.bundle = bundle
+        self.pid = pid
+        self.state = state
+        self.since = since
+    }
+}
+
 extension ProtectedDataEvent {
     /// The event's name on the wire.
     package var wireName: String {
@@ -149,6 +187,22 @@ extension ProtectedDataEvent {
         case "did-become-available": self = .didBecomeAvailable
         default: return nil
         }
+    }
+}
+
+extension LifecycleEvent {
+    /// The event's name on the wire.
+    package var wireName: String {
+        switch self {
+        case .didEnterBackground: "did-enter-background"
+        case .willEnterForeground: "will-enter-foreground"
+        case .willTerminate: "will-terminate"
+        }
+    }
+
+    package init?(wireName: String) {
+        guard let event = Self.allCases.first(where: { $0.wireName == wireName }) else { return nil }
+        self = event
     }
 }
 

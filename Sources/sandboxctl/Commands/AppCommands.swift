@@ -5,7 +5,8 @@ import ProtectedStore
 struct PsCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ps",
-        abstract: "List the apps running through `sandboxctl launch`: bundle, pid, state and since when."
+        abstract: "List the apps running through `sandboxctl launch`: bundle, pid, state (running or suspended) and since when.",
+        discussion: "The state is the key daemon's (exit 69 without one); pid is the `sandboxctl launch` process."
     )
 
     @OptionGroup var device: DeviceOptions
@@ -15,24 +16,80 @@ struct PsCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let apps = try AppRuntime.running(root: device.resolvedRoot)
+            let root = device.resolvedRoot
+            let tracked = try device.attach().appRequest(.apps)
+            let launched = Dictionary(try AppRuntime.running(root: root).map { ($0.bundle, $0) }, uniquingKeysWith: { first, _ in first })
+            let rows: [(status: AppStatus, record: AppRecord)] = tracked.compactMap { status in launched[status.bundle].map { (status, $0) } }
+            let formatter = ISO8601DateFormatter()
             if json {
-                let objects: [[String: Any]] = apps.map {
-                    ["bundle": $0.bundle, "pid": Int($0.launcherPID), "sandboxPID": Int($0.sandboxPID), "state": $0.state,
-                     "since": ISO8601DateFormatter().string(from: $0.since), "command": $0.command]
+                let objects: [[String: Any]] = rows.map {
+                    ["bundle": $0.status.bundle, "pid": Int($0.record.launcherPID), "sandboxPID": Int($0.status.pid), "state": $0.status.state,
+                     "since": formatter.string(from: Date(timeIntervalSince1970: $0.status.since)), "command": $0.record.command]
                 }
                 print(String(decoding: try JSONSerialization.data(withJSONObject: objects, options: [.sortedKeys]), as: UTF8.self))
                 return
             }
-            guard !apps.isEmpty else { return print("No apps running.") }
+            guard !rows.isEmpty else { return print("No apps running.") }
             print("BUNDLE".padding(toLength: 32, withPad: " ", startingAt: 0) + "PID      STATE      SINCE                 COMMAND")
-            for app in apps {
-                print(app.bundle.padding(toLength: 32, withPad: " ", startingAt: 0)
-                      + "\(app.launcherPID)".padding(toLength: 9, withPad: " ", startingAt: 0)
-                      + app.state.padding(toLength: 11, withPad: " ", startingAt: 0)
-                      + ISO8601DateFormatter().string(from: app.since).padding(toLength: 22, withPad: " ", startingAt: 0)
-                      + app.command.joined(separator: " "))
+            for (status, record) in rows {
+                print(status.bundle.padding(toLength: 32, withPad: " ", startingAt: 0)
+                      + "\(record.launcherPID)".padding(toLength: 9, withPad: " ", startingAt: 0)
+                      + status.state.padding(toLength: 11, withPad: " ", startingAt: 0)
+                      + formatter.string(from: Date(timeIntervalSince1970: status.since)).padding(toLength: 22, withPad: " ", startingAt: 0)
+                      + record.command.joined(separator: " "))
             }
+        }
+    }
+}
+
+struct SuspendCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "suspend",
+        abstract: "Suspend a launched app: *did enter background* to its observers, then SIGSTOP to its processes.",
+        discussion: """
+            The app's observers have --background-time seconds to save their state and return (iOS gives about 5); the \
+            processes are stopped when all have returned or the time is up. While suspended the app is sent nothing: a \
+            lock does not wait for it. `sandboxctl resume` continues it with *will enter foreground*, then one \
+            protected-data event per kind for the net change while it was suspended. Needs the key daemon (69 without).
+            """
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Argument(help: ArgumentHelp("The app's bundle identifier.", valueName: "bundle"))
+    var bundleIdentifier: String
+
+    @Option(help: ArgumentHelp("Seconds the app's observers have to handle *did enter background*.", valueName: "seconds"))
+    var backgroundTime: Double = 5
+
+    func validate() throws {
+        guard backgroundTime >= 0, backgroundTime <= 600 else { throw ValidationError("--background-time must be between 0 and 600 seconds.") }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            _ = try device.attach().appRequest(.appSuspend, bundle: bundleIdentifier, timeout: backgroundTime)
+            print("Suspended \(bundleIdentifier).")
+        }
+    }
+}
+
+struct ResumeCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "resume",
+        abstract: "Resume a suspended app: SIGCONT, then *will enter foreground* and the protected-data events it missed, coalesced.",
+        discussion: "Needs the key daemon (69 without)."
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Argument(help: ArgumentHelp("The app's bundle identifier.", valueName: "bundle"))
+    var bundleIdentifier: String
+
+    func run() throws {
+        try reportingErrors {
+            _ = try device.attach().appRequest(.appResume, bundle: bundleIdentifier)
+            print("Resumed \(bundleIdentifier).")
         }
     }
 }
@@ -40,7 +97,7 @@ struct PsCommand: ParsableCommand {
 struct TerminateCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "terminate",
-        abstract: "End a launched app: SIGTERM to its processes, SIGKILL after its launch's --terminate-timeout.",
+        abstract: "End a launched app: *will terminate* to its observers, SIGTERM to its processes, SIGKILL after its launch's --terminate-timeout.",
         discussion: "Returns once the app has exited and its container is unmounted."
     )
 

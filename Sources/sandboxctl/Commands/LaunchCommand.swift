@@ -3,6 +3,7 @@ import CSupport
 import Foundation
 import Logging
 import ProtectedStore
+import ProtectedStoreDaemon
 import ProtectedStoreMount
 
 struct LaunchCommand: ParsableCommand {
@@ -70,7 +71,7 @@ struct LaunchCommand: ParsableCommand {
             let container = try attached.container(bundleIdentifier: bundleIdentifier)
             let slot = try LaunchSlot.claim(bundleIdentifier, root: root)
             defer { slot.release() }
-            let app = try Sandbox(container: container, slot: slot, bubblewrap: bubblewrap, command: command,
+            let app = try Sandbox(device: attached, container: container, slot: slot, bubblewrap: bubblewrap, command: command,
                                   environment: environment, shareNetwork: shareNetwork, readOnlyPaths: readOnlyPaths,
                                   terminateTimeout: terminateTimeout)
             return try app.run()
@@ -82,6 +83,10 @@ struct LaunchCommand: ParsableCommand {
 /// One launched app: the container mounted for it in this process, bubblewrap started on it, the record for `ps`,
 /// and the ending (SIGTERM, then SIGKILL) when asked.
 final class Sandbox: @unchecked Sendable {
+    /// Where the app's own daemon socket appears inside the sandbox (`Application.attach()` reads it from the environment).
+    static let appSocketInside = "/run/sandboxctl/app.sock"
+
+    private let device: Device
     private let container: Container
     private let slot: LaunchSlot
     private let bubblewrap: String
@@ -95,8 +100,9 @@ final class Sandbox: @unchecked Sendable {
     private var sandboxPID: pid_t = 0
     private var ending = false
 
-    init(container: Container, slot: LaunchSlot, bubblewrap: String, command: [String], environment: [String], shareNetwork: Bool,
+    init(device: Device, container: Container, slot: LaunchSlot, bubblewrap: String, command: [String], environment: [String], shareNetwork: Bool,
          readOnlyPaths: [String], terminateTimeout: Double) throws {
+        self.device = device
         self.container = container
         self.slot = slot
         self.bubblewrap = bubblewrap
@@ -163,15 +169,29 @@ final class Sandbox: @unchecked Sendable {
             return source
         }
         defer { signals.forEach { $0.cancel() } }
-        let (bubblewrapPID, info) = try spawnBubblewrap(home: home)
-        // bubblewrap reports its first process in the sandbox (as seen from here) on the info descriptor.
+        try FileSystem.createDirectories(slot.socketFolder)
+        let (bubblewrapPID, info, go) = try spawnBubblewrap(home: home)
+        // bubblewrap reports its first process in the sandbox (as seen from here) on the info descriptor, then waits
+        // for a byte on the block descriptor before it runs the program: by then the daemon knows the app and listens
+        // on its socket, so the program's first `Application.attach()` finds it.
         let reported = String(decoding: info.readDataToEndOfFile(), as: UTF8.self)
-        let childPID = (try? JSONSerialization.jsonObject(with: Data(reported.utf8)) as? [String: Any])?["child-pid"] as? Int
-        if let childPID {
+        do {
+            guard let childPID = (try? JSONSerialization.jsonObject(with: Data(reported.utf8)) as? [String: Any])?["child-pid"] as? Int else {
+                throw ProtectedStoreError(.io, path: bubblewrap, problem: "bubblewrap did not start the sandbox (see its message above)", remedy: "Fix what it says and launch again")
+            }
             mutex.withLock { sandboxPID = pid_t(childPID) }
-            try slot.write(AppRecord(bundle: container.bundleIdentifier, launcherPID: getpid(), sandboxPID: pid_t(childPID),
-                                     command: command, state: "running", since: Date()))
+            try register()
+            try slot.write(AppRecord(bundle: container.bundleIdentifier, launcherPID: getpid(), sandboxPID: pid_t(childPID), command: command))
+            try go.write(contentsOf: Data([1]))
+            try? go.close()
+        } catch {
+            kill(bubblewrapPID, SIGKILL)
+            var status: Int32 = 0
+            while waitpid(bubblewrapPID, &status, 0) < 0 && errno == EINTR {}
+            throw error
         }
+        let reregistration = keepRegistered()
+        defer { reregistration.cancel() }
         var status: Int32 = 0
         while waitpid(bubblewrapPID, &status, 0) < 0 && errno == EINTR {}
         // WIFEXITED / WTERMSIG, which Glibc's Swift overlay does not bring.
@@ -179,7 +199,32 @@ final class Sandbox: @unchecked Sendable {
         return signalNumber == 0 ? (status >> 8) & 0xff : 128 + signalNumber
     }
 
-    /// Ends the program: SIGTERM to every process of the sandbox, SIGKILL to all after the timeout.
+    /// Tells the daemon about the app: its sandbox's first process, and the socket the app's own connections come in on.
+    private func register() throws {
+        _ = try device.appRequest(.appRegister, bundle: container.bundleIdentifier, sandboxPID: mutex.withLock { sandboxPID }, socketPath: slot.appSocket)
+    }
+
+    /// A restarted daemon knows no apps: registers again once one serves the device, so the app's observers, which
+    /// reconnect to their socket, hear the daemon again.
+    private func keepRegistered() -> any DispatchSourceTimer {
+        let timer = DispatchSource.makeTimerSource(queue: .global())
+        timer.schedule(deadline: .now() + 0.5, repeating: 0.5)
+        timer.setEventHandler { [self] in
+            guard !mutex.withLock({ ending }), let apps = try? device.appRequest(.apps),
+                  !apps.contains(where: { $0.bundle == container.bundleIdentifier }) else { return }
+            do {
+                try register()
+                logger.warning("the key daemon came back: \(container.bundleIdentifier) registered again")
+            } catch {
+                logger.warning("cannot register \(container.bundleIdentifier) with the key daemon again: \(error)")
+            }
+        }
+        timer.resume()
+        return timer
+    }
+
+    /// Ends the program: *will terminate* to its observers (within the timeout), SIGTERM to every process of the
+    /// sandbox, SIGKILL to all after the timeout.
     func end() {
         let pid: pid_t? = mutex.withLock {
             guard !ending, sandboxPID > 0 else { return nil }
@@ -187,8 +232,13 @@ final class Sandbox: @unchecked Sendable {
             return sandboxPID
         }
         guard let pid else { return }
-        // bubblewrap's init (the first process) passes nothing on; the program and its children get SIGTERM.
-        for process in AppRuntime.processes(inSandboxOf: pid).dropFirst() { kill(process, SIGTERM) }
+        _ = try? device.appRequest(.appTerminate, bundle: container.bundleIdentifier, timeout: terminateTimeout)
+        // bubblewrap's init (the first process) passes nothing on; the program and its children get SIGTERM, and
+        // SIGCONT in case they are suspended.
+        for process in AppProcesses.inSandbox(of: pid).dropFirst() {
+            kill(process, SIGTERM)
+            kill(process, SIGCONT)
+        }
         DispatchQueue.global().asyncAfter(deadline: .now() + terminateTimeout) {
             // Killing the namespace's first process kills every process in it.
             kill(pid, SIGKILL)
@@ -211,9 +261,9 @@ final class Sandbox: @unchecked Sendable {
     }
 
     /// bubblewrap's arguments: what the sandbox contains.
-    func bubblewrapArguments(home: String, infoDescriptor: Int32) -> [String] {
+    func bubblewrapArguments(home: String, infoDescriptor: Int32, blockDescriptor: Int32) -> [String] {
         var arguments = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
-                         "--info-fd", "\(infoDescriptor)", "--hostname", "app"]
+                         "--info-fd", "\(infoDescriptor)", "--block-fd", "\(blockDescriptor)", "--hostname", "app"]
         if !shareNetwork { arguments.append("--unshare-net") }
         // The sandbox's own /proc, /dev, /tmp and /run first: binds below them (a program in /tmp) go on top.
         arguments += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run", "--ro-bind", "/usr", "/usr"]
@@ -236,7 +286,10 @@ final class Sandbox: @unchecked Sendable {
         if let program = resolvedProgram(), !program.hasPrefix("/usr/"), !readOnlyPaths.contains(where: { program.hasPrefix($0) }) {
             arguments += ["--ro-bind", program, program]
         }
+        // The folder, not the socket: a restarted daemon makes a new socket there, which the sandbox then sees.
+        arguments += ["--bind", slot.socketFolder, (Self.appSocketInside as NSString).deletingLastPathComponent]
         arguments += ["--bind", home, LaunchCommand.home, "--chdir", LaunchCommand.home, "--clearenv",
+                      "--setenv", Application.socketEnvironmentVariable, Self.appSocketInside,
                       "--setenv", "HOME", LaunchCommand.home, "--setenv", "TMPDIR", "\(LaunchCommand.home)/tmp",
                       "--setenv", "SANDBOXCTL_BUNDLE", container.bundleIdentifier,
                       "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
@@ -259,17 +312,23 @@ final class Sandbox: @unchecked Sendable {
         return path.split(separator: ":").map { "\($0)/\(program)" }.first { access($0, X_OK) == 0 }
     }
 
-    /// Starts bubblewrap with the info descriptor as fd 3; returns its pid and the read end of that descriptor.
-    private func spawnBubblewrap(home: String) throws -> (pid_t, FileHandle) {
-        let info = Pipe()
-        let infoDescriptor: Int32 = 3
-        let arguments = [bubblewrap] + bubblewrapArguments(home: home, infoDescriptor: infoDescriptor)
+    /// Starts bubblewrap with the info descriptor as fd 3 and the block descriptor as fd 4; returns its pid, the read
+    /// end of the first, and the write end of the second (a byte lets the program start).
+    private func spawnBubblewrap(home: String) throws -> (pid_t, FileHandle, FileHandle) {
+        let info = Pipe(), block = Pipe()
+        let infoDescriptor: Int32 = 3, blockDescriptor: Int32 = 4
+        let arguments = [bubblewrap] + bubblewrapArguments(home: home, infoDescriptor: infoDescriptor, blockDescriptor: blockDescriptor)
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_adddup2(&actions, info.fileHandleForWriting.fileDescriptor, infoDescriptor)
+        // Both through descriptors above the targets first, so one dup2 can't overwrite the other's source.
+        let infoSource = fcntl(info.fileHandleForWriting.fileDescriptor, F_DUPFD_CLOEXEC, 10)
+        let blockSource = fcntl(block.fileHandleForReading.fileDescriptor, F_DUPFD_CLOEXEC, 10)
+        defer { close(infoSource); close(blockSource) }
+        posix_spawn_file_actions_adddup2(&actions, infoSource, infoDescriptor)
+        posix_spawn_file_actions_adddup2(&actions, blockSource, blockDescriptor)
         // Nothing else of this process reaches the sandbox: not the daemon connection, not the FUSE device.
-        ps_spawn_close_from(&actions, infoDescriptor + 1)
+        ps_spawn_close_from(&actions, blockDescriptor + 1)
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
@@ -291,9 +350,10 @@ final class Sandbox: @unchecked Sendable {
         var pid: pid_t = 0
         let result = posix_spawn(&pid, bubblewrap, &actions, &attributes, &argv, &environ)
         try? info.fileHandleForWriting.close()
+        try? block.fileHandleForReading.close()
         guard result == 0 else {
             throw ProtectedStoreError(.io, path: bubblewrap, problem: "cannot start bubblewrap (\(String(cString: strerror(result))))", remedy: "Check the bubblewrap installation")
         }
-        return (pid, info.fileHandleForReading)
+        return (pid, info.fileHandleForReading, block.fileHandleForWriting)
     }
 }

@@ -13,6 +13,10 @@ struct WatchCommand: AsyncParsableCommand {
             With BUNDLE it also receives that container's open-URL events, as the app would: items delivered to its Inbox, \
             the pending ones first, each after 'did become available' and exactly once (each is recorded as delivered when \
             printed, so another receiver won't get it again).
+
+            Inside a sandbox of `sandboxctl launch` (SANDBOXCTL_APP_SOCKET set, no --root), it attaches as the app \
+            through the app's own socket and prints its lifecycle events too (didEnterBackground, willEnterForeground, \
+            willTerminate), each before it is acknowledged.
             """
     )
 
@@ -25,6 +29,9 @@ struct WatchCommand: AsyncParsableCommand {
     var bundleIdentifier: String?
 
     func run() async throws {
+        if device.root == nil, bundleIdentifier == nil, ProcessInfo.processInfo.environment[Application.socketEnvironmentVariable] != nil {
+            return try watchAsApp()
+        }
         try await reportingErrors {
             let attached = try device.attach()
             let container = try bundleIdentifier.map { try attached.container(bundleIdentifier: $0) }
@@ -55,6 +62,43 @@ struct WatchCommand: AsyncParsableCommand {
     }
 }
 
+extension WatchCommand {
+    /// As the launched app: prints each event from a delegate, so it is out before the daemon hears the acknowledgement
+    /// (and, for *did enter background*, before the process is stopped).
+    private func watchAsApp() throws {
+        let application = try reportingErrors { try Application.attach() }
+        let printer = LinePrinter(json: json)
+        let observer = AppEventPrinter(printer: printer)
+        application.addDelegate(observer)
+        let state = application.isProtectedDataAvailable ? "unlocked" : "locked"
+        FileHandle.standardError.write(Data("Watching \(application.bundleIdentifier) as the app (protected data: \(state)); Ctrl-C to stop\n".utf8))
+        withExtendedLifetime((application, observer)) {
+            while true { pause() }
+        }
+    }
+}
+
+private final class AppEventPrinter: ApplicationDelegate {
+    let printer: LinePrinter
+
+    init(printer: LinePrinter) { self.printer = printer }
+
+    private func print(_ event: String, _ text: String, _ application: Application) {
+        printer.print(event: event, state: application.isProtectedDataAvailable ? "unlocked" : "locked", text: text,
+                      fields: ["applicationState": application.applicationState.rawValue])
+    }
+
+    func applicationDidEnterBackground(_ application: Application) { print("didEnterBackground", "did enter background", application) }
+    func applicationWillEnterForeground(_ application: Application) { print("willEnterForeground", "will enter foreground", application) }
+    func applicationWillTerminate(_ application: Application) { print("willTerminate", "will terminate", application) }
+    func applicationProtectedDataWillBecomeUnavailable(_ application: Application) {
+        print(ProtectedDataEvent.willBecomeUnavailable.rawValue, "will become unavailable", application)
+    }
+    func applicationProtectedDataDidBecomeAvailable(_ application: Application) {
+        print(ProtectedDataEvent.didBecomeAvailable.rawValue, "did become available", application)
+    }
+}
+
 /// Prints one line per event from any task, whole, flushed at once so a pipe reader sees it as it happens.
 private final class LinePrinter: @unchecked Sendable {
     private let json: Bool
@@ -67,13 +111,17 @@ private final class LinePrinter: @unchecked Sendable {
     }
 
     func print(event: String, state: Device.State, text: String, fields: [String: Any] = [:]) {
+        print(event: event, state: state.rawValue, text: text, fields: fields)
+    }
+
+    func print(event: String, state: String, text: String, fields: [String: Any] = [:]) {
         mutex.withLock {
             let time = formatter.string(from: Date())
             if json {
                 var line = fields
                 line["time"] = time
                 line["event"] = event
-                line["state"] = state.rawValue
+                line["state"] = state
                 let data = (try? JSONSerialization.data(withJSONObject: line, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
                 Swift.print(String(decoding: data, as: UTF8.self))
             } else {

@@ -10,8 +10,6 @@ struct AppRecord: Codable {
     /// The sandbox's first process (bubblewrap's init in the app's PID namespace), as seen from outside.
     var sandboxPID: pid_t
     var command: [String]
-    var state: String
-    var since: Date
 }
 
 /// Where launched apps keep their runtime state: outside the device root (like the mount logs), in
@@ -67,15 +65,6 @@ enum AppRuntime {
         }
         return record
     }
-
-    /// Every process in the PID namespace whose first process is `sandboxPID` (its outside pid), that one first.
-    static func processes(inSandboxOf sandboxPID: pid_t) -> [pid_t] {
-        guard let namespace = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(sandboxPID)/ns/pid") else { return [] }
-        let others = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { pid_t($0) }.filter { pid in
-            pid != sandboxPID && (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/ns/pid")) == namespace
-        }
-        return [sandboxPID] + others
-    }
 }
 
 /// The one launch of a bundle at a time: an exclusive `flock` on `launch.lock` in the app's runtime folder, held by the
@@ -89,6 +78,9 @@ final class LaunchSlot {
 
     /// The mount point for the sandbox's home.
     var homeMount: String { (folder as NSString).appendingPathComponent("home") }
+    /// The folder of the app's own daemon socket, bound into the sandbox.
+    var socketFolder: String { (folder as NSString).appendingPathComponent("socket") }
+    var appSocket: String { (socketFolder as NSString).appendingPathComponent("app.sock") }
 
     private init(folder: String, descriptor: Int32) {
         self.folder = folder

@@ -1,0 +1,180 @@
+import Foundation
+
+/// What a launched app's observers are told: its lifecycle events and the device's protected-data events.
+public enum ApplicationEvent: Sendable, Equatable {
+    case lifecycle(LifecycleEvent)
+    case protectedData(ProtectedDataEvent)
+}
+
+/// An observer of a launched app, with the methods of `UIApplicationDelegate` it mirrors; each has an empty default.
+/// Called on one serial queue, in the order the events happened; the daemon waits for them to return (within the
+/// grace period, or `--background-time` before a suspension).
+public protocol ApplicationDelegate: AnyObject {
+    func applicationDidEnterBackground(_ application: Application)
+    func applicationWillEnterForeground(_ application: Application)
+    func applicationWillTerminate(_ application: Application)
+    func applicationProtectedDataWillBecomeUnavailable(_ application: Application)
+    func applicationProtectedDataDidBecomeAvailable(_ application: Application)
+}
+
+extension ApplicationDelegate {
+    public func applicationDidEnterBackground(_ application: Application) {}
+    public func applicationWillEnterForeground(_ application: Application) {}
+    public func applicationWillTerminate(_ application: Application) {}
+    public func applicationProtectedDataWillBecomeUnavailable(_ application: Application) {}
+    public func applicationProtectedDataDidBecomeAvailable(_ application: Application) {}
+}
+
+/// The program `sandboxctl launch` started, as `UIApplication` is an iOS app: it receives its lifecycle events and the
+/// device's protected-data events from the key daemon, through the app's own socket in the sandbox
+/// (`SANDBOXCTL_APP_SOCKET`), which serves nothing else: no lock, no unlock, no other container.
+///
+/// Observe it three ways, as a `Device`: delegates, `NotificationCenter` (UIApplication's notification names), or
+/// the `events` async sequence. Each event is acknowledged once every observer has had it.
+public final class Application: @unchecked Sendable {
+    /// Where `sandboxctl launch` puts the app's socket inside the sandbox.
+    public static let socketEnvironmentVariable = "SANDBOXCTL_APP_SOCKET"
+
+    public static let didEnterBackgroundNotification = Notification.Name("UIApplicationDidEnterBackgroundNotification")
+    public static let willEnterForegroundNotification = Notification.Name("UIApplicationWillEnterForegroundNotification")
+    public static let willTerminateNotification = Notification.Name("UIApplicationWillTerminateNotification")
+    public static let protectedDataWillBecomeUnavailableNotification = Notification.Name("UIApplicationProtectedDataWillBecomeUnavailable")
+    public static let protectedDataDidBecomeAvailableNotification = Notification.Name("UIApplicationProtectedDataDidBecomeAvailable")
+
+    /// Whether the app runs in the foreground, or was sent to the background before a suspension.
+    public enum State: String, Sendable {
+        case active, background
+    }
+
+    /// The launched app's bundle identifier.
+    public let bundleIdentifier: String
+    /// Where notifications are posted.
+    public let notificationCenter: NotificationCenter
+    private let link: DaemonLink
+    private let mutex = NSLock()
+    private var delegates: [WeakDelegate] = []
+    private var continuations: [UUID: AsyncStream<ApplicationEvent>.Continuation] = [:]
+    private var state = State.active
+    private var protectedDataAvailable: Bool
+    private let queue = DispatchQueue(label: "ProtectedStore.application")
+
+    private struct WeakDelegate {
+        weak var delegate: (any ApplicationDelegate)?
+    }
+
+    /// Attaches to the daemon through the socket `sandboxctl launch` gave this program; throws `.daemonUnavailable`
+    /// when the program was not launched that way.
+    public static func attach(notificationCenter: NotificationCenter = .default) throws -> Application {
+        guard let socket = ProcessInfo.processInfo.environment[socketEnvironmentVariable], !socket.isEmpty else {
+            throw ProtectedStoreError(.daemonUnavailable, path: socketEnvironmentVariable, problem: "this program was not started by `sandboxctl launch` (\(socketEnvironmentVariable) is not set)",
+                                      remedy: "Run it with `sandboxctl launch BUNDLE -- PROGRAM`")
+        }
+        let (link, hello) = try DaemonLink.connect(appSocket: socket)
+        guard let bundle = hello.bundle else {
+            link.close()
+            throw ProtectedStoreError(.unsupportedFormat, path: socket, problem: "the socket is not an app's own socket (its hello names no app)",
+                                      remedy: "Use the socket `sandboxctl launch` gives the app")
+        }
+        let application = Application(bundleIdentifier: bundle, link: link, available: hello.state == Device.State.unlocked.rawValue,
+                                      notificationCenter: notificationCenter)
+        link.start { [weak application] notice in application?.received(notice) }
+        return application
+    }
+
+    private init(bundleIdentifier: String, link: DaemonLink, available: Bool, notificationCenter: NotificationCenter) {
+        self.bundleIdentifier = bundleIdentifier
+        self.link = link
+        self.protectedDataAvailable = available
+        self.notificationCenter = notificationCenter
+    }
+
+    deinit { link.close() }
+
+    /// Active, or background between *did enter background* and *will enter foreground*.
+    public var applicationState: State { mutex.withLock { state } }
+
+    /// Whether protected data (class A) is available, as of the last event handled.
+    public var isProtectedDataAvailable: Bool { mutex.withLock { protectedDataAvailable } }
+
+    /// Adds an observer (held weakly).
+    public func addDelegate(_ delegate: any ApplicationDelegate) {
+        mutex.withLock { delegates.append(WeakDelegate(delegate: delegate)) }
+    }
+
+    public func removeDelegate(_ delegate: any ApplicationDelegate) {
+        mutex.withLock { delegates.removeAll { $0.delegate == nil || $0.delegate === delegate } }
+    }
+
+    /// Every event from now on, in order.
+    public var events: AsyncStream<ApplicationEvent> {
+        let id = UUID()
+        let (stream, continuation) = AsyncStream<ApplicationEvent>.makeStream()
+        continuation.onTermination = { [weak self] _ in _ = self?.mutex.withLock { self?.continuations.removeValue(forKey: id) } }
+        mutex.withLock { continuations[id] = continuation }
+        return stream
+    }
+
+    /// Stops receiving events; the app's socket connection closes.
+    public func close() {
+        link.close()
+        mutex.withLock { continuations.values.forEach { $0.finish() } }
+    }
+
+    private func received(_ notice: DaemonLink.Notice) {
+        switch notice {
+        case .lifecycle(let event, let seq, let connection):
+            queue.async { [self] in
+                handle(.lifecycle(event))
+                link.acknowledge(seq: seq, connection: connection)
+            }
+        case .event(let event, let seq, _, let connection):
+            queue.async { [self] in
+                handle(.protectedData(event))
+                link.acknowledge(seq: seq, connection: connection)
+            }
+        case .lost:
+            // As an attached device does: without the daemon, protected data is assumed gone.
+            queue.async { [self] in
+                if mutex.withLock({ protectedDataAvailable }) { handle(.protectedData(.willBecomeUnavailable)) }
+            }
+        case .restored(let hello):
+            queue.async { [self] in
+                if hello.state == Device.State.unlocked.rawValue, !mutex.withLock({ protectedDataAvailable }) {
+                    handle(.protectedData(.didBecomeAvailable))
+                }
+            }
+        }
+    }
+
+    /// On `queue`: updates the state, then tells every observer.
+    private func handle(_ event: ApplicationEvent) {
+        let (observers, streams) = mutex.withLock { () -> ([any ApplicationDelegate], [AsyncStream<ApplicationEvent>.Continuation]) in
+            switch event {
+            case .lifecycle(.didEnterBackground): state = .background
+            case .lifecycle(.willEnterForeground): state = .active
+            case .lifecycle(.willTerminate): break
+            case .protectedData(let protection): protectedDataAvailable = protection == .didBecomeAvailable
+            }
+            delegates.removeAll { $0.delegate == nil }
+            return (delegates.compactMap(\.delegate), Array(continuations.values))
+        }
+        for observer in observers {
+            switch event {
+            case .lifecycle(.didEnterBackground): observer.applicationDidEnterBackground(self)
+            case .lifecycle(.willEnterForeground): observer.applicationWillEnterForeground(self)
+            case .lifecycle(.willTerminate): observer.applicationWillTerminate(self)
+            case .protectedData(.willBecomeUnavailable): observer.applicationProtectedDataWillBecomeUnavailable(self)
+            case .protectedData(.didBecomeAvailable): observer.applicationProtectedDataDidBecomeAvailable(self)
+            }
+        }
+        let name: Notification.Name = switch event {
+        case .lifecycle(.didEnterBackground): Self.didEnterBackgroundNotification
+        case .lifecycle(.willEnterForeground): Self.willEnterForegroundNotification
+        case .lifecycle(.willTerminate): Self.willTerminateNotification
+        case .protectedData(.willBecomeUnavailable): Self.protectedDataWillBecomeUnavailableNotification
+        case .protectedData(.didBecomeAvailable): Self.protectedDataDidBecomeAvailableNotification
+        }
+        notificationCenter.post(name: name, object: self)
+        for stream in streams { stream.yield(event) }
+    }
+}
