@@ -50,9 +50,9 @@ final class DaemonServer: @unchecked Sendable {
     /// when the process has run out of them.
     private var reserveDescriptor: Int32 = -1
     private var tally = LogTally()
-    // Loop thread only: launched apps by bundle, and lifecycle events waiting for their acknowledgements.
+    // Loop thread only: launched apps by bundle, and app events waiting for their acknowledgements.
     private var apps: [String: LaunchedApp] = [:]
-    private var lifecycleWaits: [UInt64: LifecycleWait] = [:]
+    private var appEventWaits: [UInt64: AppEventWait] = [:]
     private var nextWaitID: UInt64 = 0
 
     /// An app registered by its launcher: its own listening socket, and its processes, which `app-suspend` stops.
@@ -67,6 +67,8 @@ final class DaemonServer: @unchecked Sendable {
         var since = Date()
         /// A suspend, resume or terminate in progress: one at a time.
         var busy = false
+        /// Open-URL events relayed before the app had a subscriber: its first one gets them (its launch options).
+        var parkedOpenURLs: [(payload: OpenURLPayload, reply: () -> Void)] = []
 
         init(bundle: String, sandboxPID: Int32, listener: Int32, socketPath: String, owner: UInt64) {
             self.bundle = bundle
@@ -81,11 +83,13 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-    /// A lifecycle event sent to an app's subscribers; `finish` runs once all of them acknowledged, left, or the time ran out.
-    private struct LifecycleWait {
-        let event: LifecycleEvent
+    /// An app event sent to an app's subscribers; `finish` runs with how many acknowledged it, once all of them
+    /// acknowledged or left, or the time ran out.
+    private struct AppEventWait {
+        let event: SubscriberRegistry.Event
         var remaining: Set<UInt64>
-        let finish: () -> Void
+        var acknowledged = 0
+        let finish: (Int) -> Void
     }
 
     private final class Connection {
@@ -381,8 +385,8 @@ final class DaemonServer: @unchecked Sendable {
         if connection.subscribed {
             registry.remove(connection.id)
             completeLockIfAcknowledged()
-            for (id, var wait) in lifecycleWaits where wait.remaining.remove(connection.id) != nil {
-                lifecycleWaits[id] = wait
+            for (id, var wait) in appEventWaits where wait.remaining.remove(connection.id) != nil {
+                appEventWaits[id] = wait
                 if wait.remaining.isEmpty { finishWait(id) }
             }
         }
@@ -439,6 +443,7 @@ final class DaemonServer: @unchecked Sendable {
                 registry.add(connection.id, available: device.state == .unlocked)
             }
             send(connection.appBundle == nil ? statusReply(id: request.id) : appStatusReply(id: request.id), to: connection)
+            if let bundle = connection.appBundle, let app = apps[bundle] { relayParkedOpenURLs(of: app) }
         case .ack:
             guard connection.subscribed, let seq = request.seq else {
                 return fail(connection, code: .badFrame, message: "ack needs a subscription and a seq", remedy: "Subscribe first; acknowledge the seq of the event received", id: request.id)
@@ -446,8 +451,10 @@ final class DaemonServer: @unchecked Sendable {
             let (handled, next) = registry.acknowledge(connection.id, seq: seq)
             for delivery in next { sendEvent(delivery) }
             completeLockIfAcknowledged()
-            if case .lifecycle(let event) = handled { lifecycleAcknowledged(event, by: connection.id) }
-        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate:
+            if let handled, handled != .protection(.willBecomeUnavailable), handled != .protection(.didBecomeAvailable) {
+                appEventAcknowledged(handled, by: connection.id)
+            }
+        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL:
             handleApp(operation, request, on: connection)
         case .lock:
             let grace = request.grace ?? device.gracePeriod
@@ -649,6 +656,12 @@ final class DaemonServer: @unchecked Sendable {
         reply.event = delivery.event.wireName
         reply.seq = delivery.seq
         if delivery.event == .protection(.willBecomeUnavailable) { reply.grace = mutex.withLock { lockGrace } }
+        if case .openURL(let payload) = delivery.event {
+            reply.path = payload.path
+            reply.sourceApplication = payload.sourceApplication
+            reply.annotation = payload.annotation
+            reply.sequence = payload.sequence
+        }
         send(reply, to: connection)
     }
 
@@ -683,6 +696,14 @@ final class DaemonServer: @unchecked Sendable {
         guard let app = apps[bundle] else {
             return send(appFailure(request, .notFound, "no app of this bundle is running", "Start it with `sandboxctl launch \(bundle) -- COMMAND`"), to: connection)
         }
+        if operation == .appOpenURL {
+            guard let path = request.path, let sequence = request.sequence else {
+                return send(appFailure(request, .invalidArgument, "app-open-url needs the item's path and sequence", "See docs/PROTOCOL.md"), to: connection)
+            }
+            let connectionID = connection.id
+            let payload = OpenURLPayload(path: path, sourceApplication: request.sourceApplication, annotation: request.annotation, sequence: sequence)
+            return relayOpenURL(payload, to: app) { [self] in send(DaemonReply(id: request.id), toConnection: connectionID) }
+        }
         guard !app.busy else {
             return send(appFailure(request, .invalidArgument, "the app is being suspended, resumed or ended already", "Try again when that is done"), to: connection)
         }
@@ -701,7 +722,7 @@ final class DaemonServer: @unchecked Sendable {
             guard !app.suspended else { return reply() }
             app.busy = true
             logger.info("\(bundle): did-enter-background, then suspended")
-            sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] in
+            sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] _ in
                 app.busy = false
                 guard apps[bundle] === app else { return reply() }
                 for id in subscribers(of: bundle) { registry.setSuspended(id, true) }
@@ -727,7 +748,7 @@ final class DaemonServer: @unchecked Sendable {
             guard !app.suspended else { return reply() }
             app.busy = true
             logger.info("\(bundle): will-terminate")
-            sendLifecycle(.willTerminate, to: app, timeout: timeout) {
+            sendLifecycle(.willTerminate, to: app, timeout: timeout) { _ in
                 app.busy = false
                 reply()
             }
@@ -770,6 +791,8 @@ final class DaemonServer: @unchecked Sendable {
         Glibc.close(app.listener)
         unlink(app.socketPath)
         if app.suspended { AppProcesses.signal(SIGCONT, inSandboxOf: app.sandboxPID) }
+        // Their launcher is gone with its connection: nobody waits for these replies.
+        app.parkedOpenURLs = []
         for connection in Array(connections.values) where connection.appBundle == app.bundle { close(connection, reason: nil) }
         logger.info("\(app.bundle): ended")
     }
@@ -779,26 +802,51 @@ final class DaemonServer: @unchecked Sendable {
     }
 
     /// Sends `event` to the app's subscribers and calls `finish` once each acknowledged or left, or after `timeout`.
-    private func sendLifecycle(_ event: LifecycleEvent, to app: LaunchedApp, timeout: TimeInterval, finish: @escaping () -> Void) {
+    private func sendLifecycle(_ event: LifecycleEvent, to app: LaunchedApp, timeout: TimeInterval, finish: @escaping (Int) -> Void) {
         let ids = subscribers(of: app.bundle)
-        guard !ids.isEmpty else { return finish() }
-        nextWaitID += 1
-        let waitID = nextWaitID
-        lifecycleWaits[waitID] = LifecycleWait(event: event, remaining: Set(ids), finish: finish)
+        guard !ids.isEmpty else { return finish(0) }
+        let waitID = wait(for: .lifecycle(event), from: ids, finish: finish)
         for delivery in registry.send(event, to: ids) { sendEvent(delivery) }
         DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { [weak self] in
             self?.execute { self?.finishWait(waitID) }
         }
     }
 
-    private func lifecycleAcknowledged(_ event: LifecycleEvent, by subscriber: UInt64) {
-        for (id, var wait) in lifecycleWaits where wait.event == event && wait.remaining.remove(subscriber) != nil {
-            lifecycleWaits[id] = wait
+    /// Sends an Inbox item's open-URL event to the app's subscribers and replies once one of them handled it. With
+    /// none yet, or if all leave without acknowledging, it waits for the next one: an open-URL event is never lost,
+    /// and the launcher records it delivered only after the reply.
+    private func relayOpenURL(_ payload: OpenURLPayload, to app: LaunchedApp, reply: @escaping () -> Void) {
+        let ids = subscribers(of: app.bundle)
+        guard !ids.isEmpty else { return app.parkedOpenURLs.append((payload, reply)) }
+        _ = wait(for: .openURL(payload), from: ids) { [self] acknowledged in
+            guard acknowledged == 0 else { return reply() }
+            if apps[app.bundle] === app { relayOpenURL(payload, to: app, reply: reply) }
+        }
+        for delivery in registry.send(payload, to: ids) { sendEvent(delivery) }
+    }
+
+    private func relayParkedOpenURLs(of app: LaunchedApp) {
+        let parked = app.parkedOpenURLs
+        app.parkedOpenURLs = []
+        for (payload, reply) in parked { relayOpenURL(payload, to: app, reply: reply) }
+    }
+
+    private func wait(for event: SubscriberRegistry.Event, from ids: [UInt64], finish: @escaping (Int) -> Void) -> UInt64 {
+        nextWaitID += 1
+        appEventWaits[nextWaitID] = AppEventWait(event: event, remaining: Set(ids), finish: finish)
+        return nextWaitID
+    }
+
+    private func appEventAcknowledged(_ event: SubscriberRegistry.Event, by subscriber: UInt64) {
+        for (id, var wait) in appEventWaits where wait.event == event && wait.remaining.remove(subscriber) != nil {
+            wait.acknowledged += 1
+            appEventWaits[id] = wait
             if wait.remaining.isEmpty { finishWait(id) }
         }
     }
 
     private func finishWait(_ id: UInt64) {
-        lifecycleWaits.removeValue(forKey: id)?.finish()
+        guard let wait = appEventWaits.removeValue(forKey: id) else { return }
+        wait.finish(wait.acknowledged)
     }
 }

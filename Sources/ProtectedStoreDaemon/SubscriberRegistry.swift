@@ -13,12 +13,18 @@ package struct SubscriberRegistry {
     enum Event: Equatable {
         case protection(ProtectedDataEvent)
         case lifecycle(LifecycleEvent)
+        case openURL(OpenURLPayload)
 
         var wireName: String {
             switch self {
             case .protection(let event): event.wireName
             case .lifecycle(let event): event.wireName
+            case .openURL: "open-url"
             }
+        }
+
+        var isLifecycle: Bool {
+            if case .lifecycle = self { true } else { false }
         }
     }
 
@@ -35,8 +41,9 @@ package struct SubscriberRegistry {
         var outstanding: (seq: UInt64, event: Event)?
         /// A lock began after `view` was sent while the subscriber was busy; its open class A handles died with it.
         var missedLock = false
-        /// A lifecycle event waiting for the outstanding one's acknowledgement; it goes before any protection event.
-        var pendingLifecycle: LifecycleEvent?
+        /// App events (lifecycle, open-URL) waiting for the outstanding one's acknowledgement, lifecycle ones first;
+        /// they go before any protection event.
+        var pendingAppEvents: [Event] = []
         /// Its app is suspended (stopped): protection events are folded, not sent, and no lock waits for it.
         var suspended = false
     }
@@ -81,15 +88,29 @@ package struct SubscriberRegistry {
     }
 
     /// A lifecycle event for `ids` (one app's subscribers): sent now to those with nothing outstanding, else right
-    /// after their acknowledgement, before any protection event.
+    /// after their acknowledgement, before open-URL and protection events.
     mutating func send(_ event: LifecycleEvent, to ids: [ID]) -> [Delivery] {
+        sendAppEvent(.lifecycle(event), to: ids)
+    }
+
+    /// An open-URL event for `ids`: sent now to those with nothing outstanding that are not suspended, else queued
+    /// behind their lifecycle events.
+    mutating func send(_ payload: OpenURLPayload, to ids: [ID]) -> [Delivery] {
+        sendAppEvent(.openURL(payload), to: ids)
+    }
+
+    private mutating func sendAppEvent(_ event: Event, to ids: [ID]) -> [Delivery] {
         ids.compactMap { id in
             guard let subscriber = subscribers[id] else { return nil }
-            guard subscriber.outstanding == nil else {
-                subscribers[id]?.pendingLifecycle = event
+            // Lifecycle events are sent around a suspension by the caller; nothing else reaches a stopped app.
+            guard subscriber.outstanding == nil, event.isLifecycle || !subscriber.suspended else {
+                var queue = subscriber.pendingAppEvents
+                let position = event.isLifecycle ? (queue.firstIndex { !$0.isLifecycle } ?? queue.count) : queue.count
+                queue.insert(event, at: position)
+                subscribers[id]?.pendingAppEvents = queue
                 return nil
             }
-            return send(.lifecycle(event), to: id)
+            return send(event, to: id)
         }
     }
 
@@ -106,9 +127,9 @@ package struct SubscriberRegistry {
         subscriber.outstanding = nil
         subscribers[id] = subscriber
         if outstanding.event == .protection(.willBecomeUnavailable) { awaiting?.remove(id) }
-        if let lifecycle = subscriber.pendingLifecycle {
-            subscribers[id]?.pendingLifecycle = nil
-            return (outstanding.event, [send(.lifecycle(lifecycle), to: id)])
+        if let next = subscriber.pendingAppEvents.first, next.isLifecycle || !subscriber.suspended {
+            subscribers[id]?.pendingAppEvents.removeFirst()
+            return (outstanding.event, [send(next, to: id)])
         }
         return (outstanding.event, subscriber.suspended ? [] : catchUp(id))
     }

@@ -186,6 +186,35 @@ struct LaunchTests {
         #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
     }
 
+    @Test("an Inbox delivery before the launch is the app's launch option: its first observer gets the open-URL event, then it is recorded delivered")
+    func inboxLaunchOption() throws {
+        let bundle = "com.example.launch.inbox"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let item = test.path("report.txt")
+        try Data("a report\n".utf8).write(to: URL(fileURLWithPath: item))
+        let delivered = try sandboxctl(test, ["inbox", "deliver", bundle, item, "--from", "com.example.mail", "--annotation", #"{"subject":"Q3"}"#])
+        #expect(delivered.status == 0, "\(delivered.stderr)")
+        let tool = CLI.executable.deletingLastPathComponent().path
+        let runtime = try #require(Self.swiftRuntimeFolder)
+        let app = try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"])
+        let line = try #require(app.nextLine(timeout: 30), "\(app.standardError)")
+        let event = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        #expect(event["event"] as? String == "openURL")
+        #expect(event["path"] as? String == "Documents/Inbox/report.txt")
+        #expect(event["sourceApplication"] as? String == "com.example.mail")
+        #expect((event["annotation"] as? [String: Any])?["subject"] as? String == "Q3")
+        // Handled by the app: recorded delivered once the relay returned (the next one is asked for).
+        #expect(eventually(timeout: 20) { (try? sandboxctl(test, ["inbox", "list", bundle, "--json"]).stdout.contains("\"delivered\"")) == true })
+        // A delivery while it runs reaches it too.
+        try Data("later\n".utf8).write(to: URL(fileURLWithPath: test.path("later.txt")))
+        #expect(try sandboxctl(test, ["inbox", "deliver", bundle, test.path("later.txt")]).status == 0)
+        let later = try #require(app.nextLine(timeout: 30))
+        #expect(later.contains("Documents/Inbox/later.txt"), "\(later)")
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
+    }
+
     @Test("a daemon restart while the app runs: the app keeps running, hears the loss, and the new daemon's events once it is back")
     func daemonRestart() throws {
         let bundle = "com.example.launch.restart"

@@ -4,6 +4,9 @@ import Foundation
 public enum ApplicationEvent: Sendable, Equatable {
     case lifecycle(LifecycleEvent)
     case protectedData(ProtectedDataEvent)
+    /// An item in the app's Inbox: its URL is inside the sandbox (under `HOME`). Pending ones, delivered before the
+    /// app ran, come first: its launch options.
+    case openURL(OpenURLRequest)
 }
 
 /// An observer of a launched app, with the methods of `UIApplicationDelegate` it mirrors; each has an empty default.
@@ -15,6 +18,7 @@ public protocol ApplicationDelegate: AnyObject {
     func applicationWillTerminate(_ application: Application)
     func applicationProtectedDataWillBecomeUnavailable(_ application: Application)
     func applicationProtectedDataDidBecomeAvailable(_ application: Application)
+    func application(_ application: Application, open url: URL, sourceApplication: String?, annotation: Any?)
 }
 
 extension ApplicationDelegate {
@@ -23,14 +27,16 @@ extension ApplicationDelegate {
     public func applicationWillTerminate(_ application: Application) {}
     public func applicationProtectedDataWillBecomeUnavailable(_ application: Application) {}
     public func applicationProtectedDataDidBecomeAvailable(_ application: Application) {}
+    public func application(_ application: Application, open url: URL, sourceApplication: String?, annotation: Any?) {}
 }
 
 /// The program `sandboxctl launch` started, as `UIApplication` is an iOS app: it receives its lifecycle events and the
 /// device's protected-data events from the key daemon, through the app's own socket in the sandbox
 /// (`SANDBOXCTL_APP_SOCKET`), which serves nothing else: no lock, no unlock, no other container.
 ///
-/// Observe it three ways, as a `Device`: delegates, `NotificationCenter` (UIApplication's notification names), or
-/// the `events` async sequence. Each event is acknowledged once every observer has had it.
+/// Observe it three ways, as a `Device`: delegates, `NotificationCenter` (UIApplication's notification names; open-URL
+/// events as `Container.openURLNotification`, object: the application), or the `events` async sequence. Each event is
+/// acknowledged once every observer has had it; an open-URL event counts as delivered only then.
 public final class Application: @unchecked Sendable {
     /// Where `sandboxctl launch` puts the app's socket inside the sandbox.
     public static let socketEnvironmentVariable = "SANDBOXCTL_APP_SOCKET"
@@ -127,6 +133,14 @@ public final class Application: @unchecked Sendable {
                 handle(.lifecycle(event))
                 link.acknowledge(seq: seq, connection: connection)
             }
+        case .openURL(let payload, let seq, let connection):
+            let home = ProcessInfo.processInfo.environment["HOME"] ?? "/"
+            let request = OpenURLRequest(url: URL(fileURLWithPath: (home as NSString).appendingPathComponent(payload.path)), path: payload.path,
+                                         sourceApplication: payload.sourceApplication, annotationJSON: payload.annotation, sequenceNumber: payload.sequence)
+            queue.async { [self] in
+                handle(.openURL(request))
+                link.acknowledge(seq: seq, connection: connection)
+            }
         case .event(let event, let seq, _, let connection):
             queue.async { [self] in
                 handle(.protectedData(event))
@@ -152,7 +166,7 @@ public final class Application: @unchecked Sendable {
             switch event {
             case .lifecycle(.didEnterBackground): state = .background
             case .lifecycle(.willEnterForeground): state = .active
-            case .lifecycle(.willTerminate): break
+            case .lifecycle(.willTerminate), .openURL: break
             case .protectedData(let protection): protectedDataAvailable = protection == .didBecomeAvailable
             }
             delegates.removeAll { $0.delegate == nil }
@@ -165,7 +179,17 @@ public final class Application: @unchecked Sendable {
             case .lifecycle(.willTerminate): observer.applicationWillTerminate(self)
             case .protectedData(.willBecomeUnavailable): observer.applicationProtectedDataWillBecomeUnavailable(self)
             case .protectedData(.didBecomeAvailable): observer.applicationProtectedDataDidBecomeAvailable(self)
+            case .openURL(let request):
+                observer.application(self, open: request.url, sourceApplication: request.sourceApplication, annotation: request.annotation)
             }
+        }
+        if case .openURL(let request) = event {
+            var userInfo: [AnyHashable: Any] = [Container.openURLRequestKey: request, Container.openURLKey: request.url]
+            if let source = request.sourceApplication { userInfo[Container.openURLSourceApplicationKey] = source }
+            if let annotation = request.annotation { userInfo[Container.openURLAnnotationKey] = annotation }
+            notificationCenter.post(name: Container.openURLNotification, object: self, userInfo: userInfo)
+            for stream in streams { stream.yield(event) }
+            return
         }
         let name: Notification.Name = switch event {
         case .lifecycle(.didEnterBackground): Self.didEnterBackgroundNotification
@@ -173,6 +197,7 @@ public final class Application: @unchecked Sendable {
         case .lifecycle(.willTerminate): Self.willTerminateNotification
         case .protectedData(.willBecomeUnavailable): Self.protectedDataWillBecomeUnavailableNotification
         case .protectedData(.didBecomeAvailable): Self.protectedDataDidBecomeAvailableNotification
+        case .openURL: Container.openURLNotification
         }
         notificationCenter.post(name: name, object: self)
         for stream in streams { stream.yield(event) }

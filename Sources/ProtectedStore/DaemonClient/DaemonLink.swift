@@ -13,6 +13,7 @@ package final class DaemonLink: @unchecked Sendable {
         case event(ProtectedDataEvent, seq: UInt64, grace: TimeInterval, connection: UInt64)
         /// On an app's own socket (`Application`).
         case lifecycle(LifecycleEvent, seq: UInt64, connection: UInt64)
+        case openURL(OpenURLPayload, seq: UInt64, connection: UInt64)
         case lost
         case restored(DaemonReply)
     }
@@ -206,6 +207,9 @@ package final class DaemonLink: @unchecked Sendable {
             notify(.event(event, seq: seq, grace: reply.grace ?? Device.defaultGracePeriod, connection: connection))
         } else if let name = reply.event, let event = LifecycleEvent(wireName: name), let seq = reply.seq {
             notify(.lifecycle(event, seq: seq, connection: connection))
+        } else if reply.event == "open-url", let path = reply.path, let sequence = reply.sequence, let seq = reply.seq {
+            let payload = OpenURLPayload(path: path, sourceApplication: reply.sourceApplication, annotation: reply.annotation, sequence: sequence)
+            notify(.openURL(payload, seq: seq, connection: connection))
         }
     }
 

@@ -17,6 +17,7 @@ package struct DaemonRequest: Codable, Sendable {
         case appSuspend = "app-suspend"
         case appResume = "app-resume"
         case appTerminate = "app-terminate"
+        case appOpenURL = "app-open-url"
 
         /// What a connection on an app's own socket may ask: events for itself, nothing about the device.
         package var isAllowedForApps: Bool { [.hello, .status, .subscribe, .ack].contains(self) }
@@ -42,6 +43,11 @@ package struct DaemonRequest: Codable, Sendable {
     package var socketPath: String?
     /// `app-suspend`, `app-terminate`: seconds the app's observers have to handle the event.
     package var timeout: Double?
+    /// `app-open-url`: the Inbox item's container path, sender, annotation (JSON text) and place in the Inbox order.
+    package var path: String?
+    package var sourceApplication: String?
+    package var annotation: String?
+    package var sequence: UInt64?
 
     package init(id: UInt64, op: Operation) {
         self.id = id
@@ -86,6 +92,11 @@ package struct DaemonReply: Codable, Sendable {
     package var apps: [AppStatus]?
     /// On an app's own connection: its bundle identifier.
     package var bundle: String?
+    /// An `open-url` event: the Inbox item's container path, sender, annotation (JSON text) and place in the Inbox order.
+    package var path: String?
+    package var sourceApplication: String?
+    package var annotation: String?
+    package var sequence: UInt64?
 
     package init(id: UInt64?) { self.id = id }
 
@@ -151,6 +162,21 @@ package enum DaemonErrorCode: String, Sendable {
         case .io: .io
         case .daemonUnavailable, .permissionDenied: .daemonUnavailable
         }
+    }
+}
+
+/// An open-URL event on its way to a launched app: an Inbox item, relayed by the launcher (docs/PROTOCOL.md §6).
+package struct OpenURLPayload: Sendable, Equatable {
+    package var path: String
+    package var sourceApplication: String?
+    package var annotation: String?
+    package var sequence: UInt64
+
+    package init(path: String, sourceApplication: String?, annotation: String?, sequence: UInt64) {
+        self.path = path
+        self.sourceApplication = sourceApplication
+        self.annotation = annotation
+        self.sequence = sequence
     }
 }
 

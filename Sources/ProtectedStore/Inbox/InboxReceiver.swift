@@ -25,6 +25,7 @@ final class InboxReceiver: @unchecked Sendable {
         self.queue = container.inboxQueue
         self.dispatcher = EventDispatcher(notificationCenter: container.device.notificationCenter, postingNotifications: false,
                                           callDelegate: { delegate, request, container in
+            if let relay = delegate as? any OpenURLRequestRelay { return relay.relay(request, from: container) }
             (delegate as? any OpenURLDelegate)?.container(container, open: request.url, sourceApplication: request.sourceApplication,
                                                           annotation: request.annotation)
         }, post: { center, request, container in

@@ -30,6 +30,16 @@ public protocol OpenURLDelegate: AnyObject, Sendable {
     func container(_ container: Container, open url: URL, sourceApplication: String?, annotation: Any?)
 }
 
+/// An open-URL observer that passes whole requests on (`sandboxctl launch` relays them to the sandboxed app through
+/// the daemon); returning means the event was handled, as for any delegate.
+package protocol OpenURLRequestRelay: OpenURLDelegate {
+    func relay(_ request: OpenURLRequest, from container: Container)
+}
+
+extension OpenURLRequestRelay {
+    package func container(_ container: Container, open url: URL, sourceApplication: String?, annotation: Any?) {}
+}
+
 /// A container's open-URL events as an `AsyncSequence`; asking for the next one, or leaving the loop, marks the
 /// previous one handled.
 /// It keeps the container alive while it exists.

@@ -80,6 +80,30 @@ struct LaunchCommand: ParsableCommand {
     }
 }
 
+/// Passes the container's open-URL events to the launched app through the daemon, returning only once the app handled
+/// one: until then the Inbox keeps it pending (also across a daemon restart, and if this process ends).
+private final class OpenURLRelay: OpenURLRequestRelay, @unchecked Sendable {
+    private let device: Device
+    private let bundle: String
+    private let isEnding: @Sendable () -> Bool
+
+    init(device: Device, bundle: String, isEnding: @escaping @Sendable () -> Bool) {
+        self.device = device
+        self.bundle = bundle
+        self.isEnding = isEnding
+    }
+
+    func relay(_ request: OpenURLRequest, from container: Container) {
+        while true {
+            if (try? device.appRequest(.appOpenURL, bundle: bundle, openURL: request)) != nil { return }
+            // The daemon is away (or restarting): try again. Once the app is ending, never return: returning would
+            // record the event delivered, and the next launch must get it.
+            if isEnding() { while true { pause() } }
+            usleep(500_000)
+        }
+    }
+}
+
 /// One launched app: the container mounted for it in this process, bubblewrap started on it, the record for `ps`,
 /// and the ending (SIGTERM, then SIGKILL) when asked.
 final class Sandbox: @unchecked Sendable {
@@ -192,6 +216,11 @@ final class Sandbox: @unchecked Sendable {
         }
         let reregistration = keepRegistered()
         defer { reregistration.cancel() }
+        // This process is the container's Inbox receiver: the app's open-URL events go through the daemon to its
+        // observers, pending ones (delivered before the launch) first, each recorded delivered once the app handled it.
+        let relay = OpenURLRelay(device: device, bundle: container.bundleIdentifier, isEnding: { [self] in mutex.withLock { ending } })
+        container.addOpenURLDelegate(relay)
+        defer { container.removeOpenURLDelegate(relay) }
         var status: Int32 = 0
         while waitpid(bubblewrapPID, &status, 0) < 0 && errno == EINTR {}
         // WIFEXITED / WTERMSIG, which Glibc's Swift overlay does not bring.

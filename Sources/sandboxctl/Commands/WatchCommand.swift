@@ -16,7 +16,8 @@ struct WatchCommand: AsyncParsableCommand {
 
             Inside a sandbox of `sandboxctl launch` (SANDBOXCTL_APP_SOCKET set, no --root), it attaches as the app \
             through the app's own socket and prints its lifecycle events too (didEnterBackground, willEnterForeground, \
-            willTerminate), each before it is acknowledged.
+            willTerminate) and its open-URL events (the Inbox items pending at launch first), each before it is \
+            acknowledged.
             """
     )
 
@@ -96,6 +97,16 @@ private final class AppEventPrinter: ApplicationDelegate {
     }
     func applicationProtectedDataDidBecomeAvailable(_ application: Application) {
         print(ProtectedDataEvent.didBecomeAvailable.rawValue, "did become available", application)
+    }
+
+    func application(_ application: Application, open url: URL, sourceApplication: String?, annotation: Any?) {
+        let home = (ProcessInfo.processInfo.environment["HOME"] ?? "") + "/"
+        let path = url.path.hasPrefix(home) ? String(url.path.dropFirst(home.count)) : url.path
+        var fields: [String: Any] = ["applicationState": application.applicationState.rawValue, "path": path]
+        if let sourceApplication { fields["sourceApplication"] = sourceApplication }
+        if let annotation { fields["annotation"] = annotation }
+        printer.print(event: "openURL", state: application.isProtectedDataAvailable ? "unlocked" : "locked",
+                      text: "open URL \(path)" + (sourceApplication.map { " from \($0)" } ?? ""), fields: fields)
     }
 }
 
