@@ -27,7 +27,8 @@ struct Sandboxctl: AsyncParsableCommand {
               64  usage error (bad option, bad argument)
               65  integrity error (authentication failed, corrupt or unsupported data; a device in format
                   version 1, which `sandboxctl migrate` converts)
-              69  no key daemon serves the device (lock, unlock, watch, mount, launch), or it stopped
+              69  no key daemon serves the device (lock, unlock, watch, mount, launch, ps,
+                  suspend, resume), or it stopped
               77  denied by data protection (locked, before first unlock, wrong passcode) or by the Inbox's
                   read-and-delete rule
             """,

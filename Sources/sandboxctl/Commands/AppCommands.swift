@@ -45,11 +45,11 @@ struct PsCommand: ParsableCommand {
 struct SuspendCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "suspend",
-        abstract: "Suspend a launched app: *did enter background* to its observers, then SIGSTOP to its processes.",
+        abstract: "Suspend a launched app: 'did enter background' to its observers, then SIGSTOP to its processes.",
         discussion: """
             The app's observers have --background-time seconds to save their state and return (iOS gives about 5); the \
             processes are stopped when all have returned or the time is up. While suspended the app is sent nothing: a \
-            lock does not wait for it. `sandboxctl resume` continues it with *will enter foreground*, then one \
+            lock does not wait for it. `sandboxctl resume` continues it with 'will enter foreground', then one \
             protected-data event per kind for the net change while it was suspended. Needs the key daemon (69 without).
             """
     )
@@ -59,7 +59,7 @@ struct SuspendCommand: ParsableCommand {
     @Argument(help: ArgumentHelp("The app's bundle identifier.", valueName: "bundle"))
     var bundleIdentifier: String
 
-    @Option(help: ArgumentHelp("Seconds the app's observers have to handle *did enter background*.", valueName: "seconds"))
+    @Option(help: ArgumentHelp("Seconds the app's observers have to handle 'did enter background'.", valueName: "seconds"))
     var backgroundTime: Double = 5
 
     func validate() throws {
@@ -77,7 +77,7 @@ struct SuspendCommand: ParsableCommand {
 struct ResumeCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "resume",
-        abstract: "Resume a suspended app: SIGCONT, then *will enter foreground* and the protected-data events it missed, coalesced.",
+        abstract: "Resume a suspended app: SIGCONT, then 'will enter foreground' and the protected-data events it missed, coalesced.",
         discussion: "Needs the key daemon (69 without)."
     )
 
@@ -97,7 +97,7 @@ struct ResumeCommand: ParsableCommand {
 struct TerminateCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "terminate",
-        abstract: "End a launched app: *will terminate* to its observers, SIGTERM to its processes, SIGKILL after its launch's --terminate-timeout.",
+        abstract: "End a launched app: 'will terminate' to its observers, SIGTERM to its processes, SIGKILL after its launch's --terminate-timeout.",
         discussion: "Returns once the app has exited and its container is unmounted."
     )
 

@@ -16,13 +16,20 @@ struct LaunchCommand: ParsableCommand {
             its tmp folder. It runs in its own mount, PID, IPC, UTS and user namespaces, without network unless \
             --share-network, with the system's /usr and the few /etc files programs need read-only, and its own /tmp, \
             /proc and /dev. The device root, the keybag, the device secret, other containers and the daemon's socket \
-            are not there. The environment is HOME, TMPDIR, SANDBOXCTL_BUNDLE, PATH, LANG and TERM, and what --env adds.
+            are not there. The environment is HOME, TMPDIR, SANDBOXCTL_BUNDLE, SANDBOXCTL_APP_SOCKET, PATH, LANG and TERM, and \
+            what --env adds.
+
+            SANDBOXCTL_APP_SOCKET is the app's own socket to the daemon, which serves its events only: protected data, \
+            its lifecycle (`sandboxctl suspend`, `resume`, `terminate`) and its Inbox items (the ones pending at launch \
+            first, each recorded delivered once the app handled it). The library's Application and `sandboxctl watch` \
+            run inside attach through it; it refuses lock, unlock and everything else about the device.
 
             Needs a running `sandboxctl daemon` (exit 69 without) and bubblewrap (apt-get install bubblewrap). One \
             instance per bundle: a second launch is refused with the running one's pid. The command stays in the \
             foreground; its exit status is the program's. SIGINT, SIGTERM or SIGHUP to it, or `sandboxctl terminate \
-            BUNDLE`, ends the program (SIGTERM, then SIGKILL after --terminate-timeout seconds). The mount lives as \
-            long as the program and is unmounted when it exits, however it exits.
+            BUNDLE`, ends the program ('will terminate' to its observers, SIGTERM, then SIGKILL after \
+            --terminate-timeout seconds). The mount lives as long as the program and is unmounted when it exits, \
+            however it exits.
             """
     )
 
@@ -252,7 +259,7 @@ final class Sandbox: @unchecked Sendable {
         return timer
     }
 
-    /// Ends the program: *will terminate* to its observers (within the timeout), SIGTERM to every process of the
+    /// Ends the program: 'will terminate' to its observers (within the timeout), SIGTERM to every process of the
     /// sandbox, SIGKILL to all after the timeout.
     func end() {
         let pid: pid_t? = mutex.withLock {
