@@ -19,6 +19,8 @@ final class DaemonServer: @unchecked Sendable {
     static let maximumIdlePerUID = 32
     /// Keys one `wrap-batch` may seal: the client asks for 32; the cap bounds one request's work and guarded memory.
     static let maximumWrapBatch = 64
+    /// Connections one launched app may hold on its own socket.
+    static let maximumConnectionsPerApp = 8
 
     let device: Device
     let socketPath: String
@@ -267,7 +269,9 @@ final class DaemonServer: @unchecked Sendable {
     /// to refuse it, and accepting pauses for 100 ms so poll doesn't spin. False when accepting should stop for now.
     private func makeRoomForAConnection() -> Bool {
         let now = ContinuousClock.now
-        if let idle = connections.values.filter(\.isIdle).min(by: { $0.lastActive < $1.lastActive }) {
+        // An app's connections go before anyone else's: the owner's lock must get through.
+        if let idle = connections.values.filter({ $0.appBundle != nil }).min(by: { $0.lastActive < $1.lastActive })
+            ?? connections.values.filter(\.isIdle).min(by: { $0.lastActive < $1.lastActive }) {
             tally.note("idle connections closed for lack of descriptors", now: now, logger: logger,
                        "out of file descriptors with \(connections.count) connections: closed idle connection \(idle.id) (pid \(idle.pid))")
             close(idle, reason: nil)
@@ -300,7 +304,15 @@ final class DaemonServer: @unchecked Sendable {
             return
         }
         logger.debug("connection \(connection.id) from pid \(pid)")
-        let idle = connections.values.filter { $0.uid == uid && $0.isIdle }
+        if let appBundle {
+            // An app gets a few connections of its own, outside its owner's budget, so it can't crowd out a lock.
+            guard connections.values.filter({ $0.appBundle == appBundle }).count <= Self.maximumConnectionsPerApp else {
+                tally.note("app connections refused over the cap", now: now, logger: logger, "\(appBundle) holds \(Self.maximumConnectionsPerApp) connections: refused another")
+                return close(connection, reason: nil)
+            }
+            return
+        }
+        let idle = connections.values.filter { $0.uid == uid && $0.isIdle && $0.appBundle == nil }
         if idle.count > Self.maximumIdlePerUID, let oldest = idle.min(by: { $0.lastActive < $1.lastActive }) {
             tally.note("idle connections closed over the cap", now: now, logger: logger,
                        "uid \(uid) holds more than \(Self.maximumIdlePerUID) idle connections: closed the least recently active (connection \(oldest.id), pid \(oldest.pid))")
@@ -770,13 +782,34 @@ final class DaemonServer: @unchecked Sendable {
         } catch {
             return send(.failure(id: request.id, Self.libraryError(error)), to: connection)
         }
-        // A socket left by a daemon that was killed is ours to replace; the launcher's folder is private to the user.
-        unlink(socketPath)
+        // The pid must be a sandbox the registering launcher started: in a PID namespace of its own (else a suspend
+        // would stop every process of this one, the daemon included) and a descendant of the launcher.
+        guard AppProcesses.isSandbox(pid, startedBy: connection.pid) else {
+            return send(appFailure(request, .invalidArgument, "pid \(pid) is not a sandbox started by the registering process (pid \(connection.pid))",
+                                   "Register the first process of a bubblewrap sandbox your launcher started"), to: connection)
+        }
+        // The socket goes in a folder of the launcher's user that only it can enter; the daemon (maybe root) does no
+        // other path operation there than replacing a socket a killed daemon left, and changes no mode: the folder's
+        // protects it.
+        let folder = (socketPath as NSString).deletingLastPathComponent
+        var folderInfo = stat(), existing = stat()
+        guard lstat(folder, &folderInfo) == 0, folderInfo.st_mode & S_IFMT == S_IFDIR, folderInfo.st_uid == connection.uid,
+              folderInfo.st_mode & 0o077 == 0 else {
+            return send(appFailure(request, .invalidArgument, "the socket's folder \(folder) is not a directory of uid \(connection.uid) that only it can enter (mode 0700)",
+                                   "Give a socket path in a private folder of yours"), to: connection)
+        }
+        if lstat(socketPath, &existing) == 0 {
+            guard existing.st_mode & S_IFMT == S_IFSOCK else {
+                return send(appFailure(request, .alreadyExists, "\(socketPath) exists and is not a socket", "Remove it, or give another path"), to: connection)
+            }
+            unlink(socketPath)
+        }
         let listener = ps_unix_listen(socketPath, 64)
         guard listener >= 0 else {
             return send(appFailure(request, .io, "cannot listen on \(socketPath) (\(String(cString: strerror(errno))))", "Check the launcher's runtime folder"), to: connection)
         }
-        chmod(socketPath, 0o600)
+        // A sandbox whose daemon died while it was suspended would otherwise stay stopped: registered means running.
+        AppProcesses.signal(SIGCONT, inSandboxOf: pid)
         apps[bundle] = LaunchedApp(bundle: bundle, sandboxPID: pid, listener: listener, socketPath: socketPath, owner: connection.id)
         logger.info("\(bundle): launched (sandbox pid \(pid)), its socket \(socketPath)")
         var reply = DaemonReply(id: request.id)
@@ -841,7 +874,8 @@ final class DaemonServer: @unchecked Sendable {
         for (id, var wait) in appEventWaits where wait.event == event && wait.remaining.remove(subscriber) != nil {
             wait.acknowledged += 1
             appEventWaits[id] = wait
-            if wait.remaining.isEmpty { finishWait(id) }
+            // An open-URL event is handled once one observer of the app has it; a lifecycle event waits for all.
+            if wait.remaining.isEmpty || event.wireName == "open-url" { finishWait(id) }
         }
     }
 

@@ -46,6 +46,8 @@ package struct SubscriberRegistry {
         var pendingAppEvents: [Event] = []
         /// Its app is suspended (stopped): protection events are folded, not sent, and no lock waits for it.
         var suspended = false
+        /// Its app was suspended since `view` was sent: its catch-up is the reference's, one event for the net change.
+        var suspendedSinceView = false
     }
 
     private var subscribers: [ID: Subscriber] = [:]
@@ -117,7 +119,10 @@ package struct SubscriberRegistry {
     /// Marks a subscriber's app suspended or resumed. A suspended one is not waited for by a lock.
     mutating func setSuspended(_ id: ID, _ suspended: Bool) {
         subscribers[id]?.suspended = suspended
-        if suspended { awaiting?.remove(id) }
+        if suspended {
+            subscribers[id]?.suspendedSinceView = true
+            awaiting?.remove(id)
+        }
     }
 
     /// The subscriber handled event `seq`: which event that was, and what to send it next (a waiting lifecycle event,
@@ -126,7 +131,8 @@ package struct SubscriberRegistry {
         guard var subscriber = subscribers[id], let outstanding = subscriber.outstanding, outstanding.seq == seq else { return (nil, []) }
         subscriber.outstanding = nil
         subscribers[id] = subscriber
-        if outstanding.event == .protection(.willBecomeUnavailable) { awaiting?.remove(id) }
+        // Its view is *will* (this event, or one before it): it has closed what a lock needs closed.
+        if subscriber.view == .willBecomeUnavailable { awaiting?.remove(id) }
         if let next = subscriber.pendingAppEvents.first, next.isLifecycle || !subscriber.suspended {
             subscribers[id]?.pendingAppEvents.removeFirst()
             return (outstanding.event, [send(next, to: id)])
@@ -135,11 +141,14 @@ package struct SubscriberRegistry {
     }
 
     /// The protection event that brings the subscriber's view up to date, if any (one per kind, as iOS coalesces).
+    /// A suspended app gets one event for the net change (the reference's rule for suspended apps): a lock and an
+    /// unlock while it was stopped give *did become available* alone, which tells it to reopen what the lock revoked.
+    /// A subscriber that was only slow gets *will*, then *did* (docs/PROTOCOL.md §4).
     private mutating func catchUp(_ id: ID) -> [Delivery] {
         guard let subscriber = subscribers[id] else { return [] }
         let available = (latest ?? subscriber.view) == .didBecomeAvailable
         if subscriber.view == .didBecomeAvailable && subscriber.missedLock {
-            return [send(.protection(.willBecomeUnavailable), to: id)]
+            return [send(.protection(subscriber.suspendedSinceView && available ? .didBecomeAvailable : .willBecomeUnavailable), to: id)]
         }
         if subscriber.view == .willBecomeUnavailable && available {
             return [send(.protection(.didBecomeAvailable), to: id)]
@@ -152,6 +161,8 @@ package struct SubscriberRegistry {
         if case .protection(let protection) = event {
             subscribers[id]?.view = protection
             subscribers[id]?.missedLock = false
+            let suspended = subscribers[id]?.suspended ?? false
+            subscribers[id]?.suspendedSinceView = suspended
         }
         subscribers[id]?.outstanding = (nextSeq, event)
         return Delivery(subscriber: id, event: event, seq: nextSeq)

@@ -349,6 +349,21 @@ struct SubscriberRegistryTests {
         #expect(registry.acknowledge(1, seq: net[0].seq).next.isEmpty)
     }
 
+    @Test("a suspended app across a lock and an unlock gets did-become-available alone after will-enter-foreground: one event for the net change")
+    func suspendedAcrossLockAndUnlock() {
+        var registry = SubscriberRegistry()
+        registry.add(1, available: true)
+        registry.setSuspended(1, true)
+        #expect(registry.broadcast(.willBecomeUnavailable).isEmpty)
+        registry.lockCompleted()
+        #expect(registry.broadcast(.didBecomeAvailable).isEmpty)
+        registry.setSuspended(1, false)
+        let foreground = registry.send(.willEnterForeground, to: [1])
+        let net = registry.acknowledge(1, seq: foreground[0].seq).next
+        #expect(net.map(\.event) == [.protection(.didBecomeAvailable)])
+        #expect(registry.acknowledge(1, seq: net[0].seq).next.isEmpty)
+    }
+
     @Test("a lifecycle event for a busy subscriber waits for its acknowledgement and goes before the protection catch-up")
     func lifecycleBehindOutstanding() {
         var registry = SubscriberRegistry()

@@ -35,7 +35,8 @@ extension ApplicationDelegate {
 /// (`SANDBOXCTL_APP_SOCKET`), which serves nothing else: no lock, no unlock, no other container.
 ///
 /// Observe it three ways, as a `Device`: delegates, `NotificationCenter` (UIApplication's notification names; open-URL
-/// events as `Container.openURLNotification`, object: the application), or the `events` async sequence. Each event is
+/// events as `Container.openURLNotification`, object: the application; after `postNotifications()`), or the
+/// `events()` async sequence; events start with the first observer. Each event is
 /// acknowledged once every observer has had it; an open-URL event counts as delivered only then.
 public final class Application: @unchecked Sendable {
     /// Where `sandboxctl launch` puts the app's socket inside the sandbox.
@@ -62,6 +63,8 @@ public final class Application: @unchecked Sendable {
     private var continuations: [UUID: AsyncStream<ApplicationEvent>.Continuation] = [:]
     private var state = State.active
     private var protectedDataAvailable: Bool
+    /// Events handled so far (on `queue`).
+    private var handledEvents = 0
     private let queue = DispatchQueue(label: "ProtectedStore.application")
 
     private struct WeakDelegate {
@@ -102,22 +105,43 @@ public final class Application: @unchecked Sendable {
     /// Whether protected data (class A) is available, as of the last event handled.
     public var isProtectedDataAvailable: Bool { mutex.withLock { protectedDataAvailable } }
 
-    /// Adds an observer (held weakly).
-    public func addDelegate(_ delegate: any ApplicationDelegate) {
+    /// Adds an observer (held weakly). The first observer, of any kind, starts the events: Inbox items waiting for
+    /// the app (its launch options) go to it, not to nobody.
+    public func addDelegate(_ delegate: any ApplicationDelegate) throws {
         mutex.withLock { delegates.append(WeakDelegate(delegate: delegate)) }
+        try startEvents()
     }
 
     public func removeDelegate(_ delegate: any ApplicationDelegate) {
         mutex.withLock { delegates.removeAll { $0.delegate == nil || $0.delegate === delegate } }
     }
 
-    /// Every event from now on, in order.
-    public var events: AsyncStream<ApplicationEvent> {
+    /// Every event from now on, in order; the first observer starts the events, as `addDelegate` does.
+    public func events() throws -> AsyncStream<ApplicationEvent> {
         let id = UUID()
         let (stream, continuation) = AsyncStream<ApplicationEvent>.makeStream()
         continuation.onTermination = { [weak self] _ in _ = self?.mutex.withLock { self?.continuations.removeValue(forKey: id) } }
         mutex.withLock { continuations[id] = continuation }
+        try startEvents()
         return stream
+    }
+
+    /// Starts the events with `NotificationCenter` as the only observer (as `addDelegate` starts them for a delegate).
+    public func postNotifications() throws { try startEvents() }
+
+    /// Subscribes, once. The events start from the state at that moment: if it changed since `attach()` said, the
+    /// observers hear of it first.
+    private func startEvents() throws {
+        let handledBefore = mutex.withLock { handledEvents }
+        guard let reply = try link.subscribe() else { return }
+        let available = reply.state == Device.State.unlocked.rawValue
+        queue.async { [self] in
+            // An event handled since is newer than the subscription's state.
+            let (handled, believed) = mutex.withLock { (handledEvents, protectedDataAvailable) }
+            if handled == handledBefore && available != believed {
+                handle(.protectedData(available ? .didBecomeAvailable : .willBecomeUnavailable))
+            }
+        }
     }
 
     /// Stops receiving events; the app's socket connection closes.
@@ -163,6 +187,7 @@ public final class Application: @unchecked Sendable {
     /// On `queue`: updates the state, then tells every observer.
     private func handle(_ event: ApplicationEvent) {
         let (observers, streams) = mutex.withLock { () -> ([any ApplicationDelegate], [AsyncStream<ApplicationEvent>.Continuation]) in
+            handledEvents += 1
             switch event {
             case .lifecycle(.didEnterBackground): state = .background
             case .lifecycle(.willEnterForeground): state = .active

@@ -22,6 +22,9 @@ package final class DaemonLink: @unchecked Sendable {
     let socketPath: String
     /// An app's own socket: reconnect to it, not to whatever socket the root's daemon records.
     private let isAppSocket: Bool
+    /// Whether the connection subscribes to events (at once for a device; for an app once it has an observer, so the
+    /// open-URL events waiting for it go to someone), also when it reconnects.
+    private var subscribing: Bool
     private let mutex = NSLock()
     // Held around every send and around closing the descriptor, so a send never goes to a number that was
     // closed and reused meanwhile (it would carry a passcode or a key to a stranger).
@@ -59,21 +62,31 @@ package final class DaemonLink: @unchecked Sendable {
         let root = Device.absolute(root)
         let path = Device.absolute(socketPath ?? Self.socketPath(root: root))
         let received = FrameBuffer()
-        let (descriptor, hello) = try handshake(root: root, socketPath: path, buffer: received)
-        return (DaemonLink(root: root, socketPath: path, isAppSocket: false, descriptor: descriptor, received: received), hello)
+        let (descriptor, hello) = try handshake(root: root, socketPath: path, buffer: received, subscribing: true)
+        return (DaemonLink(root: root, socketPath: path, isAppSocket: false, subscribing: true, descriptor: descriptor, received: received), hello)
     }
 
-    /// Connects to a launched app's own socket (`sandboxctl launch`), says hello and subscribes.
+    /// Connects to a launched app's own socket (`sandboxctl launch`) and says hello; `subscribe()` starts the events.
     static func connect(appSocket: String) throws -> (DaemonLink, DaemonReply) {
         let received = FrameBuffer()
-        let (descriptor, hello) = try handshake(root: appSocket, socketPath: appSocket, buffer: received)
-        return (DaemonLink(root: appSocket, socketPath: appSocket, isAppSocket: true, descriptor: descriptor, received: received), hello)
+        let (descriptor, hello) = try handshake(root: appSocket, socketPath: appSocket, buffer: received, subscribing: false)
+        return (DaemonLink(root: appSocket, socketPath: appSocket, isAppSocket: true, subscribing: false, descriptor: descriptor, received: received), hello)
     }
 
-    private init(root: String, socketPath: String, isAppSocket: Bool, descriptor: Int32, received: FrameBuffer) {
+    /// Subscribes a link made without a subscription (the reply: the state the events start from); from then on it
+    /// also subscribes when it reconnects. Nil if it was subscribed already.
+    func subscribe() throws -> DaemonReply? {
+        guard !mutex.withLock({ subscribing }) else { return nil }
+        let reply = try call(DaemonRequest(id: 0, op: .subscribe)).reply
+        mutex.withLock { subscribing = true }
+        return reply
+    }
+
+    private init(root: String, socketPath: String, isAppSocket: Bool, subscribing: Bool, descriptor: Int32, received: FrameBuffer) {
         self.root = root
         self.socketPath = socketPath
         self.isAppSocket = isAppSocket
+        self.subscribing = subscribing
         self.descriptor = descriptor
         self.received = received
     }
@@ -220,7 +233,8 @@ package final class DaemonLink: @unchecked Sendable {
     /// Tries again every 200 ms until a daemon serves the root or the link is closed.
     private func reconnect() -> DaemonReply? {
         while !mutex.withLock({ closed }) {
-            if let (fd, hello) = try? Self.handshake(root: root, socketPath: isAppSocket ? socketPath : Self.socketPath(root: root), buffer: received) {
+            if let (fd, hello) = try? Self.handshake(root: root, socketPath: isAppSocket ? socketPath : Self.socketPath(root: root), buffer: received,
+                                                     subscribing: mutex.withLock({ subscribing })) {
                 let stillWanted: Bool = mutex.withLock {
                     guard !closed else { return false }
                     descriptor = fd
@@ -240,7 +254,7 @@ package final class DaemonLink: @unchecked Sendable {
 
     /// Connects (checking that the daemon runs as this user or root), says hello and subscribes, with blocking reads:
     /// no reader thread exists yet. Returns the subscribe reply, completed with the hello fields.
-    private static func handshake(root: String, socketPath: String, buffer: FrameBuffer) throws -> (Int32, DaemonReply) {
+    private static func handshake(root: String, socketPath: String, buffer: FrameBuffer, subscribing: Bool) throws -> (Int32, DaemonReply) {
         let fd = ps_unix_connect(socketPath)
         guard fd >= 0 else {
             let error = Errno(rawValue: errno)
@@ -270,8 +284,10 @@ package final class DaemonLink: @unchecked Sendable {
         setTimeouts(fd, seconds: 5)
         do {
             var helloReply = try greet(on: fd, buffer: buffer)
-            let subscribed = try exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: buffer)
-            helloReply.state = subscribed.state
+            if subscribing {
+                let subscribed = try exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: buffer)
+                helloReply.state = subscribed.state
+            }
             setTimeouts(fd, seconds: 0)
             return (fd, helloReply)
         } catch {

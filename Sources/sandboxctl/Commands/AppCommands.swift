@@ -50,7 +50,8 @@ struct SuspendCommand: ParsableCommand {
             The app's observers have --background-time seconds to save their state and return (iOS gives about 5); the \
             processes are stopped when all have returned or the time is up. While suspended the app is sent nothing: a \
             lock does not wait for it. `sandboxctl resume` continues it with 'will enter foreground', then one \
-            protected-data event per kind for the net change while it was suspended. Needs the key daemon (69 without).
+            protected-data event for the net change while it was suspended (a lock and an unlock: 'did become \
+            available' alone). Needs the key daemon (69 without).
             """
     )
 
@@ -77,7 +78,7 @@ struct SuspendCommand: ParsableCommand {
 struct ResumeCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "resume",
-        abstract: "Resume a suspended app: SIGCONT, then 'will enter foreground' and the protected-data events it missed, coalesced.",
+        abstract: "Resume a suspended app: SIGCONT, then 'will enter foreground' and one protected-data event for the net change while it was suspended.",
         discussion: "Needs the key daemon (69 without)."
     )
 

@@ -268,16 +268,27 @@ final class Sandbox: @unchecked Sendable {
             return sandboxPID
         }
         guard let pid else { return }
-        _ = try? device.appRequest(.appTerminate, bundle: container.bundleIdentifier, timeout: terminateTimeout)
-        // bubblewrap's init (the first process) passes nothing on; the program and its children get SIGTERM, and
-        // SIGCONT in case they are suspended.
-        for process in AppProcesses.inSandbox(of: pid).dropFirst() {
-            kill(process, SIGTERM)
-            kill(process, SIGCONT)
+        // A suspend or resume in progress makes the daemon refuse this for a moment: wait for it, within the timeout.
+        let deadline = Date().addingTimeInterval(terminateTimeout)
+        while true {
+            do {
+                _ = try device.appRequest(.appTerminate, bundle: container.bundleIdentifier, timeout: terminateTimeout)
+                break
+            } catch let error as ProtectedStoreError where error.kind == .invalidArgument && Date() < deadline {
+                usleep(50_000)
+            } catch {
+                break
+            }
         }
+        // bubblewrap's init (the first process) passes nothing on; the program and its children get SIGTERM. All get
+        // SIGCONT, in case they are suspended: a stopped init could not reap the program.
+        let processes = AppProcesses.inSandbox(of: pid)
+        for process in processes.dropFirst() { kill(process, SIGTERM) }
+        for process in processes { kill(process, SIGCONT) }
         DispatchQueue.global().asyncAfter(deadline: .now() + terminateTimeout) {
-            // Killing the namespace's first process kills every process in it.
-            kill(pid, SIGKILL)
+            // Killing the namespace's first process kills every process in it; checked first, since the number may
+            // have been reused by then (the sandbox gone, a process of ours under that pid).
+            if !AppProcesses.inSandbox(of: pid).isEmpty { kill(pid, SIGKILL) }
         }
     }
 
@@ -298,7 +309,8 @@ final class Sandbox: @unchecked Sendable {
 
     /// bubblewrap's arguments: what the sandbox contains.
     func bubblewrapArguments(home: String, infoDescriptor: Int32, blockDescriptor: Int32) -> [String] {
-        var arguments = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+        // No user namespace inside: without one the app can't make a nested PID namespace a suspension would miss.
+        var arguments = ["--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
                          "--info-fd", "\(infoDescriptor)", "--block-fd", "\(blockDescriptor)", "--hostname", "app"]
         if !shareNetwork { arguments.append("--unshare-net") }
         // The sandbox's own /proc, /dev, /tmp and /run first: binds below them (a program in /tmp) go on top.
@@ -323,7 +335,8 @@ final class Sandbox: @unchecked Sendable {
             arguments += ["--ro-bind", program, program]
         }
         // The folder, not the socket: a restarted daemon makes a new socket there, which the sandbox then sees.
-        arguments += ["--bind", slot.socketFolder, (Self.appSocketInside as NSString).deletingLastPathComponent]
+        // Read-only (connecting needs no write access to the mount): the app can't replace the socket or fill the folder.
+        arguments += ["--ro-bind", slot.socketFolder, (Self.appSocketInside as NSString).deletingLastPathComponent]
         arguments += ["--bind", home, LaunchCommand.home, "--chdir", LaunchCommand.home, "--clearenv",
                       "--setenv", Application.socketEnvironmentVariable, Self.appSocketInside,
                       "--setenv", "HOME", LaunchCommand.home, "--setenv", "TMPDIR", "\(LaunchCommand.home)/tmp",

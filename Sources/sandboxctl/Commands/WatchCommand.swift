@@ -70,7 +70,7 @@ extension WatchCommand {
         let application = try reportingErrors { try Application.attach() }
         let printer = LinePrinter(json: json)
         let observer = AppEventPrinter(printer: printer)
-        application.addDelegate(observer)
+        try reportingErrors { try application.addDelegate(observer) }
         let state = application.isProtectedDataAvailable ? "unlocked" : "locked"
         FileHandle.standardError.write(Data("Watching \(application.bundleIdentifier) as the app (protected data: \(state)); Ctrl-C to stop\n".utf8))
         withExtendedLifetime((application, observer)) {
