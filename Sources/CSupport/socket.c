@@ -71,3 +71,29 @@ int ps_accept(int listener) {
 int ps_pipe(int ends[2]) {
     return pipe2(ends, O_CLOEXEC | O_NONBLOCK);
 }
+
+int ps_adopt_listening_unix_socket(int fd, char *path, int capacity) {
+    int type = 0, listening = 0;
+    socklen_t size = sizeof(type);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0) return -1;
+    size = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0) return -1;
+    struct sockaddr_un address;
+    memset(&address, 0, sizeof(address));
+    size = sizeof(address);
+    if (getsockname(fd, (struct sockaddr *)&address, &size) != 0) return -1;
+    if (type != SOCK_STREAM || !listening || address.sun_family != AF_UNIX || address.sun_path[0] == 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    size_t length = strnlen(address.sun_path, sizeof(address.sun_path));
+    if ((int)length >= capacity) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(path, address.sun_path, length);
+    path[length] = 0;
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return -1;
+    return 0;
+}

@@ -18,6 +18,8 @@ public final class KeyDaemon: Sendable {
     public let device: Device
     private let server: DaemonServer
     private let lockFile: Int32
+    /// The socket came from systemd (socket activation): systemd owns its file, which stays when the daemon stops.
+    public let isSocketActivated: Bool
     private let serverFinished = DispatchSemaphore(value: 0)
     private let stopped = DispatchSemaphore(value: 0)
     private let stopOnce = OnceFlag()
@@ -27,7 +29,9 @@ public final class KeyDaemon: Sendable {
     public static func defaultSocketPath(root: String) -> String { DaemonInfo.defaultSocketPath(root: root) }
 
     /// Opens the device before first unlock and starts serving on `socketPath` (default: `defaultSocketPath(root:)`).
-    /// Throws if another daemon serves the root or the socket; a socket left by a killed daemon is replaced.
+    /// Throws if another daemon serves the root or the socket; a socket left by a killed daemon is replaced. Started by
+    /// systemd with a listening socket (`LISTEN_FDS`), it serves on that one, after checking that it is a Unix stream
+    /// socket at `socketPath` that only its owner can use.
     public static func start(root: String, deviceSecretPath: String? = nil, socketPath: String? = nil,
                              gracePeriod: TimeInterval = Device.defaultGracePeriod,
                              logger: Logger = Logger(label: "sandboxctl.daemon")) throws -> KeyDaemon {
@@ -38,22 +42,12 @@ public final class KeyDaemon: Sendable {
         let socketPath = Device.absolute(socketPath ?? defaultSocketPath(root: root))
         let lockFile = try DaemonInfo.takeLock(root: root, remedy: "Use it (`sandboxctl status`, `lock`, `unlock`), or stop it first")
         do {
-            try removeStaleSocket(at: socketPath)
-            let listener = ps_unix_listen(socketPath, 512)
-            guard listener >= 0 else {
-                let error = Errno(rawValue: errno)
-                if error == .fileNameTooLong {
-                    throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket path is longer than a Unix socket address allows (107 bytes)",
-                                              remedy: "Pass a shorter --socket path")
-                }
-                throw ProtectedStoreError.io(error, path: socketPath, doing: "listen on the daemon socket")
-            }
-            // Bound before the chmod: a peer connecting in between is still checked with SO_PEERCRED.
-            guard chmod(socketPath, 0o600) == 0 else {
-                let error = Errno(rawValue: errno)
-                Glibc.close(listener)
-                unlink(socketPath)
-                throw ProtectedStoreError.io(error, path: socketPath, doing: "restrict the daemon socket to its owner")
+            let activated = try inheritedListener(socketPath: socketPath)
+            let listener: Int32
+            if let activated {
+                listener = activated
+            } else {
+                listener = try listen(at: socketPath)
             }
             var rootStatus = stat()
             guard stat(root, &rootStatus) == 0 else {
@@ -65,7 +59,8 @@ public final class KeyDaemon: Sendable {
                                           onErased: { relay.stop() })
             let info = DaemonInfo(pid: getpid(), socketPath: socketPath, protocolVersion: daemonProtocolVersion)
             try FileSystem.writeAtomically(Array(try JSONEncoder().encode(info)), to: FileLocation(path: DaemonInfo.path(root: root)), replacing: true)
-            let daemon = KeyDaemon(root: root, socketPath: socketPath, device: device, server: server, lockFile: lockFile, logger: logger)
+            let daemon = KeyDaemon(root: root, socketPath: socketPath, device: device, server: server, lockFile: lockFile,
+                                   isSocketActivated: activated != nil, logger: logger)
             relay.daemon = daemon
             let thread = Thread { [daemon] in
                 daemon.server.run()
@@ -75,7 +70,7 @@ public final class KeyDaemon: Sendable {
             }
             thread.name = "ProtectedStore.daemon"
             thread.start()
-            logger.info("serving \(root) on \(socketPath) (pid \(getpid()), grace \(gracePeriod) s); state: before first unlock")
+            logger.info("serving \(root) on \(socketPath)\(activated != nil ? " (from systemd)" : "") (pid \(getpid()), grace \(gracePeriod) s); state: before first unlock")
             return daemon
         } catch {
             Glibc.close(lockFile)
@@ -83,12 +78,13 @@ public final class KeyDaemon: Sendable {
         }
     }
 
-    private init(root: String, socketPath: String, device: Device, server: DaemonServer, lockFile: Int32, logger: Logger) {
+    private init(root: String, socketPath: String, device: Device, server: DaemonServer, lockFile: Int32, isSocketActivated: Bool, logger: Logger) {
         self.root = root
         self.socketPath = socketPath
         self.device = device
         self.server = server
         self.lockFile = lockFile
+        self.isSocketActivated = isSocketActivated
         self.logger = logger
     }
 
@@ -108,7 +104,7 @@ public final class KeyDaemon: Sendable {
         serverFinished.wait()
         // After the loop: a passcode check still running finishes first, and no unlock can bring keys back.
         device.shutDown()
-        unlink(socketPath)
+        if !isSocketActivated { unlink(socketPath) }
         unlink(DaemonInfo.path(root: root))
         Glibc.close(lockFile)
         logger.info("stopped; keys zeroed")
@@ -119,6 +115,61 @@ public final class KeyDaemon: Sendable {
     public func waitUntilStopped() {
         stopped.wait()
         stopped.signal()
+    }
+
+    // MARK: The socket
+
+    /// Binds a new socket (mode 0600), replacing one a killed daemon left.
+    private static func listen(at socketPath: String) throws -> Int32 {
+        try removeStaleSocket(at: socketPath)
+        let listener = ps_unix_listen(socketPath, 512)
+        guard listener >= 0 else {
+            let error = Errno(rawValue: errno)
+            if error == .fileNameTooLong {
+                throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket path is longer than a Unix socket address allows (107 bytes)",
+                                          remedy: "Pass a shorter --socket path")
+            }
+            throw ProtectedStoreError.io(error, path: socketPath, doing: "listen on the daemon socket")
+        }
+        // Bound before the chmod: a peer connecting in between is still checked with SO_PEERCRED.
+        guard chmod(socketPath, 0o600) == 0 else {
+            let error = Errno(rawValue: errno)
+            Glibc.close(listener)
+            unlink(socketPath)
+            throw ProtectedStoreError.io(error, path: socketPath, doing: "restrict the daemon socket to its owner")
+        }
+        return listener
+    }
+
+    /// The listening socket systemd handed over (sd_listen_fds' protocol: `LISTEN_PID` is this process, `LISTEN_FDS`
+    /// descriptors from 3), or nil when started by hand. It must be one Unix stream socket bound to `socketPath`
+    /// that only its owner can use; the variables are cleared so no child inherits them.
+    private static func inheritedListener(socketPath: String) throws -> Int32? {
+        let environment = ProcessInfo.processInfo.environment
+        guard let pid = environment["LISTEN_PID"], pid == String(getpid()), let count = environment["LISTEN_FDS"] else { return nil }
+        for name in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] { unsetenv(name) }
+        guard count == "1" else {
+            throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "systemd passed \(count) sockets; the daemon takes exactly one",
+                                      remedy: "Give sandboxctl.socket a single ListenStream=")
+        }
+        var path = [CChar](repeating: 0, count: 128)
+        guard ps_adopt_listening_unix_socket(3, &path, Int32(path.count)) == 0 else {
+            throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket systemd passed is not a listening Unix stream socket bound to a path (\(String(cString: strerror(errno))))",
+                                      remedy: "Use ListenStream= with a path in sandboxctl.socket")
+        }
+        let bound = String(decoding: path.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        guard bound == socketPath else {
+            Glibc.close(3)
+            throw ProtectedStoreError(.invalidArgument, path: bound, problem: "the socket systemd passed is \(bound), not this device's \(socketPath)",
+                                      remedy: "Set ListenStream=\(socketPath) in sandboxctl.socket, or start the daemon with --socket \(bound)")
+        }
+        var status = stat()
+        guard lstat(bound, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK, status.st_mode & 0o077 == 0 else {
+            Glibc.close(3)
+            throw ProtectedStoreError(.permissionDenied, path: bound, problem: "the socket systemd passed can be used by others than its owner (mode \(String(status.st_mode & 0o777, radix: 8)))",
+                                      remedy: "Set SocketMode=0600 in sandboxctl.socket")
+        }
+        return 3
     }
 
     // MARK: One daemon per root

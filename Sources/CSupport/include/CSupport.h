@@ -31,6 +31,11 @@ int ps_unix_listen(const char *path, int backlog);
 /// queue (then -1 with EAGAIN); -1 with errno set.
 int ps_unix_connect(const char *path);
 
+/// Takes over a listening socket inherited from systemd (socket activation): checks that `fd` is a listening Unix
+/// stream socket bound to a path, copies that path into `path` (`capacity` bytes), and makes it non-blocking and
+/// close-on-exec. Returns 0, or -1 with errno set (EINVAL: not a listening Unix stream socket bound to a path).
+int ps_adopt_listening_unix_socket(int fd, char *path, int capacity);
+
 /// The peer's pid and uid (SO_PEERCRED, whose struct ucred glibc declares only under _GNU_SOURCE); -1 with errno set.
 int ps_peer_credentials(int fd, int *pid, unsigned int *uid);
 

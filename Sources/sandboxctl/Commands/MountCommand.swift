@@ -28,8 +28,10 @@ struct MountCommand: ParsableCommand {
     @Argument(help: ArgumentHelp("The container's bundle identifier.", valueName: "bundle"))
     var bundleIdentifier: String
 
-    @Argument(help: ArgumentHelp("An empty directory outside the device root.", valueName: "mountpoint"))
-    var mountPoint: String
+    @Argument(help: ArgumentHelp("An empty directory outside the device root.",
+                                 discussion: "Default: the one a line `BUNDLE MOUNTPOINT` of $XDG_CONFIG_HOME/sandboxctl/mounts.conf gives (how sandboxctl-mount@BUNDLE.service finds it).",
+                                 valueName: "mountpoint"))
+    var mountPoint: String?
 
     @Flag(help: "Stay in the foreground and log to standard error until unmounted or interrupted.")
     var foreground = false
@@ -44,7 +46,7 @@ struct MountCommand: ParsableCommand {
     func run() throws {
         try reportingErrors {
             let root = device.resolvedRoot
-            let checkedMountPoint = try MountPoint.check(mountPoint, deviceRoot: root)
+            let checkedMountPoint = try MountPoint.check(try mountPoint ?? MountsConfiguration.mountPoint(of: bundleIdentifier), deviceRoot: root)
             let attached = try device.attach()
             let container = try attached.container(bundleIdentifier: bundleIdentifier)
             if foreground || backgroundChild {
@@ -65,6 +67,26 @@ struct MountCommand: ParsableCommand {
                 return
             }
             Self.announceReady()
+        }
+    }
+
+    /// The mount points of `$XDG_CONFIG_HOME/sandboxctl/mounts.conf`: one `BUNDLE MOUNTPOINT` per line, `#` comments.
+    enum MountsConfiguration {
+        static var path: String {
+            let configHome = ProcessInfo.processInfo.environment["XDG_CONFIG_HOME"].flatMap { $0.isEmpty ? nil : $0 }
+                ?? (NSHomeDirectory() as NSString).appendingPathComponent(".config")
+            return (configHome as NSString).appendingPathComponent("sandboxctl/mounts.conf")
+        }
+
+        static func mountPoint(of bundle: String) throws -> String {
+            let text = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+            for line in text.split(separator: "\n") {
+                let fields = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0]
+                    .split(separator: " ", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
+                if fields.count == 2, fields[0] == bundle, !fields[1].isEmpty { return fields[1] }
+            }
+            throw ProtectedStoreError(.invalidArgument, path: path, problem: "no mount point given, and no line for \(bundle) here",
+                                      remedy: "Give MOUNTPOINT, or add the line `\(bundle) /path/to/mountpoint` to \(path)")
         }
     }
 
