@@ -127,6 +127,49 @@ struct SystemdTests {
         #expect(text(misplacedLog).contains("ListenStream=\(test.root)/daemon.sock"), "\(text(misplacedLog))")
     }
 
+    @Test("init --seal-secret systemd-creds: no plain secret on disk; the device opens on this machine, also in the daemon; not with another host key; erase removes it",
+          .enabled(if: FUSEAvailability.executable("systemd-creds") != nil, "systemd-creds is not installed"))
+    func sealedDeviceSecret() throws {
+        let directory = TemporaryDirectory()
+        let creds = URL(fileURLWithPath: FUSEAvailability.executable("systemd-creds")!)
+        // Host keys of our own (systemd-creds reads the path from SYSTEMD_CREDENTIAL_SECRET): this machine's and another's.
+        for key in ["host.secret", "other.secret"] {
+            let setup = try CLI.run(executable: creds, ["setup"], environment: ["SYSTEMD_CREDENTIAL_SECRET": directory.file(key)])
+            #expect(setup.status == 0, "\(setup.stderr)")
+        }
+        let root = directory.file("root"), state = directory.file("state")
+        let here = ["SYSTEMD_CREDENTIAL_SECRET": directory.file("host.secret"), "XDG_STATE_HOME": state]
+        let created = try CLI.run(["init", "--root", root, "--kdf", "fast", "--passcode-stdin", "--seal-secret", "systemd-creds"], stdin: "pw\n", environment: here)
+        #expect(created.status == 0, "\(created.stderr)")
+        let secrets = (FileManager.default.enumerator(atPath: state)?.allObjects as? [String] ?? []).filter { $0.contains(".secret") }
+        #expect(secrets.count == 1 && secrets[0].hasSuffix(".secret.cred"), "only the sealed secret is on disk: \(secrets)")
+
+        #expect(try CLI.run(["create", "com.example.sealed", "--root", root], environment: here).status == 0)
+        #expect(try CLI.run(["put", "--passcode-stdin", "-", "com.example.sealed:Documents/a.txt", "--root", root], stdin: "pw\nsealed\n", environment: here).status == 0)
+        #expect(try CLI.run(["cat", "--passcode-stdin", "com.example.sealed:Documents/a.txt", "--root", root], stdin: "pw\n", environment: here).stdout == "sealed\n")
+        // The daemon unseals it at start.
+        let daemon = try SpawnedProcess(CLI.executable, ["daemon", "--grace", "1", "--root", root], environment: here)
+        #expect(eventually(timeout: 20) { Device.isDaemonRunning(root: root) }, "\(daemon.standardError)")
+        #expect(try CLI.run(["unlock", "--passcode-stdin", "--root", root], stdin: "pw\n", environment: here).status == 0)
+        #expect(try CLI.run(["cat", "com.example.sealed:Documents/a.txt", "--root", root], environment: here).stdout == "sealed\n")
+        daemon.signal(SIGTERM)
+        #expect(daemon.waitForExit(timeout: 20) == 0)
+
+        // The root and the sealed secret copied to a machine with another host key: nothing opens.
+        let elsewhere = try CLI.run(["status", "--root", root], environment: ["SYSTEMD_CREDENTIAL_SECRET": directory.file("other.secret"), "XDG_STATE_HOME": state])
+        #expect(elsewhere.status == 65 && elsewhere.stderr.contains("could not unseal"), "\(elsewhere.stderr)")
+
+        let erased = try CLI.run(["erase", "--passcode-stdin", "--root", root], stdin: "pw\n", environment: here)
+        #expect(erased.status == 0, "\(erased.stderr)")
+        #expect((FileManager.default.enumerator(atPath: state)?.allObjects as? [String] ?? []).allSatisfy { !$0.contains(".secret") }, "erase removed the sealed secret")
+
+        // Without systemd-creds, asking for it fails before anything is made.
+        let missing = try CLI.run(["init", "--root", directory.file("root2"), "--kdf", "fast", "--passcode-stdin", "--seal-secret", "systemd-creds"],
+                                  stdin: "pw\n", environment: ["PATH": "/nonexistent", "XDG_STATE_HOME": state])
+        #expect(missing.status == 1 && missing.stderr.contains("systemd-creds is not installed"), "\(missing.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: directory.file("root2")))
+    }
+
     @Test("mount without a mount point takes it from mounts.conf, and says where to add one when it is missing")
     func mountPointFromConfiguration() throws {
         let test = try TestDevice()

@@ -107,18 +107,23 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
 
     /// Creates a device in `root` (new or empty directory): a device secret at `deviceSecretPath`
     /// (default: `DeviceSecret.defaultPath(keybagID:)`, outside the root), then the keybag. The device starts unlocked.
+    /// With `secretStorage` `.systemdCredential`, the secret is sealed by `systemd-creds` at the path plus `.cred`.
     public static func create(root: String, deviceSecretPath: String? = nil, passcode: Passcode, kdf: KDFPreset = .interactive,
-                              passcodePolicy: PasscodePolicy = .default, notificationCenter: NotificationCenter = .default) throws -> Device {
+                              passcodePolicy: PasscodePolicy = .default, secretStorage: DeviceSecretStorage = .file,
+                              notificationCenter: NotificationCenter = .default) throws -> Device {
         let root = absolute(root)
         try passcodePolicy.validate()
         try checkCreatable(root: root, deviceSecretPath: deviceSecretPath)
         let keybagID = Random.bytes(FileHeader.idBytes)
-        let secretPath = absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID))
+        if secretStorage == .systemdCredential { _ = try SealedDeviceSecret.requireTool() }
+        let plainPath = absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID))
+        let secretPath = secretStorage == .systemdCredential ? SealedDeviceSecret.sealedPath(for: plainPath) : plainPath
         let rootExisted = try FileSystem.exists(root)
         try FileSystem.createDirectories(root)
         let secretExisted = try FileSystem.exists(secretPath)
         do {
-            let deviceSecret = try DeviceSecret.create(at: secretPath, keybagID: keybagID)
+            let seal: (([UInt8], String) throws -> Void)? = secretStorage == .systemdCredential ? { try SealedDeviceSecret.seal($0, to: $1) } : nil
+            let deviceSecret = try DeviceSecret.create(at: secretPath, keybagID: keybagID, seal: seal)
             let (keybag, classKeys) = try ScrubbedStack.run { try Keybag.create(keybagID: keybagID, passcode: passcode, preset: kdf, deviceSecret: deviceSecret) }
             let device = Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys), state: .unlocked,
                                 passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
@@ -209,7 +214,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         if checkingFormat { try DeviceFormat.requireCurrent(root: root) }
         let bytes = try FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")
         let keybagID = try Keybag.peekID(bytes, path: keybagPath)
-        let deviceSecret = try DeviceSecret.load(at: absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID)))
+        let deviceSecret = try loadDeviceSecret(at: absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID)))
         guard deviceSecret.keybagID == keybagID else {
             throw ProtectedStoreError(.integrity, path: deviceSecret.path, problem: "this device secret is for keybag \(deviceSecret.keybagID.hex) but \(keybagPath) says \(keybagID.hex): the secret belongs to another device, or the keybag was modified",
                                       remedy: "Pass the device secret created with this root, or restore the keybag from a backup")
@@ -219,6 +224,21 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         return Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, classKeys: ClassKeys(keys: [.none: classD])),
                       state: .beforeFirstUnlock, passcodePolicy: try loadPasscodePolicy(root: root), notificationCenter: notificationCenter,
                       containersPath: containersPath)
+    }
+
+    /// The device secret at `path`: the plain file; else the one systemd loaded for this service
+    /// (`LoadCredentialEncrypted=`); else the one sealed beside `path` (`.cred`), unsealed by `systemd-creds`.
+    static func loadDeviceSecret(at path: String) throws -> DeviceSecret {
+        if !FileManager.default.fileExists(atPath: path) {
+            if let loaded = SealedDeviceSecret.fromCredentialsDirectory { return try DeviceSecret.load(at: loaded) }
+            let sealed = SealedDeviceSecret.sealedPath(for: path)
+            if FileManager.default.fileExists(atPath: sealed) {
+                var bytes = try SealedDeviceSecret.unseal(sealed)
+                defer { zeroize(&bytes) }
+                return try DeviceSecret.parse(bytes, path: sealed)
+            }
+        }
+        return try DeviceSecret.load(at: path)
     }
 
     /// The root's passcode policy, or the default when it has none.

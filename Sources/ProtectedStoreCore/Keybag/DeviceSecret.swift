@@ -34,8 +34,10 @@ public final class DeviceSecret: Sendable {
         return (stateHome as NSString).appendingPathComponent("sandboxctl")
     }
 
-    /// Creates a new random secret at `path` (mode 0600, parents 0700); never replaces an existing file.
-    package static func create(at path: String, keybagID: [UInt8]) throws -> DeviceSecret {
+    /// Creates a new random secret at `path` (mode 0600, parents 0700); never replaces an existing file. With `seal`,
+    /// the stored form is what `seal` makes of the plain bytes and writes at `path` (a system credential store), so the
+    /// plain secret never reaches the disk.
+    package static func create(at path: String, keybagID: [UInt8], seal: ((_ plain: [UInt8], _ path: String) throws -> Void)? = nil) throws -> DeviceSecret {
         try FileSystem.createDirectories((path as NSString).deletingLastPathComponent)
         let secret = SecureBytes.random(count: secretBytes)
         var writer = ByteWriter(capacity: size)
@@ -47,7 +49,12 @@ public final class DeviceSecret: Sendable {
         try secret.withUnsafeBytes { bytes.append(contentsOf: $0) }
         defer { zeroize(&bytes) }
         do {
-            try FileSystem.writeAtomically(bytes, to: FileLocation(path: path), replacing: false)
+            if let seal {
+                guard !(try FileSystem.exists(path)) else { throw ProtectedStoreError(.alreadyExists, path: path, problem: "exists", remedy: "") }
+                try seal(bytes, path)
+            } else {
+                try FileSystem.writeAtomically(bytes, to: FileLocation(path: path), replacing: false)
+            }
         } catch let error as ProtectedStoreError where error.kind == .alreadyExists {
             throw ProtectedStoreError(.alreadyExists, path: path, problem: "a device secret already exists there",
                                       remedy: "Pass another --device-secret path; an existing secret is never overwritten")
@@ -72,6 +79,11 @@ public final class DeviceSecret: Sendable {
         }
         var bytes = try FileLocation(path: path).readPrefix(count: size + 1, what: "device secret")
         defer { zeroize(&bytes) }
+        return try parse(bytes, path: path)
+    }
+
+    /// The secret from its stored bytes (read from `path`, or unsealed from it).
+    package static func parse(_ bytes: [UInt8], path: String) throws -> DeviceSecret {
         guard bytes.count == size, Array(bytes[0..<8]) == magic else {
             throw ProtectedStoreError(.integrity, path: path, problem: "not a ProtectedStore device secret (wrong size or magic)",
                                       remedy: "Point --device-secret at the file `sandboxctl init` created")

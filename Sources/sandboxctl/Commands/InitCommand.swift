@@ -2,6 +2,7 @@ import ArgumentParser
 import ProtectedStore
 
 extension KDFPreset: ExpressibleByArgument {}
+extension DeviceSecretStorage: ExpressibleByArgument {}
 
 struct InitCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -21,6 +22,11 @@ struct InitCommand: ParsableCommand {
     @Flag(help: "Read the passcode as one line from standard input instead of the terminal.")
     var passcodeStdin = false
 
+    @Option(name: .customLong("seal-secret"),
+            help: ArgumentHelp("How the device secret is kept: file (default, a plain file, mode 0600) or systemd-creds (sealed by `systemd-creds encrypt`, with the TPM2 where present, else the host key, as <secret path>.cred: a copy of it can't be opened on another machine).",
+                               valueName: "storage"))
+    var secretStorage: DeviceSecretStorage = .file
+
     func validate() throws {
         if let eraseAfter, eraseAfter < 1 { throw ValidationError("--erase-after must be at least 1") }
     }
@@ -32,10 +38,12 @@ struct InitCommand: ParsableCommand {
             var policy = PasscodePolicy.default
             policy.eraseAfterFailedAttempts = eraseAfter
             let created = try Device.create(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret, passcode: passcode,
-                                            kdf: kdf, passcodePolicy: policy)
+                                            kdf: kdf, passcodePolicy: policy, secretStorage: secretStorage)
             print("Created a device in \(created.root)")
             print("  keybag:        \(created.keybagPath)")
-            print("  device secret: \(created.deviceSecretPath)  (keep it; without it the data cannot be decrypted)")
+            print("  device secret: \(created.deviceSecretPath)  " + (secretStorage == .systemdCredential
+                ? "(sealed by systemd-creds: it opens on this machine only; keep the machine's TPM or host key)"
+                : "(keep it; without it the data cannot be decrypted)"))
             if let eraseAfter { print("  erases itself after \(eraseAfter) wrong passcodes in a row") }
             if kdf == .fast { print("  warning: --kdf fast is for tests only; this passcode is cheap to brute-force") }
         }
