@@ -7,6 +7,8 @@ let package = Package(
     products: [
         .library(name: "ProtectedStore", targets: ["ProtectedStore"]),
         .library(name: "ProtectedStoreTesting", targets: ["ProtectedStoreTesting"]),
+        // The PAM module (docs/SECURITY.md): installed as pam_sandboxctl.so.
+        .library(name: "pam_sandboxctl", type: .dynamic, targets: ["PAMSandboxctl"]),
         // Only for the fuzz package beside this one (Fuzz/); the leading underscore marks it as no API.
         .library(name: "_ProtectedStoreFuzzing", targets: ["ProtectedStoreFuzzing"]),
         .executable(name: "sandboxctl", targets: ["sandboxctl"]),
@@ -30,6 +32,8 @@ let package = Package(
         ),
         // The few Linux calls Swift's Glibc module does not expose.
         .target(name: "CSupport"),
+        // pam_sandboxctl: unlock at login (C, libpam; Debian libpam0g-dev).
+        .target(name: "PAMSandboxctl", linkerSettings: [.linkedLibrary("pam")]),
         // Layers, lowest first; each imports only those above it (docs/ARCHITECTURE.md).
         // Cryptography, secure memory, the keybag, the device secret and the encrypted file format: nothing about
         // containers, events or processes.

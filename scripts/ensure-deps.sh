@@ -18,6 +18,9 @@ command -v rsync >/dev/null 2>&1 || packages+=(rsync)
 command -v setfattr >/dev/null 2>&1 || packages+=(attr)
 # sandboxctl launch runs apps in a bubblewrap sandbox.
 command -v bwrap >/dev/null 2>&1 || packages+=(bubblewrap)
+# The PAM module builds on libpam; its tests drive it with pamtester.
+[ -f /usr/include/security/pam_modules.h ] || packages+=(libpam0g-dev)
+command -v pamtester >/dev/null 2>&1 || packages+=(pamtester)
 # The reference notes store (Examples/Notes) links libsqlite3.
 if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists sqlite3; then
     packages+=(libsqlite3-dev)
