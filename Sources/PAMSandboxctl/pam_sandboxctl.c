@@ -1,9 +1,14 @@
 // pam_sandboxctl: unlock the user's ProtectedStore device with the login password (docs/PROTOCOL.md, docs/SECURITY.md).
 //
-// auth:     the typed password becomes an `unlock` of the user's daemon. Right: PAM_SUCCESS. Wrong: PAM_AUTH_ERR (the
-//           daemon counts one failed attempt, as any unlock). No daemon, a daemon of another user, any other problem:
-//           PAM_IGNORE, so a login is never blocked by this module.
+// auth:     the password becomes an `unlock` of the user's daemon. Placed after the line that checks it (at the end of
+//           Debian's common-auth), only a checked password reaches it. Wrong: PAM_AUTH_ERR (the daemon counts one
+//           failed attempt, as any unlock). Right: PAM_IGNORE, never PAM_SUCCESS: the daemon is a process of the user,
+//           and must not be able to vouch for a password. With no daemon yet, the checked password is kept (zeroed
+//           when PAM ends) for:
+// session:  at the opening of the session, when socket activation can start the daemon, the kept password unlocks.
 // password: with the old and the new password, a `change-passcode`.
+// No daemon, a daemon of another user, a timeout (5 s for everything) or any other problem: PAM_IGNORE without a
+// prompt, so a login is never blocked by this module.
 //
 // Options: root=DIR (the device root; default ~USER/.local/share/sandboxctl), socket=PATH (default DIR/daemon.sock).
 // The password is never logged; every copy this module makes is zeroed.
@@ -23,6 +28,7 @@
 
 #define PAM_SM_AUTH
 #define PAM_SM_PASSWORD
+#define PAM_SM_SESSION
 #include <security/pam_ext.h>
 #include <security/pam_modules.h>
 
@@ -30,6 +36,7 @@
 
 #define MAX_FRAME 65536
 #define TIMEOUT_MS 5000
+#define MAX_PASSWORD 4096
 
 struct options {
     char root[4096];
@@ -39,21 +46,37 @@ struct options {
 // Daemon replies this module understands.
 enum outcome { OUTCOME_OK, OUTCOME_REFUSED, OUTCOME_UNAVAILABLE };
 
-static int parse_options(pam_handle_t *pamh, const char *user, int argc, const char **argv, struct options *options) {
+// The user's uid and home, with the reentrant lookup (PAM programs may be threaded).
+static int lookup_user(const char *user, uid_t *uid, char *home, size_t home_size) {
+    struct passwd entry, *found = NULL;
+    char buffer[4096];
+    if (getpwnam_r(user, &entry, buffer, sizeof(buffer), &found) != 0 || found == NULL || entry.pw_dir == NULL) return -1;
+    *uid = entry.pw_uid;
+    int written = snprintf(home, home_size, "%s", entry.pw_dir);
+    return written < 0 || (size_t)written >= home_size ? -1 : 0;
+}
+
+static int parse_options(pam_handle_t *pamh, const char *home, int argc, const char **argv, struct options *options) {
     memset(options, 0, sizeof(*options));
     for (int i = 0; i < argc; i++) {
+        int written = 0;
         if (strncmp(argv[i], "root=", 5) == 0) {
-            snprintf(options->root, sizeof(options->root), "%s", argv[i] + 5);
+            written = snprintf(options->root, sizeof(options->root), "%s", argv[i] + 5);
+            if (written < 0 || (size_t)written >= sizeof(options->root)) goto too_long;
         } else if (strncmp(argv[i], "socket=", 7) == 0) {
-            snprintf(options->socket, sizeof(options->socket), "%s", argv[i] + 7);
+            written = snprintf(options->socket, sizeof(options->socket), "%s", argv[i] + 7);
+            if (written < 0 || (size_t)written >= sizeof(options->socket)) goto too_long;
         } else {
             pam_syslog(pamh, LOG_WARNING, "unknown option %s (known: root=, socket=)", argv[i]);
         }
+        continue;
+    too_long:
+        pam_syslog(pamh, LOG_ERR, "option %s is too long (a socket path has at most 107 bytes); doing nothing", argv[i]);
+        return -1;
     }
     if (options->root[0] == 0) {
-        struct passwd *entry = getpwnam(user);
-        if (entry == NULL || entry->pw_dir == NULL) return -1;
-        snprintf(options->root, sizeof(options->root), "%s/.local/share/sandboxctl", entry->pw_dir);
+        int written = snprintf(options->root, sizeof(options->root), "%s/.local/share/sandboxctl", home);
+        if (written < 0 || (size_t)written >= sizeof(options->root)) return -1;
     }
     if (options->socket[0] == 0) {
         int written = snprintf(options->socket, sizeof(options->socket), "%s/daemon.sock", options->root);
@@ -62,17 +85,43 @@ static int parse_options(pam_handle_t *pamh, const char *user, int argc, const c
     return 0;
 }
 
-// Connects to the daemon and checks that it runs as `uid` or root (docs/PROTOCOL.md §1: who clients trust).
-static int connect_daemon(const struct options *options, uid_t uid) {
+static long long now_ms(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+// Waits until `fd` is ready for `events` or the deadline passes; 0 when ready.
+static int wait_until(int fd, short events, long long deadline) {
+    for (;;) {
+        long long left = deadline - now_ms();
+        if (left <= 0) return -1;
+        struct pollfd polled = { fd, events, 0 };
+        int ready = poll(&polled, 1, (int)left);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) return -1;
+        return 0;
+    }
+}
+
+// Connects to the daemon (non-blocking, within the deadline) and checks that it runs as `uid` or root
+// (docs/PROTOCOL.md §1: who clients trust).
+static int connect_daemon(const struct options *options, uid_t uid, long long deadline) {
     struct sockaddr_un address;
     memset(&address, 0, sizeof(address));
     address.sun_family = AF_UNIX;
     snprintf(address.sun_path, sizeof(address.sun_path), "%s", options->socket);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
     if (connect(fd, (struct sockaddr *)&address, sizeof(address)) != 0) {
-        close(fd);
-        return -1;
+        // A full backlog: wait for room, within the deadline.
+        int error = 0;
+        socklen_t length = sizeof(error);
+        if ((errno != EAGAIN && errno != EINPROGRESS) || wait_until(fd, POLLOUT, deadline) != 0
+            || getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0 || error != 0) {
+            close(fd);
+            return -1;
+        }
     }
     struct ucred peer;
     socklen_t size = sizeof(peer);
@@ -80,16 +129,14 @@ static int connect_daemon(const struct options *options, uid_t uid) {
         close(fd);
         return -1;
     }
-    struct timeval timeout = { TIMEOUT_MS / 1000, 0 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
     return fd;
 }
 
-static int send_all(int fd, const unsigned char *bytes, size_t count) {
+static int send_all(int fd, const unsigned char *bytes, size_t count, long long deadline) {
     while (count > 0) {
-        ssize_t sent = send(fd, bytes, count, MSG_NOSIGNAL);
-        if (sent < 0 && errno == EINTR) continue;
+        if (wait_until(fd, POLLOUT, deadline) != 0) return -1;
+        ssize_t sent = send(fd, bytes, count, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (sent < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (sent <= 0) return -1;
         bytes += sent;
         count -= (size_t)sent;
@@ -97,10 +144,11 @@ static int send_all(int fd, const unsigned char *bytes, size_t count) {
     return 0;
 }
 
-static int receive_all(int fd, unsigned char *bytes, size_t count) {
+static int receive_all(int fd, unsigned char *bytes, size_t count, long long deadline) {
     while (count > 0) {
-        ssize_t got = recv(fd, bytes, count, 0);
-        if (got < 0 && errno == EINTR) continue;
+        if (wait_until(fd, POLLIN, deadline) != 0) return -1;
+        ssize_t got = recv(fd, bytes, count, MSG_DONTWAIT);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (got <= 0) return -1;
         bytes += got;
         count -= (size_t)got;
@@ -109,7 +157,7 @@ static int receive_all(int fd, unsigned char *bytes, size_t count) {
 }
 
 // One request frame (docs/PROTOCOL.md §2): payload length, message length, the JSON message, the attachment.
-static int send_frame(int fd, const char *message, const unsigned char *attachment, size_t attachment_length) {
+static int send_frame(int fd, const char *message, const unsigned char *attachment, size_t attachment_length, long long deadline) {
     size_t message_length = strlen(message);
     size_t payload = 2 + message_length + attachment_length;
     if (payload > MAX_FRAME) return -1;
@@ -124,24 +172,24 @@ static int send_frame(int fd, const char *message, const unsigned char *attachme
     frame[5] = (unsigned char)message_length;
     memcpy(frame + 6, message, message_length);
     if (attachment_length > 0) memcpy(frame + 6 + message_length, attachment, attachment_length);
-    int result = send_all(fd, frame, total);
+    int result = send_all(fd, frame, total, deadline);
     explicit_bzero(frame, total);
     free(frame);
     return result;
 }
 
 // Reads frames until the reply to `id` (events carry no id), and tells what it says.
-static enum outcome read_reply(int fd, unsigned id) {
+static enum outcome read_reply(int fd, unsigned id, long long deadline) {
     char expected[32];
     snprintf(expected, sizeof(expected), "\"id\":%u", id);
     for (int frames = 0; frames < 16; frames++) {
         unsigned char header[4];
-        if (receive_all(fd, header, 4) != 0) return OUTCOME_UNAVAILABLE;
+        if (receive_all(fd, header, 4, deadline) != 0) return OUTCOME_UNAVAILABLE;
         size_t payload = ((size_t)header[0] << 24) | ((size_t)header[1] << 16) | ((size_t)header[2] << 8) | header[3];
         if (payload < 2 || payload > MAX_FRAME) return OUTCOME_UNAVAILABLE;
         unsigned char *body = malloc(payload + 1);
         if (body == NULL) return OUTCOME_UNAVAILABLE;
-        if (receive_all(fd, body, payload) != 0) {
+        if (receive_all(fd, body, payload, deadline) != 0) {
             free(body);
             return OUTCOME_UNAVAILABLE;
         }
@@ -165,27 +213,54 @@ static enum outcome read_reply(int fd, unsigned id) {
     return OUTCOME_UNAVAILABLE;
 }
 
-// hello, then `op` with `secret` as the attachment; the outcome of `op`.
-static enum outcome request(const struct options *options, uid_t uid, const char *op, const unsigned char *secret, size_t secret_length) {
-    int fd = connect_daemon(options, uid);
+// hello, then `op` with `secret` as the attachment, all within the deadline; the outcome of `op`.
+static enum outcome request(const struct options *options, uid_t uid, const char *op, const unsigned char *secret, size_t secret_length,
+                            long long deadline) {
+    int fd = connect_daemon(options, uid, deadline);
     if (fd < 0) return OUTCOME_UNAVAILABLE;
     enum outcome outcome = OUTCOME_UNAVAILABLE;
     char message[96];
-    if (send_frame(fd, "{\"id\":1,\"op\":\"hello\",\"version\":1}", NULL, 0) == 0 && read_reply(fd, 1) == OUTCOME_OK) {
+    if (send_frame(fd, "{\"id\":1,\"op\":\"hello\",\"version\":1}", NULL, 0, deadline) == 0 && read_reply(fd, 1, deadline) == OUTCOME_OK) {
         snprintf(message, sizeof(message), "{\"id\":2,\"op\":\"%s\"}", op);
-        if (send_frame(fd, message, secret, secret_length) == 0) outcome = read_reply(fd, 2);
+        if (send_frame(fd, message, secret, secret_length, deadline) == 0) outcome = read_reply(fd, 2, deadline);
     }
     close(fd);
     return outcome;
 }
 
+// The target user's uid and the module's options; -1 if either can't be had.
 static int user_and_options(pam_handle_t *pamh, int argc, const char **argv, uid_t *uid, struct options *options) {
     const char *user = NULL;
+    char home[4096];
     if (pam_get_user(pamh, &user, NULL) != PAM_SUCCESS || user == NULL) return -1;
-    struct passwd *entry = getpwnam(user);
-    if (entry == NULL) return -1;
-    *uid = entry->pw_uid;
-    return parse_options(pamh, user, argc, argv, options);
+    if (lookup_user(user, uid, home, sizeof(home)) != 0) return -1;
+    return parse_options(pamh, home, argc, argv, options);
+}
+
+// Whether a daemon of the user answers: nothing is asked of anyone otherwise.
+static int daemon_present(const struct options *options, uid_t uid) {
+    int probe = connect_daemon(options, uid, now_ms() + TIMEOUT_MS);
+    if (probe < 0) return 0;
+    close(probe);
+    return 1;
+}
+
+static enum outcome unlock(pam_handle_t *pamh, const struct options *options, uid_t uid, const char *password) {
+    size_t length = strnlen(password, MAX_PASSWORD + 1);
+    if (length > MAX_PASSWORD) return OUTCOME_UNAVAILABLE;
+    enum outcome outcome = request(options, uid, "unlock", (const unsigned char *)password, length, now_ms() + TIMEOUT_MS);
+    if (outcome == OUTCOME_OK) pam_syslog(pamh, LOG_INFO, "unlocked the device of %s", options->root);
+    if (outcome == OUTCOME_REFUSED) pam_syslog(pamh, LOG_NOTICE, "the device of %s refused the password", options->root);
+    return outcome;
+}
+
+#define STASH "pam_sandboxctl_password"
+
+static void forget_stash(pam_handle_t *pamh, void *data, int status) {
+    (void)pamh; (void)status;
+    if (data == NULL) return;
+    explicit_bzero(data, strlen(data));
+    free(data);
 }
 
 PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc, const char **argv) {
@@ -193,26 +268,41 @@ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc, cons
     uid_t uid;
     struct options options;
     if (user_and_options(pamh, argc, argv, &uid, &options) != 0) return PAM_IGNORE;
-    // Only if a daemon of this user is there: no prompt, and nothing asked, otherwise.
-    int probe = connect_daemon(&options, uid);
-    if (probe < 0) return PAM_IGNORE;
-    close(probe);
-    const char *password = NULL;
-    if (pam_get_authtok(pamh, PAM_AUTHTOK, &password, NULL) != PAM_SUCCESS || password == NULL) return PAM_IGNORE;
-    enum outcome outcome = request(&options, uid, "unlock", (const unsigned char *)password, strlen(password));
-    switch (outcome) {
-    case OUTCOME_OK:
-        pam_syslog(pamh, LOG_INFO, "unlocked the device of %s", options.root);
-        return PAM_SUCCESS;
-    case OUTCOME_REFUSED:
-        pam_syslog(pamh, LOG_NOTICE, "the device of %s refused the password", options.root);
-        return PAM_AUTH_ERR;
-    default:
+    if (!daemon_present(&options, uid)) {
+        // The daemon may come with the session (socket activation once pam_systemd has started the user's manager):
+        // keep a password the lines before this one checked for pam_sm_open_session; never ask for one here.
+        const void *checked = NULL;
+        if (pam_get_item(pamh, PAM_AUTHTOK, &checked) == PAM_SUCCESS && checked != NULL && strnlen(checked, MAX_PASSWORD + 1) <= MAX_PASSWORD) {
+            char *copy = strdup(checked);
+            if (copy != NULL && pam_set_data(pamh, STASH, copy, forget_stash) != PAM_SUCCESS) forget_stash(pamh, copy, 0);
+        }
         return PAM_IGNORE;
     }
+    const char *password = NULL;
+    if (pam_get_authtok(pamh, PAM_AUTHTOK, &password, NULL) != PAM_SUCCESS || password == NULL) return PAM_IGNORE;
+    // A right password is not vouched for (PAM_IGNORE): the daemon is the user's own process.
+    return unlock(pamh, &options, uid, password) == OUTCOME_REFUSED ? PAM_AUTH_ERR : PAM_IGNORE;
 }
 
 PAM_EXTERN int pam_sm_setcred(pam_handle_t *pamh, int flags, int argc, const char **argv) {
+    (void)pamh; (void)flags; (void)argc; (void)argv;
+    return PAM_IGNORE;
+}
+
+PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc, const char **argv) {
+    (void)flags;
+    uid_t uid;
+    struct options options;
+    const void *password = NULL;
+    // The password the auth line kept (PAM itself wipes PAM_AUTHTOK when authentication ends); never a prompt here.
+    if (pam_get_data(pamh, STASH, &password) != PAM_SUCCESS || password == NULL) return PAM_IGNORE;
+    if (user_and_options(pamh, argc, argv, &uid, &options) == 0 && daemon_present(&options, uid)) unlock(pamh, &options, uid, password);
+    // Used once: dropping the data runs forget_stash, which zeroes it.
+    pam_set_data(pamh, STASH, NULL, NULL);
+    return PAM_IGNORE;
+}
+
+PAM_EXTERN int pam_sm_close_session(pam_handle_t *pamh, int flags, int argc, const char **argv) {
     (void)pamh; (void)flags; (void)argc; (void)argv;
     return PAM_IGNORE;
 }
@@ -222,28 +312,37 @@ PAM_EXTERN int pam_sm_chauthtok(pam_handle_t *pamh, int flags, int argc, const c
     struct options options;
     if (user_and_options(pamh, argc, argv, &uid, &options) != 0) return PAM_IGNORE;
     if (flags & PAM_PRELIM_CHECK) return PAM_SUCCESS;
-    if (!(flags & PAM_UPDATE_AUTHTOK)) return PAM_IGNORE;
-    int probe = connect_daemon(&options, uid);
-    if (probe < 0) return PAM_IGNORE;
-    close(probe);
+    if (!(flags & PAM_UPDATE_AUTHTOK) || !daemon_present(&options, uid)) return PAM_IGNORE;
+    const void *kept = NULL;
     const char *old_password = NULL, *new_password = NULL;
-    if (pam_get_authtok(pamh, PAM_OLDAUTHTOK, &old_password, NULL) != PAM_SUCCESS || old_password == NULL) return PAM_IGNORE;
+    if (pam_get_item(pamh, PAM_OLDAUTHTOK, &kept) == PAM_SUCCESS && kept != NULL) {
+        old_password = kept;
+    } else if (getuid() == 0 && uid != 0) {
+        // Root setting another user's password (`passwd alice`) knows no old one: the device keeps its passcode.
+        return PAM_IGNORE;
+    } else if (pam_get_authtok(pamh, PAM_OLDAUTHTOK, &old_password, NULL) != PAM_SUCCESS || old_password == NULL) {
+        return PAM_IGNORE;
+    }
     if (pam_get_authtok(pamh, PAM_AUTHTOK, &new_password, NULL) != PAM_SUCCESS || new_password == NULL) return PAM_IGNORE;
-    size_t old_length = strlen(old_password), new_length = strlen(new_password);
-    if (old_length > 0xffff || 2 + old_length + new_length > 4096) return PAM_IGNORE;
+    size_t old_length = strnlen(old_password, MAX_PASSWORD + 1), new_length = strnlen(new_password, MAX_PASSWORD + 1);
+    if (old_length > MAX_PASSWORD || new_length > MAX_PASSWORD) {
+        pam_syslog(pamh, LOG_ERR, "a password is longer than %d bytes; the device's passcode was not changed", MAX_PASSWORD);
+        return PAM_IGNORE;
+    }
     // docs/PROTOCOL.md §3: old length (2 bytes, big-endian) ‖ old ‖ new.
-    unsigned char both[4096];
+    unsigned char both[2 + 2 * MAX_PASSWORD];
     both[0] = (unsigned char)(old_length >> 8);
     both[1] = (unsigned char)old_length;
     memcpy(both + 2, old_password, old_length);
     memcpy(both + 2 + old_length, new_password, new_length);
-    enum outcome outcome = request(&options, uid, "change-passcode", both, 2 + old_length + new_length);
+    enum outcome outcome = request(&options, uid, "change-passcode", both, 2 + old_length + new_length, now_ms() + TIMEOUT_MS);
     explicit_bzero(both, sizeof(both));
     switch (outcome) {
     case OUTCOME_OK:
         pam_syslog(pamh, LOG_INFO, "changed the passcode of the device of %s", options.root);
         return PAM_SUCCESS;
     case OUTCOME_REFUSED:
+        pam_syslog(pamh, LOG_ERR, "the device of %s refused the old password: its passcode was not changed", options.root);
         return PAM_AUTHTOK_ERR;
     default:
         return PAM_IGNORE;

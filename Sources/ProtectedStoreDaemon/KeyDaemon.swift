@@ -36,13 +36,27 @@ public final class KeyDaemon: Sendable {
                              gracePeriod: TimeInterval = Device.defaultGracePeriod,
                              logger: Logger = Logger(label: "sandboxctl.daemon")) throws -> KeyDaemon {
         precondition(gracePeriod >= 0 && gracePeriod.isFinite, "the grace period must be a finite number of seconds ≥ 0")
-        let device = try Device.open(root: root, deviceSecretPath: deviceSecretPath, notificationCenter: NotificationCenter())
+        // A socket from systemd is taken over first: before anything else starts a thread, or a child (unsealing the
+        // device secret) that could inherit it.
+        let socketPath = Device.absolute(socketPath ?? defaultSocketPath(root: Device.absolute(root)))
+        let activated = try inheritedListener(socketPath: socketPath)
+        let device: Device
+        do {
+            device = try Device.open(root: root, deviceSecretPath: deviceSecretPath, notificationCenter: NotificationCenter())
+        } catch {
+            if let activated { Glibc.close(activated) }
+            throw error
+        }
         device.gracePeriod = gracePeriod
         let root = device.root
-        let socketPath = Device.absolute(socketPath ?? defaultSocketPath(root: root))
-        let lockFile = try DaemonInfo.takeLock(root: root, remedy: "Use it (`sandboxctl status`, `lock`, `unlock`), or stop it first")
+        let lockFile: Int32
         do {
-            let activated = try inheritedListener(socketPath: socketPath)
+            lockFile = try DaemonInfo.takeLock(root: root, remedy: "Use it (`sandboxctl status`, `lock`, `unlock`), or stop it first")
+        } catch {
+            if let activated { Glibc.close(activated) }
+            throw error
+        }
+        do {
             let listener: Int32
             if let activated {
                 listener = activated
@@ -154,7 +168,8 @@ public final class KeyDaemon: Sendable {
         }
         var path = [CChar](repeating: 0, count: 128)
         guard ps_adopt_listening_unix_socket(3, &path, Int32(path.count)) == 0 else {
-            throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket systemd passed is not a listening Unix stream socket bound to a path (\(String(cString: strerror(errno))))",
+            let error = Errno(rawValue: errno)
+            throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket systemd passed is not a listening Unix stream socket bound to a path (\(error))",
                                       remedy: "Use ListenStream= with a path in sandboxctl.socket")
         }
         let bound = String(decoding: path.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
@@ -164,7 +179,12 @@ public final class KeyDaemon: Sendable {
                                       remedy: "Set ListenStream=\(socketPath) in sandboxctl.socket, or start the daemon with --socket \(bound)")
         }
         var status = stat()
-        guard lstat(bound, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK, status.st_mode & 0o077 == 0 else {
+        guard lstat(bound, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK else {
+            let error = Errno(rawValue: errno)
+            Glibc.close(3)
+            throw ProtectedStoreError.io(error, path: bound, doing: "check the socket systemd passed")
+        }
+        guard status.st_mode & 0o077 == 0 else {
             Glibc.close(3)
             throw ProtectedStoreError(.permissionDenied, path: bound, problem: "the socket systemd passed can be used by others than its owner (mode \(String(status.st_mode & 0o777, radix: 8)))",
                                       remedy: "Set SocketMode=0600 in sandboxctl.socket")
@@ -185,8 +205,8 @@ public final class KeyDaemon: Sendable {
         let probe = ps_unix_connect(path)
         if probe >= 0 {
             Glibc.close(probe)
-            throw ProtectedStoreError(.alreadyExists, path: path, problem: "another daemon is listening on this socket",
-                                      remedy: "Stop that daemon, or pass another --socket path")
+            throw ProtectedStoreError(.alreadyExists, path: path, problem: "another daemon is listening on this socket (or systemd is, for sandboxctl.socket)",
+                                      remedy: "Stop that daemon (`systemctl --user stop sandboxctl.socket sandboxctl.service` if systemd serves it), or pass another --socket path")
         }
         guard unlink(path) == 0 || errno == ENOENT else {
             throw ProtectedStoreError.io(Errno(rawValue: errno), path: path, doing: "remove the stale daemon socket")

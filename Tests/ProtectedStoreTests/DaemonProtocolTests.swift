@@ -281,7 +281,7 @@ struct DaemonProtocolTests {
         #expect(error?.problem.contains("a key daemon already serves this device (pid \(getpid())") == true)
         let other = try TestDevice()
         let stolen = expectError(.alreadyExists) { try KeyDaemon.start(root: other.root, deviceSecretPath: other.secretPath, socketPath: daemon.socketPath) }
-        #expect(stolen?.problem == "another daemon is listening on this socket")
+        #expect(stolen?.problem.hasPrefix("another daemon is listening on this socket") == true)
         // The daemon holds the keys: erasing from another process is refused, and nothing is removed.
         expectError(.invalidArgument) { try test.device.erase() }
         #expect(FileManager.default.fileExists(atPath: test.secretPath))

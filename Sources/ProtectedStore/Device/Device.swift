@@ -229,6 +229,11 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// The device secret at `path`: the plain file; else the one systemd loaded for this service
     /// (`LoadCredentialEncrypted=`); else the one sealed beside `path` (`.cred`), unsealed by `systemd-creds`.
     static func loadDeviceSecret(at path: String) throws -> DeviceSecret {
+        if path.hasSuffix(".cred"), FileManager.default.fileExists(atPath: path) {
+            var bytes = try SealedDeviceSecret.unseal(path)
+            defer { zeroize(&bytes) }
+            return try DeviceSecret.parse(bytes, path: path)
+        }
         if !FileManager.default.fileExists(atPath: path) {
             if let loaded = SealedDeviceSecret.fromCredentialsDirectory { return try DeviceSecret.load(at: loaded) }
             let sealed = SealedDeviceSecret.sealedPath(for: path)

@@ -17,9 +17,10 @@ enum SealedDeviceSecret {
 
     static func sealedPath(for path: String) -> String { path + ".cred" }
 
+    /// `systemd-creds` from an absolute folder of PATH only: the plain secret is piped to it.
     static var tool: String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
-        return path.split(separator: ":").map { "\($0)/systemd-creds" }.first { access($0, X_OK) == 0 }
+        return path.split(separator: ":").filter { $0.hasPrefix("/") }.map { "\($0)/systemd-creds" }.first { access($0, X_OK) == 0 }
     }
 
     static func requireTool() throws -> String {
@@ -38,7 +39,7 @@ enum SealedDeviceSecret {
         guard status == 0 else {
             unlink(path)
             throw ProtectedStoreError(.io, path: path, problem: "systemd-creds could not seal the device secret: \(errors)",
-                                      remedy: "Check `systemd-creds setup` (the host key) or the TPM, or keep the secret as a plain file")
+                                      remedy: "Seal as root (the host key, /var/lib/systemd/credential.secret, is root's; `systemd-creds setup` makes it) or with access to the TPM (the tss group), or keep the secret as a plain file")
         }
         chmod(path, 0o600)
     }
@@ -50,8 +51,8 @@ enum SealedDeviceSecret {
         guard status == 0 else {
             var discarded = output
             zeroize(&discarded)
-            throw ProtectedStoreError(.integrity, path: path, problem: "systemd-creds could not unseal the device secret (\(errors)): it was sealed on another machine, or for another TPM or host key, or it was modified",
-                                      remedy: "Use the device on the machine that sealed it; a copy of the root and the sealed secret can't be opened elsewhere, by design")
+            throw ProtectedStoreError(.integrity, path: path, problem: "systemd-creds could not unseal the device secret: \(errors)",
+                                      remedy: "On the machine that sealed it, run as a user who can use its host key (root) or TPM (the tss group); a copy of the root and the sealed secret opens on no other machine, by design")
         }
         return output
     }

@@ -22,9 +22,11 @@ struct SetupSystemdCommand: ParsableCommand {
             $XDG_CONFIG_HOME/sandboxctl/mounts.conf gives: `BUNDLE MOUNTPOINT`). Prints each file it writes, then the \
             systemctl commands that turn them on; it runs none itself.
 
-            With --user, into $XDG_CONFIG_HOME/systemd/user (default ~/.config/systemd/user), for the user's manager; \
-            otherwise into /etc/systemd/system (as root). The default device root is written as %h/.local/share/sandboxctl, \
-            so the same units serve every user; a --root or $SANDBOXCTL_ROOT is written as given.
+            With --user, into $XDG_CONFIG_HOME/systemd/user (default ~/.config/systemd/user), for the user's manager; the \
+            default device root is then written as %h/.local/share/sandboxctl, so the same units serve every user. \
+            Otherwise into /etc/systemd/system, for a daemon that runs as root and serves the device root given \
+            (--root, $SANDBOXCTL_ROOT, else root's default), written as an absolute path. A --root or $SANDBOXCTL_ROOT \
+            is always written as given.
             """
     )
 
@@ -64,10 +66,10 @@ struct SetupSystemdCommand: ParsableCommand {
         }
     }
 
-    /// The device root as the units name it: the default one relative to the user's home (`%h`), so the units fit
-    /// any user; one given explicitly, as given.
+    /// The device root as the units name it: for user units, the default one relative to the user's home (`%h`), so
+    /// the units fit any user; otherwise, and one given explicitly, as an absolute path.
     private var unitRoot: String {
-        if device.root == nil, ProcessInfo.processInfo.environment["SANDBOXCTL_ROOT"].map({ $0.isEmpty }) ?? true {
+        if user, device.root == nil, ProcessInfo.processInfo.environment["SANDBOXCTL_ROOT"].map({ $0.isEmpty }) ?? true {
             return "%h/.local/share/sandboxctl"
         }
         return Device.absolute(device.resolvedRoot)
@@ -98,9 +100,13 @@ struct SystemdUnits {
     let root: String
     let deviceSecret: String?
 
-    /// systemd splits ExecStart= at spaces; an argument with one is quoted.
+    /// An argument for ExecStart=: systemd splits at spaces and expands `%` specifiers and `\` escapes, so a path is
+    /// quoted if it has a space and its `%`, `"` and `\` are escaped. The `%h` of the default root is meant.
     private func quoted(_ argument: String) -> String {
-        argument.contains(" ") ? "\"\(argument)\"" : argument
+        guard argument != root || !root.hasPrefix("%h/") else { return argument }
+        let escaped = argument.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+            .replacingOccurrences(of: "%", with: "%%")
+        return escaped.contains(" ") ? "\"\(escaped)\"" : escaped
     }
 
     private var deviceArguments: String {
