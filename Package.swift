@@ -32,6 +32,8 @@ let package = Package(
         ),
         // The few Linux calls Swift's Glibc module does not expose.
         .target(name: "CSupport"),
+        // The daemon's lock triggers from systemd-logind over D-Bus (libsystemd's sd-bus; Debian libsystemd-dev).
+        .target(name: "CLogind", linkerSettings: [.linkedLibrary("systemd")]),
         // pam_sandboxctl: unlock at login (C, libpam; Debian libpam0g-dev).
         .target(name: "PAMSandboxctl", linkerSettings: [.linkedLibrary("pam")]),
         // Layers, lowest first; each imports only those above it (docs/ARCHITECTURE.md).
@@ -61,6 +63,7 @@ let package = Package(
             dependencies: [
                 "ProtectedStore",
                 "CSupport",
+                "CLogind",
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
             ]

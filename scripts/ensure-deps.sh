@@ -18,6 +18,12 @@ command -v rsync >/dev/null 2>&1 || packages+=(rsync)
 command -v setfattr >/dev/null 2>&1 || packages+=(attr)
 # sandboxctl launch runs apps in a bubblewrap sandbox.
 command -v bwrap >/dev/null 2>&1 || packages+=(bubblewrap)
+# The daemon's lock triggers use libsystemd's sd-bus; their tests run a private dbus-daemon and a stand-in logind in
+# Debian's Python (python3-dbus, python3-gi).
+[ -f /usr/include/systemd/sd-bus.h ] || packages+=(libsystemd-dev)
+command -v dbus-daemon >/dev/null 2>&1 || packages+=(dbus)
+/usr/bin/python3 -c 'import dbus' >/dev/null 2>&1 || packages+=(python3-dbus)
+/usr/bin/python3 -c 'import gi' >/dev/null 2>&1 || packages+=(python3-gi)
 # The PAM module builds on libpam; its tests drive it with pamtester.
 [ -f /usr/include/security/pam_modules.h ] || packages+=(libpam0g-dev)
 command -v pamtester >/dev/null 2>&1 || packages+=(pamtester)

@@ -46,6 +46,8 @@ final class DaemonServer: @unchecked Sendable {
     private var lockGrace: TimeInterval
     /// Called once if the device erases itself (too many wrong passcodes under an erase policy).
     private let onErased: @Sendable () -> Void
+    /// The lock triggers asked for, and whether they follow logind now (set once, before the loop runs).
+    var lockTriggerStatus: (@Sendable () -> (names: [String], connected: Bool))?
     // Loop thread only: accept paused after running out of descriptors, so poll doesn't spin on the listener.
     private var acceptPausedUntil: ContinuousClock.Instant?
     /// Loop thread only: one descriptor held back (on /dev/null), so a connection can still be taken off the queue
@@ -578,6 +580,10 @@ final class DaemonServer: @unchecked Sendable {
         reply.failedPasscodeAttempts = device.failedPasscodeAttempts
         reply.coreDumpsDisabled = ps_is_dumpable() == 0
         reply.lockedMemoryKiB = Self.lockedMemoryKiB()
+        if let (names, connected) = lockTriggerStatus?() {
+            reply.lockTriggers = names
+            reply.lockTriggersConnected = connected
+        }
         return reply
     }
 

@@ -20,6 +20,7 @@ public final class KeyDaemon: Sendable {
     private let lockFile: Int32
     /// The socket came from systemd (socket activation): systemd owns its file, which stays when the daemon stops.
     public let isSocketActivated: Bool
+    private let lockTriggers: LockTriggerWatcher?
     private let serverFinished = DispatchSemaphore(value: 0)
     private let stopped = DispatchSemaphore(value: 0)
     private let stopOnce = OnceFlag()
@@ -33,7 +34,7 @@ public final class KeyDaemon: Sendable {
     /// systemd with a listening socket (`LISTEN_FDS`), it serves on that one, after checking that it is a Unix stream
     /// socket at `socketPath` that only its owner can use.
     public static func start(root: String, deviceSecretPath: String? = nil, socketPath: String? = nil,
-                             gracePeriod: TimeInterval = Device.defaultGracePeriod,
+                             gracePeriod: TimeInterval = Device.defaultGracePeriod, lockTriggers: LockTriggers = LockTriggers(),
                              logger: Logger = Logger(label: "sandboxctl.daemon")) throws -> KeyDaemon {
         precondition(gracePeriod >= 0 && gracePeriod.isFinite, "the grace period must be a finite number of seconds ≥ 0")
         // A socket from systemd is taken over first: before anything else starts a thread, or a child (unsealing the
@@ -73,8 +74,10 @@ public final class KeyDaemon: Sendable {
                                           onErased: { relay.stop() })
             let info = DaemonInfo(pid: getpid(), socketPath: socketPath, protocolVersion: daemonProtocolVersion)
             try FileSystem.writeAtomically(Array(try JSONEncoder().encode(info)), to: FileLocation(path: DaemonInfo.path(root: root)), replacing: true)
+            let watcher = lockTriggers.isEmpty ? nil : LockTriggerWatcher(triggers: lockTriggers, device: device, logger: logger)
+            server.lockTriggerStatus = { (lockTriggers.names, watcher?.isConnected ?? false) }
             let daemon = KeyDaemon(root: root, socketPath: socketPath, device: device, server: server, lockFile: lockFile,
-                                   isSocketActivated: activated != nil, logger: logger)
+                                   isSocketActivated: activated != nil, lockTriggers: watcher, logger: logger)
             relay.daemon = daemon
             let thread = Thread { [daemon] in
                 daemon.server.run()
@@ -84,6 +87,7 @@ public final class KeyDaemon: Sendable {
             }
             thread.name = "ProtectedStore.daemon"
             thread.start()
+            watcher?.start()
             logger.info("serving \(root) on \(socketPath)\(activated != nil ? " (from systemd)" : "") (pid \(getpid()), grace \(gracePeriod) s); state: before first unlock")
             return daemon
         } catch {
@@ -92,7 +96,9 @@ public final class KeyDaemon: Sendable {
         }
     }
 
-    private init(root: String, socketPath: String, device: Device, server: DaemonServer, lockFile: Int32, isSocketActivated: Bool, logger: Logger) {
+    private init(root: String, socketPath: String, device: Device, server: DaemonServer, lockFile: Int32, isSocketActivated: Bool,
+                 lockTriggers: LockTriggerWatcher?, logger: Logger) {
+        self.lockTriggers = lockTriggers
         self.root = root
         self.socketPath = socketPath
         self.device = device
@@ -114,6 +120,7 @@ public final class KeyDaemon: Sendable {
     /// Zeroes every key, closes every connection and removes the socket. Safe from any thread, more than once.
     public func stop() {
         guard stopOnce.claim() else { return }
+        lockTriggers?.stop()
         server.stop()
         serverFinished.wait()
         // After the loop: a passcode check still running finishes first, and no unlock can bring keys back.

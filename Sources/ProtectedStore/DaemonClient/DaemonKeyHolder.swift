@@ -86,6 +86,7 @@ final class DaemonKeyHolder: KeyHolder {
         return DaemonStatus(pid: reply.pid ?? 0, socketPath: link.socketPath, state: reply.state.flatMap(Device.State.init(rawValue:)) ?? .locked,
                             subscribers: reply.subscribers ?? 0, gracePeriod: reply.gracePeriod ?? Device.defaultGracePeriod,
                             failedPasscodeAttempts: reply.failedPasscodeAttempts ?? 0, coreDumpsDisabled: reply.coreDumpsDisabled ?? false,
-                            lockedMemoryKiB: reply.lockedMemoryKiB)
+                            lockedMemoryKiB: reply.lockedMemoryKiB, lockTriggers: reply.lockTriggers ?? [],
+                            lockTriggersConnected: reply.lockTriggersConnected ?? false)
     }
 }

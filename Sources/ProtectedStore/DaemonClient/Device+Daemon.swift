@@ -20,6 +20,10 @@ public struct DaemonStatus: Sendable, Codable, Equatable {
     public var coreDumpsDisabled: Bool
     /// The daemon's mlocked memory in KiB (where its keys live), if the system reports it.
     public var lockedMemoryKiB: Int?
+    /// What else locks the device (`daemon --lock-on`: session-lock, sleep, idle=SECONDS); empty: only `lock`.
+    public var lockTriggers: [String] = []
+    /// Whether those triggers follow systemd-logind now (the system bus is there).
+    public var lockTriggersConnected = false
 }
 
 extension Device.State: Codable {}

@@ -90,6 +90,9 @@ package struct DaemonReply: Codable, Sendable {
     package var operations: [String]?
     /// `apps`: the launched apps.
     package var apps: [AppStatus]?
+    /// `status`: the lock triggers the daemon was started with (`--lock-on`), and whether they follow logind now.
+    package var lockTriggers: [String]?
+    package var lockTriggersConnected: Bool?
     /// On an app's own connection: its bundle identifier.
     package var bundle: String?
     /// An `open-url` event: the Inbox item's container path, sender, annotation (JSON text) and place in the Inbox order.

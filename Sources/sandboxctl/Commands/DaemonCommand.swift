@@ -6,6 +6,30 @@ import ProtectedStore
 import ProtectedStoreDaemon
 
 struct DaemonCommand: ParsableCommand {
+    /// `$XDG_CONFIG_HOME/sandboxctl/daemon.conf`: `name = value` lines, `#` comments; `lock-on` is read.
+    static var configurationPath: String {
+        let configHome = ProcessInfo.processInfo.environment["XDG_CONFIG_HOME"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? (NSHomeDirectory() as NSString).appendingPathComponent(".config")
+        return (configHome as NSString).appendingPathComponent("sandboxctl/daemon.conf")
+    }
+
+    static func configuredLockTriggers() throws -> String? {
+        guard FileManager.default.fileExists(atPath: configurationPath) else { return nil }
+        let text: String
+        do {
+            text = try String(contentsOfFile: configurationPath, encoding: .utf8)
+        } catch {
+            throw ProtectedStoreError(.io, path: configurationPath, problem: "cannot read the daemon's configuration (\(error.localizedDescription))",
+                                      remedy: "Make it a readable UTF-8 file of `name = value` lines")
+        }
+        for line in text.split(separator: "\n") {
+            let content = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0]
+            let parts = content.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
+            if parts.count == 2, parts[0] == "lock-on" { return parts[1] }
+        }
+        return nil
+    }
+
     static let configuration = CommandConfiguration(
         commandName: "daemon",
         abstract: "Hold the device's keys for every program: serve lock, unlock and events on a Unix socket (foreground).",
@@ -26,6 +50,12 @@ struct DaemonCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Seconds between 'will become unavailable' and discarding the keys when a subscriber has not acknowledged (0 to 3600).", valueName: "seconds"))
     var grace: Double = Device.defaultGracePeriod
 
+    @Option(name: .customLong("lock-on"),
+            help: ArgumentHelp("Also lock when: session-lock (the session locks), sleep (the machine suspends; logind waits for the keys to go), idle[=SECONDS] (the session is idle that long; default 300). Comma-separated.",
+                               discussion: "Default: the `lock-on = …` line of $XDG_CONFIG_HOME/sandboxctl/daemon.conf, else none. Followed through systemd-logind on the system bus; without it the daemon runs as usual and `sandboxctl status` says the triggers are not connected.",
+                               valueName: "triggers"))
+    var lockOn: String?
+
     @Flag(help: "Log every connection, not only state changes and refusals.")
     var verbose = false
 
@@ -42,7 +72,9 @@ struct DaemonCommand: ParsableCommand {
         }
         try reportingErrors {
             try KeyDaemon.hardenProcess()
-            let daemon = try KeyDaemon.start(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret, socketPath: socket, gracePeriod: grace)
+            let triggers = try LockTriggers(parsing: try lockOn ?? Self.configuredLockTriggers() ?? "")
+            let daemon = try KeyDaemon.start(root: device.resolvedRoot, deviceSecretPath: device.resolvedDeviceSecret, socketPath: socket, gracePeriod: grace,
+                                             lockTriggers: triggers)
             var sources: [any DispatchSourceSignal] = []
             for signalNumber in [SIGINT, SIGTERM] {
                 signal(signalNumber, SIG_IGN)

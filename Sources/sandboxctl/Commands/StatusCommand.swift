@@ -61,6 +61,8 @@ struct StatusCommand: ParsableCommand {
             if let daemon {
                 print("  state:          \(report.state) (held by the daemon, pid \(daemon.pid))")
                 print("  daemon:         socket \(daemon.socketPath), \(daemon.subscribers) subscriber(s) including this command, grace \(daemon.gracePeriod) s")
+                print("  lock triggers:  " + (daemon.lockTriggers.isEmpty ? "none (only `sandboxctl lock`; see `sandboxctl daemon --lock-on`)"
+                    : daemon.lockTriggers.joined(separator: ", ") + (daemon.lockTriggersConnected ? " (following logind on the system bus)" : " (not active: no system bus or logind yet)")))
                 print("  daemon memory:  core dumps \(daemon.coreDumpsDisabled ? "disabled" : "ENABLED"), \(daemon.lockedMemoryKiB.map { "\($0) KiB" } ?? "unknown") locked")
             } else {
                 print("  state:          \(report.state) (no daemon: this command's own key holder)")
