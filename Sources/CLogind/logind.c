@@ -2,19 +2,41 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <systemd/sd-bus.h>
 #include <unistd.h>
 #include "CLogind.h"
 
 #define LOGIND "org.freedesktop.login1"
 #define MANAGER_PATH "/org/freedesktop/login1"
+// No call to the bus may hold up a stop or a sleep for long.
+#define CALL_TIMEOUT_USEC 2000000
+#define INHIBITOR_RETRY_SECONDS 2
+
+struct ps_logind_stop { atomic_int requested; };
+
+ps_logind_stop *ps_logind_stop_new(void) {
+    ps_logind_stop *stop = calloc(1, sizeof(*stop));
+    if (stop != NULL) atomic_init(&stop->requested, 0);
+    return stop;
+}
+
+void ps_logind_stop_request(ps_logind_stop *stop) { atomic_store(&stop->requested, 1); }
+
+void ps_logind_stop_free(ps_logind_stop *stop) { free(stop); }
+
+static int stop_requested(ps_logind_stop *stop) { return atomic_load(&stop->requested); }
 
 struct watcher {
     void *context;
     ps_logind_callback callback;
+    int session_lock;
     int sleep;
     int inhibitor;
+    time_t inhibitor_tried;
     uid_t uid;
 };
 
@@ -35,6 +57,7 @@ static int is_own_session(sd_bus *bus, const char *path, uid_t uid) {
 // A delay inhibitor for sleep: logind waits (up to its InhibitDelayMaxSec) until it is closed.
 static void take_inhibitor(sd_bus *bus, struct watcher *watcher) {
     if (watcher->inhibitor >= 0) return;
+    watcher->inhibitor_tried = time(NULL);
     sd_bus_error error = SD_BUS_ERROR_NULL;
     sd_bus_message *reply = NULL;
     if (sd_bus_call_method(bus, LOGIND, MANAGER_PATH, LOGIND ".Manager", "Inhibit", &error, &reply, "ssss",
@@ -82,7 +105,7 @@ static int on_properties(sd_bus_message *message, void *userdata, sd_bus_error *
     if (locked < 0 && idle < 0) return 0;
     const char *path = sd_bus_message_get_path(message);
     if (path == NULL || !is_own_session(sd_bus_message_get_bus(message), path, watcher->uid)) return 0;
-    if (locked == 1) watcher->callback(watcher->context, PS_LOGIND_SESSION_LOCK);
+    if (locked == 1 && watcher->session_lock) watcher->callback(watcher->context, PS_LOGIND_SESSION_LOCK);
     if (idle == 1) watcher->callback(watcher->context, PS_LOGIND_IDLE);
     if (idle == 0) watcher->callback(watcher->context, PS_LOGIND_ACTIVE);
     return 0;
@@ -102,19 +125,20 @@ static int on_sleep(sd_bus_message *message, void *userdata, sd_bus_error *error
     return 0;
 }
 
-static int stopped_within(volatile int *stop, int milliseconds) {
+static int stopped_within(ps_logind_stop *stop, int milliseconds) {
     for (int waited = 0; waited < milliseconds; waited += 100) {
-        if (*stop) return 1;
+        if (stop_requested(stop)) return 1;
         usleep(100000);
     }
-    return *stop;
+    return stop_requested(stop);
 }
 
-void ps_logind_run(void *context, ps_logind_callback callback, int session_lock, int sleep, int idle, volatile int *stop) {
-    struct watcher watcher = { context, callback, sleep, -1, getuid() };
-    while (!*stop) {
+void ps_logind_run(void *context, ps_logind_callback callback, int session_lock, int sleep, int idle, ps_logind_stop *stop) {
+    struct watcher watcher = { context, callback, session_lock, sleep, -1, 0, getuid() };
+    while (!stop_requested(stop)) {
         sd_bus *bus = NULL;
         int ok = sd_bus_open_system(&bus) >= 0;
+        if (ok) ok = sd_bus_set_method_call_timeout(bus, CALL_TIMEOUT_USEC) >= 0;
         if (ok && session_lock) ok = sd_bus_match_signal(bus, NULL, LOGIND, NULL, LOGIND ".Session", "Lock", on_lock, &watcher) >= 0;
         if (ok && (session_lock || idle)) {
             ok = sd_bus_match_signal(bus, NULL, LOGIND, NULL, "org.freedesktop.DBus.Properties", "PropertiesChanged", on_properties, &watcher) >= 0;
@@ -123,10 +147,12 @@ void ps_logind_run(void *context, ps_logind_callback callback, int session_lock,
         if (ok) {
             if (sleep) take_inhibitor(bus, &watcher);
             callback(context, PS_LOGIND_CONNECTED);
-            while (!*stop) {
+            while (!stop_requested(stop)) {
                 int processed = sd_bus_process(bus, NULL);
                 if (processed < 0) break;
                 if (processed > 0) continue;
+                // logind was not there yet, or restarted: keep trying for the sleep inhibitor.
+                if (sleep && watcher.inhibitor < 0 && time(NULL) - watcher.inhibitor_tried >= INHIBITOR_RETRY_SECONDS) take_inhibitor(bus, &watcher);
                 int waited = sd_bus_wait(bus, 500000);
                 if (waited < 0 && waited != -EINTR) break;
             }

@@ -683,6 +683,13 @@ final class DaemonServer: @unchecked Sendable {
         send(reply, to: connection)
     }
 
+    /// A lock from a trigger (`LockTriggerWatcher`), on the loop thread: recorded like a `lock` request's, so the event
+    /// tells subscribers the grace period it really has.
+    func lockFromTrigger(grace: TimeInterval, then done: @escaping @Sendable () -> Void) {
+        if device.state == .unlocked { mutex.withLock { lockGrace = grace } }
+        device.lock(gracePeriod: grace, then: done)
+    }
+
     private func completeLockIfAcknowledged() {
         guard lockDone != nil, registry.lockAcknowledged else { return }
         registry.lockCompleted()

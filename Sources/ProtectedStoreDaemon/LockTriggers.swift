@@ -10,10 +10,12 @@ public struct LockTriggers: Sendable, Equatable {
     public var sessionLock = false
     public var sleep = false
     /// Seconds a session stays idle (logind's IdleHint) before the lock; nil: idleness does not lock.
-    public var idleSeconds: Double?
+    public var idleSeconds: Int?
 
     /// Seconds an idle session waits when `idle` names no time.
-    public static let defaultIdleSeconds: Double = 300
+    public static let defaultIdleSeconds = 300
+    /// The longest idle time accepted: a week.
+    public static let maximumIdleSeconds = 7 * 24 * 3600
     /// The longest grace period before sleep: logind's default inhibitor delay is 5 s.
     public static let sleepGraceCap: TimeInterval = 2
 
@@ -27,9 +29,9 @@ public struct LockTriggers: Sendable, Equatable {
             case "sleep": sleep = true
             case "idle": idleSeconds = Self.defaultIdleSeconds
             default:
-                guard item.hasPrefix("idle="), let seconds = Double(item.dropFirst(5)), seconds > 0, seconds.isFinite else {
+                guard item.hasPrefix("idle="), let seconds = Int(item.dropFirst(5)), (1...Self.maximumIdleSeconds).contains(seconds) else {
                     throw ProtectedStoreError(.invalidArgument, path: item, problem: "not a lock trigger",
-                                              remedy: "Use session-lock, sleep and idle[=SECONDS], comma-separated")
+                                              remedy: "Use session-lock, sleep and idle[=SECONDS] (whole seconds, 1 to \(Self.maximumIdleSeconds)), comma-separated")
                 }
                 idleSeconds = seconds
             }
@@ -40,7 +42,7 @@ public struct LockTriggers: Sendable, Equatable {
 
     /// The triggers as `--lock-on` spells them.
     public var names: [String] {
-        (sessionLock ? ["session-lock"] : []) + (sleep ? ["sleep"] : []) + (idleSeconds.map { ["idle=\(Int($0))"] } ?? [])
+        (sessionLock ? ["session-lock"] : []) + (sleep ? ["sleep"] : []) + (idleSeconds.map { ["idle=\($0)"] } ?? [])
     }
 }
 
@@ -48,21 +50,26 @@ public struct LockTriggers: Sendable, Equatable {
 final class LockTriggerWatcher: @unchecked Sendable {
     private let triggers: LockTriggers
     private let device: Device
+    /// Locks as a `lock` request does (the event's grace period recorded), then calls back when the keys are gone or
+    /// the lock was cancelled by an unlock.
+    private let lock: @Sendable (_ grace: TimeInterval, _ done: @escaping @Sendable () -> Void) -> Void
     private let logger: Logger
-    private let stopFlag = UnsafeMutablePointer<Int32>.allocate(capacity: 1)
+    private let stopRequest: OpaquePointer
     private let finished = DispatchSemaphore(value: 0)
     private let mutex = NSLock()
     private var connected = false
     private var idleLock: DispatchWorkItem?
 
-    init(triggers: LockTriggers, device: Device, logger: Logger) {
+    init(triggers: LockTriggers, device: Device, logger: Logger,
+         lock: @escaping @Sendable (_ grace: TimeInterval, _ done: @escaping @Sendable () -> Void) -> Void) {
         self.triggers = triggers
         self.device = device
+        self.lock = lock
         self.logger = logger
-        stopFlag.initialize(to: 0)
+        stopRequest = ps_logind_stop_new()
     }
 
-    deinit { stopFlag.deallocate() }
+    deinit { ps_logind_stop_free(stopRequest) }
 
     /// Whether the system bus is connected and the triggers subscribed.
     var isConnected: Bool { mutex.withLock { connected } }
@@ -72,7 +79,7 @@ final class LockTriggerWatcher: @unchecked Sendable {
             let context = Unmanaged.passUnretained(self).toOpaque()
             ps_logind_run(context, { context, event in
                 Unmanaged<LockTriggerWatcher>.fromOpaque(context!).takeUnretainedValue().handle(event)
-            }, triggers.sessionLock ? 1 : 0, triggers.sleep ? 1 : 0, triggers.idleSeconds == nil ? 0 : 1, stopFlag)
+            }, triggers.sessionLock ? 1 : 0, triggers.sleep ? 1 : 0, triggers.idleSeconds == nil ? 0 : 1, stopRequest)
             finished.signal()
         }
         thread.name = "ProtectedStore.lock-triggers"
@@ -80,44 +87,59 @@ final class LockTriggerWatcher: @unchecked Sendable {
     }
 
     func stop() {
-        stopFlag.pointee = 1
+        ps_logind_stop_request(stopRequest)
         finished.wait()
-        mutex.withLock { idleLock?.cancel() }
+        cancelIdleLock()
     }
 
-    /// On the watcher's thread; only PS_LOGIND_SLEEP may block (logind waits for the inhibitor meanwhile).
+    /// On the watcher's thread; only PS_LOGIND_SLEEP blocks (logind waits for the inhibitor meanwhile).
     private func handle(_ event: Int32) {
         switch event {
         case Int32(PS_LOGIND_SESSION_LOCK):
-            lock(because: "the session locked")
+            lock(because: "the session locked", grace: device.gracePeriod)
         case Int32(PS_LOGIND_SLEEP):
-            let locked = DispatchSemaphore(value: 0)
-            lock(because: "the machine is going to sleep", grace: min(device.gracePeriod, LockTriggers.sleepGraceCap)) { locked.signal() }
-            _ = locked.wait(timeout: .now() + LockTriggers.sleepGraceCap + 2)
+            lockBeforeSleep()
         case Int32(PS_LOGIND_IDLE):
             guard let seconds = triggers.idleSeconds else { return }
-            let work = DispatchWorkItem { [weak self] in self?.lock(because: "the session was idle for \(Int(seconds)) s") }
+            let work = DispatchWorkItem { [weak self] in self?.lock(because: "the session was idle for \(seconds) s", grace: self?.device.gracePeriod ?? 0) }
             mutex.withLock {
                 idleLock?.cancel()
                 idleLock = work
             }
-            DispatchQueue.global().asyncAfter(deadline: .now() + seconds, execute: work)
+            DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(seconds), execute: work)
         case Int32(PS_LOGIND_ACTIVE):
-            mutex.withLock { idleLock?.cancel() }
+            cancelIdleLock()
         case Int32(PS_LOGIND_CONNECTED):
             mutex.withLock { connected = true }
             logger.info("lock triggers \(triggers.names.joined(separator: ", ")): following logind on the system bus")
         case Int32(PS_LOGIND_DISCONNECTED):
             mutex.withLock { connected = false }
+            // An "active again" may be missed while away: no stale idle lock.
+            cancelIdleLock()
             logger.warning("lock triggers: the system bus went away; connecting again every second")
         default:
             break
         }
     }
 
-    private func lock(because reason: String, grace: TimeInterval? = nil, then done: @escaping @Sendable () -> Void = {}) {
-        guard device.state == .unlocked else { return done() }
+    private func cancelIdleLock() { mutex.withLock { idleLock?.cancel() } }
+
+    /// Locks unless already locked, also over a lock still in its grace period (the latest lock's deadline wins).
+    private func lock(because reason: String, grace: TimeInterval, then done: @escaping @Sendable () -> Void = {}) {
+        guard device.state != .locked else { return done() }
         logger.info("locking: \(reason)")
-        device.lock(gracePeriod: grace ?? device.gracePeriod, then: done)
+        lock(grace, done)
+    }
+
+    /// The keys must be gone before the machine sleeps: a lock with the grace period capped, and, if that has not
+    /// finished in time (or an unlock cancelled it), one with none.
+    private func lockBeforeSleep() {
+        for (grace, wait) in [(min(device.gracePeriod, LockTriggers.sleepGraceCap), LockTriggers.sleepGraceCap + 1.5), (0, 2.5)] {
+            let locked = DispatchSemaphore(value: 0)
+            lock(because: "the machine is going to sleep", grace: grace) { locked.signal() }
+            _ = locked.wait(timeout: .now() + wait)
+            if device.state == .locked { return }
+        }
+        logger.error("the keys were not discarded before sleep: a file operation still held them")
     }
 }

@@ -50,21 +50,26 @@ struct LockTriggerTests {
             def PrepareForSleep(self, starting): pass
 
         class Session(dbus.service.Object):
+            def __init__(self, bus, path, owner):
+                dbus.service.Object.__init__(self, bus, path)
+                self.owner = owner
             @dbus.service.signal("org.freedesktop.login1.Session", signature="")
             def Lock(self): pass
             @dbus.service.method("org.freedesktop.DBus.Properties", in_signature="ss", out_signature="v")
             def Get(self, interface, prop):
-                return dbus.Struct((dbus.UInt32(uid), dbus.ObjectPath("/org/freedesktop/login1/user/_%d" % uid)), signature="uo")
+                return dbus.Struct((dbus.UInt32(self.owner), dbus.ObjectPath("/org/freedesktop/login1/user/_%d" % self.owner)), signature="uo")
             @dbus.service.signal("org.freedesktop.DBus.Properties", signature="sa{sv}as")
             def PropertiesChanged(self, interface, changed, invalidated): pass
 
         manager = Manager(bus, "/org/freedesktop/login1")
-        session = Session(bus, SESSION)
+        session = Session(bus, SESSION, uid)
+        other = Session(bus, "/org/freedesktop/login1/session/_32", uid + 1)
         loop = GLib.MainLoop()
 
         def command(source, condition):
             line = sys.stdin.readline().strip()
             if line == "lock": session.Lock()
+            elif line == "lock-other": other.Lock()
             elif line == "sleep": manager.PrepareForSleep(True)
             elif line == "wake": manager.PrepareForSleep(False)
             elif line == "locked-hint": session.PropertiesChanged("org.freedesktop.login1.Session", {"LockedHint": dbus.Boolean(True)}, dbus.Array([], signature="s"))
@@ -142,6 +147,9 @@ struct LockTriggerTests {
         #expect(try sandboxctl(test, ["status"]).stdout.contains("lock triggers:  session-lock, sleep, idle=1 (following logind"))
 
         try MountedDevice.unlock(test)
+        _ = logind!.send("lock-other")
+        Thread.sleep(forTimeInterval: 1)
+        #expect(try state(test) == "unlocked", "another user's session locking locks nothing here")
         _ = logind!.send("lock")
         #expect(eventually(timeout: 20) { (try? state(test)) == "locked" }, "Session.Lock locked the device")
 
@@ -160,6 +168,20 @@ struct LockTriggerTests {
         let inhibitedAgain = woken.contains { $0.hasPrefix("inhibited") } || logind!.standIn.nextLine(timeout: 20)?.hasPrefix("inhibited") == true
         #expect(inhibitedAgain, "a new inhibitor for the next sleep")
         #expect(try state(test) == "unlocked", "waking locks nothing")
+
+        // Sleep while a lock waits out a long grace period: the keys go before the inhibitor, not after the grace.
+        let pending = try SpawnedProcess(CLI.executable, ["lock", "--grace", "60", "--root", test.root, "--device-secret", test.secretPath])
+        #expect(eventually(timeout: 20) { (try? state(test)) == "locking" })
+        let started = Date()
+        let slept = logind!.send("sleep")
+        var releasedAgain = slept.contains("released")
+        if !releasedAgain { releasedAgain = logind!.standIn.nextLine(timeout: 20) == "released" }
+        #expect(releasedAgain && Date().timeIntervalSince(started) < 10, "\(slept)")
+        #expect(try state(test) == "locked", "locked before the inhibitor went, not 60 s later")
+        #expect(pending.waitForExit(timeout: 20) == 0)
+        _ = logind!.send("wake")
+        _ = logind!.standIn.nextLine(timeout: 20)
+        try MountedDevice.unlock(test)
 
         _ = logind!.send("idle")
         #expect(eventually(timeout: 20) { (try? state(test)) == "locked" }, "an idle session locked the device after its second")

@@ -13,9 +13,15 @@ enum {
 
 typedef void (*ps_logind_callback)(void *context, int event);
 
-/// Follows logind until `*stop` is non-zero: the signals asked for (session locks, sleep with a delay inhibitor held
+/// A stop request another thread makes (an atomic flag).
+typedef struct ps_logind_stop ps_logind_stop;
+ps_logind_stop *ps_logind_stop_new(void);
+void ps_logind_stop_request(ps_logind_stop *stop);
+void ps_logind_stop_free(ps_logind_stop *stop);
+
+/// Follows logind until a stop is requested: the signals asked for (session locks, sleep with a delay inhibitor held
 /// until the callback for PS_LOGIND_SLEEP returns, idle hints) of sessions of this process's uid. The system bus is
-/// $DBUS_SYSTEM_BUS_ADDRESS if set. Connects again after the bus goes away.
-void ps_logind_run(void *context, ps_logind_callback callback, int session_lock, int sleep, int idle, volatile int *stop);
+/// $DBUS_SYSTEM_BUS_ADDRESS if set. Connects again after the bus goes away; every call to the bus times out in 2 s.
+void ps_logind_run(void *context, ps_logind_callback callback, int session_lock, int sleep, int idle, ps_logind_stop *stop);
 
 #endif

@@ -22,8 +22,8 @@ struct DaemonCommand: ParsableCommand {
             throw ProtectedStoreError(.io, path: configurationPath, problem: "cannot read the daemon's configuration (\(error.localizedDescription))",
                                       remedy: "Make it a readable UTF-8 file of `name = value` lines")
         }
-        for line in text.split(separator: "\n") {
-            let content = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0]
+        for line in text.components(separatedBy: .newlines) {
+            let content = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
             let parts = content.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
             if parts.count == 2, parts[0] == "lock-on" { return parts[1] }
         }
