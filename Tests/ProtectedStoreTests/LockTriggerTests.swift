@@ -169,7 +169,12 @@ struct LockTriggerTests {
         #expect(inhibitedAgain, "a new inhibitor for the next sleep")
         #expect(try state(test) == "unlocked", "waking locks nothing")
 
-        // Sleep while a lock waits out a long grace period: the keys go before the inhibitor, not after the grace.
+        // Sleep while a lock waits out a long grace period (a subscriber stopped with SIGSTOP never acknowledges):
+        // the keys go before the inhibitor, not after the grace.
+        let stalled = try SpawnedProcess(CLI.executable, ["watch", "--root", test.root, "--device-secret", test.secretPath])
+        defer { stalled.signal(SIGCONT); stalled.signal(SIGKILL) }
+        #expect(eventually(timeout: 20) { stalled.standardError.contains("Watching") })
+        stalled.signal(SIGSTOP)
         let pending = try SpawnedProcess(CLI.executable, ["lock", "--grace", "60", "--root", test.root, "--device-secret", test.secretPath])
         #expect(eventually(timeout: 20) { (try? state(test)) == "locking" })
         let started = Date()
@@ -179,8 +184,9 @@ struct LockTriggerTests {
         #expect(releasedAgain && Date().timeIntervalSince(started) < 10, "\(slept)")
         #expect(try state(test) == "locked", "locked before the inhibitor went, not 60 s later")
         #expect(pending.waitForExit(timeout: 20) == 0)
-        _ = logind!.send("wake")
-        _ = logind!.standIn.nextLine(timeout: 20)
+        stalled.signal(SIGCONT)
+        stalled.signal(SIGKILL)
+        if !logind!.send("wake").contains(where: { $0.hasPrefix("inhibited") }) { _ = logind!.standIn.nextLine(timeout: 20) }
         try MountedDevice.unlock(test)
 
         _ = logind!.send("idle")
