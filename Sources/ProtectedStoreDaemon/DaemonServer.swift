@@ -465,9 +465,7 @@ final class DaemonServer: @unchecked Sendable {
             let (handled, next) = registry.acknowledge(connection.id, seq: seq)
             for delivery in next { sendEvent(delivery) }
             completeLockIfAcknowledged()
-            if let handled, handled != .protection(.willBecomeUnavailable), handled != .protection(.didBecomeAvailable) {
-                appEventAcknowledged(handled, by: connection.id)
-            }
+            if let handled, handled.isAppEvent { appEventAcknowledged(handled, by: connection.id) }
         case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL:
             handleApp(operation, request, on: connection)
         case .lock:
@@ -888,7 +886,7 @@ final class DaemonServer: @unchecked Sendable {
             wait.acknowledged += 1
             appEventWaits[id] = wait
             // An open-URL event is handled once one observer of the app has it; a lifecycle event waits for all.
-            if wait.remaining.isEmpty || event.wireName == "open-url" { finishWait(id) }
+            if wait.remaining.isEmpty || !event.isLifecycle { finishWait(id) }
         }
     }
 

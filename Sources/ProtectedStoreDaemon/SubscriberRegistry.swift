@@ -26,6 +26,11 @@ package struct SubscriberRegistry {
         var isLifecycle: Bool {
             if case .lifecycle = self { true } else { false }
         }
+
+        /// A launched app's own event (lifecycle or open-URL), which the daemon waits for per app.
+        var isAppEvent: Bool {
+            if case .protection = self { false } else { true }
+        }
     }
 
     /// An event to send now.

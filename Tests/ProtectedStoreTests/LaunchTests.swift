@@ -46,6 +46,13 @@ struct LaunchTests {
         try SpawnedProcess(CLI.executable, ["launch", bundle, "--root", test.root, "--device-secret", test.secretPath] + extra + ["--"] + command)
     }
 
+    /// `sandboxctl watch --json` run as the app inside its sandbox (this build and its Swift runtime shown read-only).
+    private func launchWatch(_ test: TestDevice, _ bundle: String) throws -> SpawnedProcess {
+        let tool = CLI.executable.deletingLastPathComponent().path
+        let runtime = try #require(Self.swiftRuntimeFolder)
+        return try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"])
+    }
+
     /// Runs one line in the launched shell; returns its output lines and status.
     private func run(_ shell: SpawnedProcess, _ line: String) -> (output: [String], status: Int?) {
         shell.send("{ \(line); } 2>&1; echo \"@@ $?\"\n")
@@ -153,9 +160,7 @@ struct LaunchTests {
         let bundle = "com.example.launch.life"
         let (test, daemon) = try device(bundle)
         defer { _ = daemon }
-        let tool = CLI.executable.deletingLastPathComponent().path
-        let runtime = try #require(Self.swiftRuntimeFolder)
-        let app = try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"])
+        let app = try launchWatch(test, bundle)
         #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
 
         #expect(try sandboxctl(test, ["suspend", bundle, "--background-time", "10"]).status == 0)
@@ -197,9 +202,7 @@ struct LaunchTests {
         try Data("a report\n".utf8).write(to: URL(fileURLWithPath: item))
         let delivered = try sandboxctl(test, ["inbox", "deliver", bundle, item, "--from", "com.example.mail", "--annotation", #"{"subject":"Q3"}"#])
         #expect(delivered.status == 0, "\(delivered.stderr)")
-        let tool = CLI.executable.deletingLastPathComponent().path
-        let runtime = try #require(Self.swiftRuntimeFolder)
-        let app = try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"])
+        let app = try launchWatch(test, bundle)
         let line = try #require(app.nextLine(timeout: 30), "\(app.standardError)")
         let event = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
         #expect(event["event"] as? String == "openURL")
@@ -221,9 +224,7 @@ struct LaunchTests {
     func daemonRestart() throws {
         let bundle = "com.example.launch.restart"
         let (test, daemon) = try device(bundle)
-        let tool = CLI.executable.deletingLastPathComponent().path
-        let runtime = try #require(Self.swiftRuntimeFolder)
-        let app = try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"])
+        let app = try launchWatch(test, bundle)
         #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
 
         daemon.spawned.signal(SIGTERM)

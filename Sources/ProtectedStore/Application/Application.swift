@@ -208,14 +208,6 @@ public final class Application: @unchecked Sendable {
                 observer.application(self, open: request.url, sourceApplication: request.sourceApplication, annotation: request.annotation)
             }
         }
-        if case .openURL(let request) = event {
-            var userInfo: [AnyHashable: Any] = [Container.openURLRequestKey: request, Container.openURLKey: request.url]
-            if let source = request.sourceApplication { userInfo[Container.openURLSourceApplicationKey] = source }
-            if let annotation = request.annotation { userInfo[Container.openURLAnnotationKey] = annotation }
-            notificationCenter.post(name: Container.openURLNotification, object: self, userInfo: userInfo)
-            for stream in streams { stream.yield(event) }
-            return
-        }
         let name: Notification.Name = switch event {
         case .lifecycle(.didEnterBackground): Self.didEnterBackgroundNotification
         case .lifecycle(.willEnterForeground): Self.willEnterForegroundNotification
@@ -224,7 +216,9 @@ public final class Application: @unchecked Sendable {
         case .protectedData(.didBecomeAvailable): Self.protectedDataDidBecomeAvailableNotification
         case .openURL: Container.openURLNotification
         }
-        notificationCenter.post(name: name, object: self)
+        var userInfo: [AnyHashable: Any]?
+        if case .openURL(let request) = event { userInfo = request.notificationUserInfo }
+        notificationCenter.post(name: name, object: self, userInfo: userInfo)
         for stream in streams { stream.yield(event) }
     }
 }

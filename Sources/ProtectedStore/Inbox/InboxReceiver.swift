@@ -29,10 +29,7 @@ final class InboxReceiver: @unchecked Sendable {
             (delegate as? any OpenURLDelegate)?.container(container, open: request.url, sourceApplication: request.sourceApplication,
                                                           annotation: request.annotation)
         }, post: { center, request, container in
-            var userInfo: [AnyHashable: Any] = [Container.openURLRequestKey: request, Container.openURLKey: request.url]
-            if let source = request.sourceApplication { userInfo[Container.openURLSourceApplicationKey] = source }
-            if let annotation = request.annotation { userInfo[Container.openURLAnnotationKey] = annotation }
-            center.post(name: Container.openURLNotification, object: container, userInfo: userInfo)
+            center.post(name: Container.openURLNotification, object: container, userInfo: request.notificationUserInfo)
         })
     }
 

@@ -19,6 +19,14 @@ public struct OpenURLRequest: Sendable, Equatable, CustomStringConvertible {
         annotationJSON.flatMap { try? JSONSerialization.jsonObject(with: Data($0.utf8), options: .fragmentsAllowed) }
     }
 
+    /// What `Container.openURLNotification` carries: the request, and the URL, source and annotation under UIKit's keys.
+    var notificationUserInfo: [AnyHashable: Any] {
+        var userInfo: [AnyHashable: Any] = [Container.openURLRequestKey: self, Container.openURLKey: url]
+        if let sourceApplication { userInfo[Container.openURLSourceApplicationKey] = sourceApplication }
+        if let annotation { userInfo[Container.openURLAnnotationKey] = annotation }
+        return userInfo
+    }
+
     public var description: String {
         "open URL \(path)" + (sourceApplication.map { " from \($0)" } ?? "") + (annotationJSON.map { " annotation \($0)" } ?? "")
     }

@@ -120,7 +120,8 @@ struct TerminateCommand: ParsableCommand {
                                           remedy: "Check that you own the process")
             }
             let deadline = Date().addingTimeInterval(wait)
-            while (try? AppRuntime.running(bundleIdentifier, root: root)) != nil {
+            let slot = (try AppRuntime.appsFolder(root: root) as NSString).appendingPathComponent(bundleIdentifier)
+            while LaunchSlot.isHeld(slot) {
                 guard Date() < deadline else {
                     throw ProtectedStoreError(.io, path: bundleIdentifier, problem: "the app is still running after \(wait) s",
                                               remedy: "Look at its processes (launcher pid \(app.launcherPID)); kill -KILL \(app.launcherPID) ends them")

@@ -8,8 +8,6 @@ import ProtectedStoreDaemon
 struct DaemonCommand: ParsableCommand {
     /// `$XDG_CONFIG_HOME/sandboxctl/daemon.conf`: `name = value` lines, `#` comments; `lock-on` is read.
     static var configurationPath: String {
-        let configHome = ProcessInfo.processInfo.environment["XDG_CONFIG_HOME"].flatMap { $0.isEmpty ? nil : $0 }
-            ?? (NSHomeDirectory() as NSString).appendingPathComponent(".config")
         return (configHome as NSString).appendingPathComponent("sandboxctl/daemon.conf")
     }
 

@@ -144,9 +144,14 @@ final class Sandbox: @unchecked Sendable {
         self.terminateTimeout = terminateTimeout
     }
 
-    static func findBubblewrap() throws -> String {
+    /// `name` in the first folder of PATH that has it as an executable.
+    static func onPath(_ name: String) -> String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
-        for folder in path.split(separator: ":") where access("\(folder)/bwrap", X_OK) == 0 { return "\(folder)/bwrap" }
+        return path.split(separator: ":").map { "\($0)/\(name)" }.first { access($0, X_OK) == 0 }
+    }
+
+    static func findBubblewrap() throws -> String {
+        if let bubblewrap = onPath("bwrap") { return bubblewrap }
         throw ProtectedStoreError(.notFound, path: "bwrap", problem: "bubblewrap is not installed (no bwrap on PATH)",
                                   remedy: "Install it: apt-get install bubblewrap")
     }
@@ -357,8 +362,7 @@ final class Sandbox: @unchecked Sendable {
         if program.contains("/") {
             return URL(fileURLWithPath: program).standardizedFileURL.resolvingSymlinksInPath().path
         }
-        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
-        return path.split(separator: ":").map { "\($0)/\(program)" }.first { access($0, X_OK) == 0 }
+        return Self.onPath(program)
     }
 
     /// Starts bubblewrap with the info descriptor as fd 3 and the block descriptor as fd 4; returns its pid, the read

@@ -73,8 +73,6 @@ struct MountCommand: ParsableCommand {
     /// The mount points of `$XDG_CONFIG_HOME/sandboxctl/mounts.conf`: one `BUNDLE MOUNTPOINT` per line, `#` comments.
     enum MountsConfiguration {
         static var path: String {
-            let configHome = ProcessInfo.processInfo.environment["XDG_CONFIG_HOME"].flatMap { $0.isEmpty ? nil : $0 }
-                ?? (NSHomeDirectory() as NSString).appendingPathComponent(".config")
             return (configHome as NSString).appendingPathComponent("sandboxctl/mounts.conf")
         }
 

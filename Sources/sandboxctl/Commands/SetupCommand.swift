@@ -77,8 +77,6 @@ struct SetupSystemdCommand: ParsableCommand {
 
     private var defaultUnitDirectory: String {
         guard user else { return "/etc/systemd/system" }
-        let configHome = ProcessInfo.processInfo.environment["XDG_CONFIG_HOME"].flatMap { $0.isEmpty ? nil : $0 }
-            ?? (NSHomeDirectory() as NSString).appendingPathComponent(".config")
         return (configHome as NSString).appendingPathComponent("systemd/user")
     }
 
