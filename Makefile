@@ -1,7 +1,15 @@
 # Quick start: `make demo` and `make test`. Both install missing system packages when run as root.
 SWIFT ?= swift
 
-.PHONY: deps demo test test-tsan test-asan-all test-tsan-all bench fuzz verify
+.PHONY: deps demo test test-tsan test-asan-all test-tsan-all bench fuzz verify release dist install uninstall deb docs
+
+# The build that ships: the Swift runtime linked in (no Swift toolchain needed where it is installed), no $$ORIGIN
+# search path, bind-now. `make test` scans and packages this same binary.
+RELEASE_BUILD = $(SWIFT) build -c release --static-swift-stdlib --disable-local-rpath -Xlinker -z -Xlinker now
+RELEASE_BIN = $$($(SWIFT) build -c release --show-bin-path)
+# The static Foundation archive calls mktemp(3) (not from our code); glibc's link-time warning about it says nothing
+# about this project.
+FOUNDATION_LINK_WARNING = use of .mktemp. is dangerous
 
 deps:
 	@./scripts/ensure-deps.sh
@@ -10,11 +18,37 @@ demo: deps
 	@$(SWIFT) build --product sandboxctl --quiet
 	@$$($(SWIFT) build --show-bin-path)/sandboxctl demo
 
-# The daemon memory tests scan a release build of sandboxctl, as it ships (docs/SECURITY.md).
-test: deps
-	$(SWIFT) build -c release --product sandboxctl --quiet
-	PROTECTEDSTORE_RELEASE_BIN=$$($(SWIFT) build -c release --show-bin-path) $(SWIFT) test
+# The daemon memory tests scan the release build of sandboxctl, as it ships (docs/SECURITY.md); the packaging tests
+# install it, build the Debian package from it and run lintian on that.
+test: release
+	PROTECTEDSTORE_RELEASE_BIN=$(RELEASE_BIN) $(SWIFT) test
 	@$(MAKE) --no-print-directory test-tsan
+
+# The shipped binary and the argument parser's man-page generator, both release builds.
+release: deps
+	@bash -o pipefail -c '$(RELEASE_BUILD) --product sandboxctl --quiet 2>&1 | { grep -v "$(FOUNDATION_LINK_WARNING)" || true; }'
+	@$(SWIFT) build -c release --product generate-manual --quiet
+
+# Everything install and deb ship, in .build/dist: the stripped binary, man pages, completions, the PAM module.
+dist: release
+	@./scripts/dist.sh $(RELEASE_BIN) .build/dist
+
+# make install [PREFIX=/usr/local] [DESTDIR=staging-root]; BINDIR, MANDIR and the other folders of scripts/install.sh
+# can be given the same way (make passes command-line variables to the script's environment).
+install: dist
+	@./scripts/install.sh .build/dist
+
+uninstall:
+	@./scripts/install.sh --uninstall
+
+# sandboxctl_<version>_<arch>.deb in .build/deb.
+deb: dist
+	@./scripts/build-deb.sh .build/dist .build/deb
+
+# The DocC archives of ProtectedStore and ProtectedStoreTesting in .build/docs, warnings as errors, and a check that
+# every public symbol has a summary.
+docs: deps
+	@./scripts/docs.sh
 
 # The lock and event tests under ThreadSanitizer, in their own build folder (docs/SECURITY.md).
 test-tsan: deps
@@ -40,15 +74,14 @@ verify: deps
 	@$$($(SWIFT) build --show-bin-path)/ps-verify crash --quick
 	@$$($(SWIFT) build --show-bin-path)/ps-verify powercut
 	@$(MAKE) --no-print-directory fuzz
-	@$(SWIFT) build -c release --product sandboxctl --quiet
-	@PROTECTEDSTORE_RELEASE_BIN=$$($(SWIFT) build -c release --show-bin-path) $(SWIFT) test --filter MemoryHygieneTests > .build/memory-hygiene.log 2>&1; status=$$?; \
+	@$(MAKE) --no-print-directory release
+	@PROTECTEDSTORE_RELEASE_BIN=$(RELEASE_BIN) $(SWIFT) test --filter MemoryHygieneTests > .build/memory-hygiene.log 2>&1; status=$$?; \
 		grep -E "memory hygiene|Test run with|✘" .build/memory-hygiene.log; exit $$status
 	@$$($(SWIFT) build --show-bin-path)/ps-verify load
 	@$(MAKE) --no-print-directory test-asan-all
 	@$(MAKE) --no-print-directory test-tsan-all
 
-bench: deps
-	@$(SWIFT) build -c release --product sandboxctl --quiet
+bench: release
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench crypto --size-mib 256
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench lock --subscribers 100
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench lock --subscribers 1000

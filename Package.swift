@@ -7,8 +7,6 @@ let package = Package(
     products: [
         .library(name: "ProtectedStore", targets: ["ProtectedStore"]),
         .library(name: "ProtectedStoreTesting", targets: ["ProtectedStoreTesting"]),
-        // The PAM module (docs/SECURITY.md): installed as pam_sandboxctl.so.
-        .library(name: "pam_sandboxctl", type: .dynamic, targets: ["PAMSandboxctl"]),
         // Only for the fuzz package beside this one (Fuzz/); the leading underscore marks it as no API.
         .library(name: "_ProtectedStoreFuzzing", targets: ["ProtectedStoreFuzzing"]),
         .executable(name: "sandboxctl", targets: ["sandboxctl"]),
@@ -18,6 +16,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        // `make docs`: the DocC catalogs of ProtectedStore and ProtectedStoreTesting.
+        .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
     targets: [
         .systemLibrary(
@@ -34,7 +34,8 @@ let package = Package(
         .target(name: "CSupport"),
         // The daemon's lock triggers from systemd-logind over D-Bus (libsystemd's sd-bus; Debian libsystemd-dev).
         .target(name: "CLogind", linkerSettings: [.linkedLibrary("systemd")]),
-        // pam_sandboxctl: unlock at login (C, libpam; Debian libpam0g-dev).
+        // pam_sandboxctl: unlock at login (C, libpam; Debian libpam0g-dev). Built into pam_sandboxctl.so by cc
+        // (scripts/dist.sh), not as a SwiftPM product, which would load the Swift runtime into every login.
         .target(name: "PAMSandboxctl", linkerSettings: [.linkedLibrary("pam")]),
         // Layers, lowest first; each imports only those above it (docs/ARCHITECTURE.md).
         // Cryptography, secure memory, the keybag, the device secret and the encrypted file format: nothing about

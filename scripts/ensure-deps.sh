@@ -27,6 +27,11 @@ command -v dbus-daemon >/dev/null 2>&1 || packages+=(dbus)
 # The PAM module builds on libpam; its tests drive it with pamtester.
 [ -f /usr/include/security/pam_modules.h ] || packages+=(libpam0g-dev)
 command -v pamtester >/dev/null 2>&1 || packages+=(pamtester)
+# make install and make deb: man pages (man-db, to check them), the Debian package (dpkg-dev's dpkg-shlibdeps) and its
+# check (lintian).
+command -v man >/dev/null 2>&1 || packages+=(man-db)
+command -v dpkg-shlibdeps >/dev/null 2>&1 || packages+=(dpkg-dev)
+command -v lintian >/dev/null 2>&1 || packages+=(lintian)
 # The reference notes store (Examples/Notes) links libsqlite3.
 if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists sqlite3; then
     packages+=(libsqlite3-dev)

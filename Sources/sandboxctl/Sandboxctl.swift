@@ -32,6 +32,7 @@ struct Sandboxctl: AsyncParsableCommand {
               77  denied by data protection (locked, before first unlock, wrong passcode) or by the Inbox's
                   read-and-delete rule
             """,
+        version: sandboxctlVersion,
         subcommands: [InitCommand.self, DaemonCommand.self, UnlockCommand.self, LockCommand.self, WatchCommand.self,
                       CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self, InboxCommand.self,
                       RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, MountCommand.self, PasswdCommand.self, MigrateCommand.self, EraseCommand.self,

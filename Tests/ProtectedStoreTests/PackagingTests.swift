@@ -1,0 +1,232 @@
+import Foundation
+import Testing
+
+/// What `make dist`, `make install`, `make uninstall` and `make deb` ship, made by their own scripts from the release
+/// build `make test` makes (`PROTECTEDSTORE_RELEASE_BIN`): nothing here builds Swift.
+enum Packaging {
+    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    static let problem: String? = {
+        guard let folder = ProcessInfo.processInfo.environment["PROTECTEDSTORE_RELEASE_BIN"] else {
+            return "no release build (PROTECTEDSTORE_RELEASE_BIN; make test sets it)"
+        }
+        guard FileManager.default.isExecutableFile(atPath: folder + "/generate-manual") else {
+            return "\(folder)/generate-manual is missing (make release builds it)"
+        }
+        for tool in ["python3", "strip", "readelf", "cc", "bash", "man"] where FUSEAvailability.executable(tool) == nil {
+            return "\(tool) is not installed"
+        }
+        return nil
+    }()
+
+    static var isAvailable: Bool {
+        if let problem { print("Skipping packaging tests: \(problem)") }
+        return problem == nil
+    }
+
+    static var debianProblem: String? {
+        for tool in ["dpkg-deb", "dpkg-shlibdeps", "lintian"] where FUSEAvailability.executable(tool) == nil {
+            return "\(tool) is not installed (make deps installs dpkg-dev and lintian)"
+        }
+        return nil
+    }
+
+    static var canBuildDebian: Bool {
+        if let debianProblem { print("Skipping the Debian package tests: \(debianProblem)") }
+        return debianProblem == nil
+    }
+
+    /// Why the package can't be installed into this machine by the test, if it can't.
+    static var systemInstallProblem: String? {
+        if let debianProblem { return debianProblem }
+        guard getuid() == 0 else { return "not root: apt installs into the system" }
+        guard FUSEAvailability.executable("apt-get") != nil else { return "apt-get is not installed" }
+        if FileManager.default.fileExists(atPath: "/usr/bin/sandboxctl") {
+            return "/usr/bin/sandboxctl exists already: the test would replace and remove someone's installation"
+        }
+        return nil
+    }
+
+    static var canInstallIntoSystem: Bool {
+        if let systemInstallProblem { print("Skipping the apt install and remove test: \(systemInstallProblem)") }
+        return systemInstallProblem == nil
+    }
+
+    @discardableResult
+    static func run(_ tool: String, _ arguments: [String], environment: [String: String] = [:], stdin: String? = nil) throws -> CLI.Result {
+        let path = tool.hasPrefix("/") ? tool : (FUSEAvailability.executable(tool) ?? tool)
+        return try CLI.run(executable: URL(fileURLWithPath: path), arguments, stdin: stdin, environment: environment)
+    }
+
+    /// scripts/dist.sh into a new folder.
+    static func dist(in directory: TemporaryDirectory) throws -> String {
+        let folder = directory.file("dist")
+        let made = try run(repository.path + "/scripts/dist.sh", [ProcessInfo.processInfo.environment["PROTECTEDSTORE_RELEASE_BIN"]!, folder])
+        try #require(made.status == 0, "dist.sh: \(made.stdout)\(made.stderr)")
+        return folder
+    }
+
+    /// Every page the argument parser's definitions call for: sandboxctl(1) and one per subcommand, git-style
+    /// (sandboxctl-inbox-deliver), from the command's own `--experimental-dump-help`.
+    static func expectedManPages() throws -> Set<String> {
+        let dump = try CLI.run(["--experimental-dump-help"])
+        let tool = try #require(try JSONSerialization.jsonObject(with: Data(dump.stdout.utf8)) as? [String: Any])
+        var names = Set<String>()
+        func walk(_ command: [String: Any], _ prefix: String) {
+            guard let name = command["commandName"] as? String, name != "help" else { return }
+            let page = prefix.isEmpty ? name : "\(prefix)-\(name)"
+            names.insert(page + ".1")
+            for subcommand in command["subcommands"] as? [[String: Any]] ?? [] { walk(subcommand, page) }
+        }
+        walk(try #require(tool["command"] as? [String: Any]), "")
+        return names
+    }
+
+    /// What bash's completion for sandboxctl offers for the words typed so far, from the completion file at `path`.
+    static func bashCompletions(_ path: String, _ words: [String]) throws -> [String] {
+        let line = words.joined(separator: " ")
+        let script = """
+            source '\(path)'
+            COMP_LINE='\(line)'; COMP_POINT=${#COMP_LINE}; COMP_WORDS=(\(words.map { "'\($0)'" }.joined(separator: " "))); COMP_CWORD=\(words.count - 1)
+            _sandboxctl sandboxctl '\(words.last!)' '\(words[words.count - 2])'
+            printf '%s\\n' "${COMPREPLY[@]}"
+            """
+        let result = try run("bash", ["-c", script])
+        return result.stdout.split(separator: "\n").map(String.init)
+    }
+}
+
+@Suite("packaging", .enabled(if: Packaging.isAvailable, "needs make test's release build"))
+struct PackagingTests {
+    @Test("make install into a temporary prefix: binary, a man page per subcommand, completions, units naming it, the PAM module; uninstall leaves no file")
+    func installAndUninstall() throws {
+        let directory = TemporaryDirectory()
+        let dist = try Packaging.dist(in: directory)
+        let version = try String(contentsOfFile: dist + "/VERSION", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(version == (try CLI.run(["--version"])).stdout.trimmingCharacters(in: .whitespacesAndNewlines), "one version for the command and the package")
+        #expect(version.range(of: #"^[0-9]+\.[0-9]+\.[0-9]+$"#, options: .regularExpression) != nil, "version \(version)")
+
+        let destdir = directory.file("stage"), prefix = "/opt/sandboxctl-test"
+        let environment = ["DESTDIR": destdir, "PREFIX": prefix]
+        let installed = try Packaging.run(Packaging.repository.path + "/scripts/install.sh", [dist], environment: environment)
+        #expect(installed.status == 0, "\(installed.stdout)\(installed.stderr)")
+        let root = destdir + prefix
+
+        let binary = try Packaging.run(root + "/bin/sandboxctl", ["--version"])
+        #expect(binary.status == 0 && binary.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == version)
+        let libraries = try Packaging.run("readelf", ["-d", root + "/bin/sandboxctl"]).stdout
+        #expect(!libraries.contains("libswift") && !libraries.contains("RUNPATH") && !libraries.contains("RPATH"),
+                "the installed binary must not need the Swift toolchain: \(libraries)")
+
+        let pages = Set(try FileManager.default.contentsOfDirectory(atPath: root + "/share/man/man1"))
+        #expect(pages == (try Packaging.expectedManPages()), "man pages and subcommands differ")
+        for page in pages {
+            // How lintian checks pages: groff's warnings, which a broken page produces.
+            let checked = try Packaging.run("man", ["--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", root + "/share/man/man1/" + page],
+                                            environment: ["MANROFFSEQ": "", "MANWIDTH": "80", "LC_ALL": "C.UTF-8"])
+            #expect(checked.status == 0 && checked.stderr.isEmpty, "\(page): \(checked.stderr)")
+        }
+        let rootPage = try Packaging.run("man", ["-l", root + "/share/man/man1/sandboxctl.1"], environment: ["MANWIDTH": "200", "LC_ALL": "C.UTF-8"]).stdout
+        for section in ["ENVIRONMENT", "SANDBOXCTL_DEVICE_SECRET", "EXIT STATUS", "denied by data protection", "sandboxctl-inbox(1)"] {
+            #expect(rootPage.contains(section), "sandboxctl(1) lacks \(section)")
+        }
+        let lockPage = try Packaging.run("man", ["-l", root + "/share/man/man1/sandboxctl-lock.1"], environment: ["MANWIDTH": "200", "LC_ALL": "C.UTF-8"]).stdout
+        #expect(lockPage.contains("sandboxctl lock [--root dir]") && lockPage.contains("--grace") && lockPage.contains("no key daemon serves the device")
+                && lockPage.contains("sandboxctl(1)"), "\(lockPage)")
+
+        let bash = root + "/share/bash-completion/completions/sandboxctl"
+        #expect(!(try String(contentsOfFile: bash, encoding: .utf8)).hasPrefix("#!"))
+        #expect(try Packaging.bashCompletions(bash, ["sandboxctl", "lo"]) == ["lock"])
+        #expect(try Packaging.bashCompletions(bash, ["sandboxctl", "lock", "--g"]) == ["--grace"])
+        #expect(try String(contentsOfFile: root + "/share/zsh/site-functions/_sandboxctl", encoding: .utf8).hasPrefix("#compdef sandboxctl"))
+        #expect(try String(contentsOfFile: root + "/share/fish/vendor_completions.d/sandboxctl.fish", encoding: .utf8).contains("complete -c 'sandboxctl'"))
+
+        for unit in ["sandboxctl.socket", "sandboxctl.service", "sandboxctl-mount@.service"] {
+            let text = try String(contentsOfFile: root + "/lib/systemd/user/" + unit, encoding: .utf8)
+            #expect(unit == "sandboxctl.socket" || text.contains("ExecStart=\(prefix)/bin/sandboxctl "), "\(unit) runs another sandboxctl:\n\(text)")
+        }
+        let pamModule = try #require(FileManager.default.enumerator(atPath: root + "/lib")?.compactMap { $0 as? String }
+            .first { $0.hasSuffix("security/pam_sandboxctl.so") })
+        let pamLibraries = try Packaging.run("readelf", ["-d", root + "/lib/" + pamModule]).stdout
+        #expect(pamLibraries.contains("libpam.so") && !pamLibraries.contains("libswift"), "a login program must not load the Swift runtime: \(pamLibraries)")
+
+        let removed = try Packaging.run(Packaging.repository.path + "/scripts/install.sh", ["--uninstall"], environment: environment)
+        #expect(removed.status == 0, "\(removed.stderr)")
+        let left = FileManager.default.enumerator(atPath: destdir)?.compactMap { $0 as? String }
+            .filter { (try? FileManager.default.attributesOfItem(atPath: destdir + "/" + $0)[.type] as? FileAttributeType) != .typeDirectory } ?? []
+        #expect(left.isEmpty, "uninstall left \(left)")
+    }
+
+    @Test("install refuses a relative PREFIX and a missing dist folder, and installs nothing")
+    func badInput() throws {
+        let directory = TemporaryDirectory()
+        let relative = try Packaging.run(Packaging.repository.path + "/scripts/install.sh", [Packaging.dist(in: directory)],
+                                         environment: ["DESTDIR": directory.file("stage"), "PREFIX": "usr/local"])
+        #expect(relative.status == 64 && relative.stderr.contains("PREFIX must be an absolute path"), "\(relative.stderr)")
+        let missing = try Packaging.run(Packaging.repository.path + "/scripts/install.sh", [directory.file("nothing")],
+                                        environment: ["DESTDIR": directory.file("stage")])
+        #expect(missing.status == 64 && missing.stderr.contains("scripts/dist.sh"), "\(missing.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: directory.file("stage")))
+    }
+
+    @Test("make deb: the version is the command's, Depends computed from the binaries, lintian reports no error and no warning",
+          .enabled(if: Packaging.canBuildDebian))
+    func debianPackage() throws {
+        let directory = TemporaryDirectory()
+        let dist = try Packaging.dist(in: directory)
+        let version = try String(contentsOfFile: dist + "/VERSION", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let built = try Packaging.run(Packaging.repository.path + "/scripts/build-deb.sh", [dist, directory.file("deb")])
+        #expect(built.status == 0, "\(built.stdout)\(built.stderr)")
+        let package = built.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(package.hasSuffix("/sandboxctl_\(version)_\(try Packaging.run("dpkg", ["--print-architecture"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)).deb"))
+
+        #expect(try Packaging.run("dpkg-deb", ["-f", package, "Version"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines) == version)
+        let depends = try Packaging.run("dpkg-deb", ["-f", package, "Depends"]).stdout
+        for dependency in ["libsodium23", "libfuse3-3", "libsystemd0", "libpam0g", "libc6", "fuse3"] {
+            #expect(depends.contains(dependency), "Depends lacks \(dependency): \(depends)")
+        }
+        #expect(!depends.contains("swift"), "\(depends)")
+        #expect(try Packaging.run("dpkg-deb", ["-f", package, "Recommends"]).stdout.contains("bubblewrap"))
+
+        let contents = try Packaging.run("dpkg-deb", ["-c", package]).stdout
+        for file in ["./usr/bin/sandboxctl", "./usr/share/man/man1/sandboxctl.1.gz", "./usr/share/man/man1/sandboxctl-launch.1.gz",
+                     "./usr/share/bash-completion/completions/sandboxctl", "./usr/share/zsh/vendor-completions/_sandboxctl",
+                     "./usr/share/fish/vendor_completions.d/sandboxctl.fish", "./usr/lib/systemd/user/sandboxctl.socket",
+                     "pam_sandboxctl.so", "./usr/share/doc/sandboxctl/copyright", "./usr/share/doc/sandboxctl/changelog.gz"] {
+            #expect(contents.contains(file), "the package lacks \(file)")
+        }
+        #expect(contents.split(separator: "\n").allSatisfy { $0.contains("root/root") }, "files must belong to root")
+
+        let lintian = try Packaging.run("lintian", ["--fail-on", "error,warning", package])
+        #expect(lintian.status == 0, "lintian:\n\(lintian.stdout)\(lintian.stderr)")
+        #expect(!lintian.stdout.split(separator: "\n").contains { $0.hasPrefix("E:") || $0.hasPrefix("W:") }, "\(lintian.stdout)")
+    }
+
+    @Test("apt install of the package gives a working sandboxctl, man page and completion; apt remove leaves no file",
+          .enabled(if: Packaging.canInstallIntoSystem))
+    func aptInstallAndRemove() throws {
+        let directory = TemporaryDirectory()
+        let built = try Packaging.run(Packaging.repository.path + "/scripts/build-deb.sh", [try Packaging.dist(in: directory), directory.file("deb")])
+        try #require(built.status == 0, "\(built.stderr)")
+        let package = built.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let files = try Packaging.run("dpkg-deb", ["-c", package]).stdout.split(separator: "\n")
+            .filter { !$0.hasPrefix("d") }.map { String($0.split(separator: " ").last!.dropFirst()) }
+        let apt = ["DEBIAN_FRONTEND": "noninteractive"]
+        defer { _ = try? Packaging.run("apt-get", ["remove", "--purge", "-y", "sandboxctl"], environment: apt) }
+
+        let installed = try Packaging.run("apt-get", ["install", "-y", package], environment: apt)
+        try #require(installed.status == 0, "\(installed.stdout)\(installed.stderr)")
+        let help = try Packaging.run("/usr/bin/sandboxctl", ["--help"])
+        #expect(help.status == 0 && help.stdout.contains("iOS-style data protection"))
+        #expect(try Packaging.run("man", ["-w", "sandboxctl"]).stdout.contains("/usr/share/man/man1/sandboxctl.1.gz"))
+        let page = try Packaging.run("man", ["sandboxctl-unlock"], environment: ["MANWIDTH": "200", "LC_ALL": "C.UTF-8", "MANPAGER": "cat", "PAGER": "cat"])
+        #expect(page.status == 0 && page.stdout.contains("sandboxctl unlock"), "\(page.stderr)")
+        #expect(try Packaging.bashCompletions("/usr/share/bash-completion/completions/sandboxctl", ["sandboxctl", "unl"]) == ["unlock"])
+
+        let removed = try Packaging.run("apt-get", ["remove", "--purge", "-y", "sandboxctl"], environment: apt)
+        #expect(removed.status == 0, "\(removed.stderr)")
+        let left = files.filter { FileManager.default.fileExists(atPath: $0) }
+        #expect(left.isEmpty, "apt remove left \(left)")
+        #expect(try Packaging.run("dpkg-query", ["-W", "sandboxctl"]).status != 0)
+    }
+}
