@@ -19,30 +19,36 @@ demo: deps
 	@$$($(SWIFT) build --show-bin-path)/sandboxctl demo
 
 # The daemon memory tests scan the release build of sandboxctl, as it ships (docs/SECURITY.md); the packaging tests
-# install it, build the Debian package from it and run lintian on that.
+# install it, build the Debian package from it and run lintian on that. Then the lock tests under ThreadSanitizer, and
+# the documentation, so a broken link or an undocumented public symbol fails here too.
 test: release
 	PROTECTEDSTORE_RELEASE_BIN=$(RELEASE_BIN) $(SWIFT) test
 	@$(MAKE) --no-print-directory test-tsan
+	@$(MAKE) --no-print-directory docs
 
 # The shipped binary and the argument parser's man-page generator, both release builds.
 release: deps
 	@bash -o pipefail -c '$(RELEASE_BUILD) --product sandboxctl --quiet 2>&1 | { grep -v "$(FOUNDATION_LINK_WARNING)" || true; }'
 	@$(SWIFT) build -c release --product generate-manual --quiet
 
-# Everything install and deb ship, in .build/dist: the stripped binary, man pages, completions, the PAM module.
-dist: release
+# Everything install and deb ship, in .build/dist: the stripped binary, man pages, completions, the PAM module. Remade
+# only when a source changed, so `sudo make install` after `make dist` runs no Swift build as root.
+DIST_INPUTS := Package.swift $(shell find Sources scripts/dist.sh scripts/man-pages.py -type f 2>/dev/null)
+dist: .build/dist/VERSION
+.build/dist/VERSION: $(DIST_INPUTS)
+	@$(MAKE) --no-print-directory release
 	@./scripts/dist.sh $(RELEASE_BIN) .build/dist
 
 # make install [PREFIX=/usr/local] [DESTDIR=staging-root]; BINDIR, MANDIR and the other folders of scripts/install.sh
 # can be given the same way (make passes command-line variables to the script's environment).
-install: dist
+install: .build/dist/VERSION
 	@./scripts/install.sh .build/dist
 
 uninstall:
 	@./scripts/install.sh --uninstall
 
 # sandboxctl_<version>_<arch>.deb in .build/deb.
-deb: dist
+deb: .build/dist/VERSION
 	@./scripts/build-deb.sh .build/dist .build/deb
 
 # The DocC archives of ProtectedStore and ProtectedStoreTesting in .build/docs, warnings as errors, and a check that

@@ -95,10 +95,13 @@ public final class EventRecorder: @unchecked Sendable, ProtectedDataDelegate, Op
 
     // MARK: Observing
 
+    /// Records ``Event/willBecomeUnavailable``.
     public func protectedDataWillBecomeUnavailable(_ device: Device) { append(.willBecomeUnavailable) }
 
+    /// Records ``Event/didBecomeAvailable``.
     public func protectedDataDidBecomeAvailable(_ device: Device) { append(.didBecomeAvailable) }
 
+    /// Records ``Event/openURL(_:)`` with the item's path relative to the container.
     public func container(_ container: Container, open url: URL, sourceApplication: String?, annotation: Any?) {
         let dataPath = container.dataPath
         append(.openURL(url.path.hasPrefix(dataPath + "/") ? String(url.path.dropFirst(dataPath.count + 1)) : url.path))

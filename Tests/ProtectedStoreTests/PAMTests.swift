@@ -25,7 +25,7 @@ struct PAMTests {
     static let source = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Sources/PAMSandboxctl/pam_sandboxctl.c")
 
-    /// The module built from its source (what `swift build --product pam_sandboxctl` builds), and a PAM service using it.
+    /// The module built from its source with cc (as scripts/dist.sh builds it), and a PAM service using it.
     final class Service {
         let name = "sandboxctl-test-\(UUID().uuidString.prefix(8).lowercased())"
         let directory = TemporaryDirectory()

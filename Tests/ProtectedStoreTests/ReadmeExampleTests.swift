@@ -92,4 +92,16 @@ struct ReadmeExampleTests {
         // The receiver records the event as handled just after the observers return; let it, before the device goes.
         #expect(try eventually { try notes.inboxQueue.entries().contains { $0.eventDelivered } })
     }
+
+    @Test("the DocC article Getting started shows the README's library example word for word")
+    func gettingStartedArticle() throws {
+        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let readme = try String(contentsOf: repository.appendingPathComponent("README.md"), encoding: .utf8)
+        let article = try String(contentsOf: repository.appendingPathComponent("Sources/ProtectedStore/ProtectedStore.docc/GettingStarted.md"), encoding: .utf8)
+        let library = try #require(readme.range(of: "## Library\n\n```swift\n"), "the README lost its library example").upperBound
+        let example = readme[library..<(try #require(readme.range(of: "\n```\n", range: library..<readme.endIndex))).lowerBound]
+        let marker = try #require(article.range(of: "<!-- example: README.md#library -->\n```swift\n"), "the article lost its example marker").upperBound
+        let copy = article[marker..<(try #require(article.range(of: "\n```\n", range: marker..<article.endIndex))).lowerBound]
+        #expect(copy == example, "copy the README's library example into GettingStarted.md again")
+    }
 }

@@ -2,7 +2,9 @@ import Foundation
 
 /// What a launched app's observers are told: its lifecycle events and the device's protected-data events.
 public enum ApplicationEvent: Sendable, Equatable {
+    /// The app was sent to the background, brought back to the foreground, or is about to be terminated.
     case lifecycle(LifecycleEvent)
+    /// The device's protected data will become unavailable (a lock) or did become available (an unlock).
     case protectedData(ProtectedDataEvent)
     /// An item in the app's Inbox: its URL is inside the sandbox (under `HOME`). Pending ones, delivered before the
     /// app ran, come first: its launch options.
@@ -13,20 +15,34 @@ public enum ApplicationEvent: Sendable, Equatable {
 /// Called on one serial queue, in the order the events happened; the daemon waits for them to return (within the
 /// grace period, or `--background-time` before a suspension).
 public protocol ApplicationDelegate: AnyObject {
+    /// The app is about to be suspended (`sandboxctl suspend`): save state now; it is stopped once this returns.
     func applicationDidEnterBackground(_ application: Application)
+    /// The app was resumed (`sandboxctl resume`) and is back in the foreground.
     func applicationWillEnterForeground(_ application: Application)
+    /// The app is about to end (`sandboxctl terminate`, or a signal to the launcher): SIGTERM follows.
     func applicationWillTerminate(_ application: Application)
+    /// The device is locking: close class A files and finish class A writes; their keys go once this returns.
     func applicationProtectedDataWillBecomeUnavailable(_ application: Application)
+    /// The device was unlocked: class A files can be opened again.
     func applicationProtectedDataDidBecomeAvailable(_ application: Application)
+    /// An item was delivered into the app's Inbox (`sandboxctl inbox deliver`, a drop folder): `url` is its place
+    /// in the sandbox, which the app may read and delete but not change.
     func application(_ application: Application, open url: URL, sourceApplication: String?, annotation: Any?)
 }
 
+/// Empty defaults, so a delegate implements only the events it cares about.
 extension ApplicationDelegate {
+    /// Does nothing.
     public func applicationDidEnterBackground(_ application: Application) {}
+    /// Does nothing.
     public func applicationWillEnterForeground(_ application: Application) {}
+    /// Does nothing.
     public func applicationWillTerminate(_ application: Application) {}
+    /// Does nothing.
     public func applicationProtectedDataWillBecomeUnavailable(_ application: Application) {}
+    /// Does nothing.
     public func applicationProtectedDataDidBecomeAvailable(_ application: Application) {}
+    /// Does nothing: the item stays in the Inbox and counts as delivered.
     public func application(_ application: Application, open url: URL, sourceApplication: String?, annotation: Any?) {}
 }
 
@@ -42,15 +58,23 @@ public final class Application: @unchecked Sendable {
     /// Where `sandboxctl launch` puts the app's socket inside the sandbox.
     public static let socketEnvironmentVariable = "SANDBOXCTL_APP_SOCKET"
 
+    /// Posted before a suspension, as `UIApplication.didEnterBackgroundNotification` is.
     public static let didEnterBackgroundNotification = Notification.Name("UIApplicationDidEnterBackgroundNotification")
+    /// Posted after a resume, as `UIApplication.willEnterForegroundNotification` is.
     public static let willEnterForegroundNotification = Notification.Name("UIApplicationWillEnterForegroundNotification")
+    /// Posted before the app is ended, as `UIApplication.willTerminateNotification` is.
     public static let willTerminateNotification = Notification.Name("UIApplicationWillTerminateNotification")
+    /// Posted when the device locks, before the class A and B keys go, as UIApplication's is.
     public static let protectedDataWillBecomeUnavailableNotification = Notification.Name("UIApplicationProtectedDataWillBecomeUnavailable")
+    /// Posted after an unlock, as UIApplication's is.
     public static let protectedDataDidBecomeAvailableNotification = Notification.Name("UIApplicationProtectedDataDidBecomeAvailable")
 
     /// Whether the app runs in the foreground, or was sent to the background before a suspension.
     public enum State: String, Sendable {
-        case active, background
+        /// Running in the foreground.
+        case active
+        /// Sent to the background: *did enter background* was delivered, and a suspension follows.
+        case background
     }
 
     /// The launched app's bundle identifier.
@@ -112,6 +136,7 @@ public final class Application: @unchecked Sendable {
         try startEvents()
     }
 
+    /// Removes an observer added with ``addDelegate(_:)``; it gets no further events.
     public func removeDelegate(_ delegate: any ApplicationDelegate) {
         mutex.withLock { delegates.removeAll { $0.delegate == nil || $0.delegate === delegate } }
     }

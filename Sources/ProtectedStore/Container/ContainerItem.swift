@@ -13,6 +13,7 @@ public struct ContainerItem: Sendable {
     public let protection: FileProtectionType?
     /// Plaintext size of a file, in bytes (from the encrypted length; authenticated when the file is read).
     public let size: UInt64
+    /// When the item was last changed, from the file system.
     public let modificationDate: Date
     /// Where a symbolic link points.
     public let symbolicLinkTarget: String?

@@ -14,6 +14,7 @@ public struct PasscodePolicy: Codable, Sendable, Equatable {
     /// iOS's schedule: after 5 failures 1 minute, then 5, 15, 15 and 60 minutes; no erase.
     public static let `default` = PasscodePolicy(freeAttempts: 4, delays: [60, 300, 900, 900, 3600], eraseAfterFailedAttempts: nil)
 
+    /// A policy with `freeAttempts` wrong passcodes without delay, then `delays` in turn, and an optional erase.
     public init(freeAttempts: Int, delays: [TimeInterval], eraseAfterFailedAttempts: Int? = nil) {
         self.freeAttempts = freeAttempts
         self.delays = delays

@@ -5,7 +5,9 @@ import ProtectedStoreCore
 /// `systemd-creds` (TPM2 where present, else the host's credential key), so a copy of it is useless on another
 /// machine: the analog of iOS's UID key, which never leaves the device.
 public enum DeviceSecretStorage: String, Sendable, CaseIterable {
+    /// A plain file, mode 0600, outside the device root.
     case file
+    /// Sealed by `systemd-creds encrypt`, stored as `<secret path>.cred`; never written in clear.
     case systemdCredential = "systemd-creds"
 }
 

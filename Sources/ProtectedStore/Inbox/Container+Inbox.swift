@@ -18,6 +18,7 @@ public struct InboxItem: Sendable {
     public let name: String
     /// Its path relative to the container.
     public let path: String
+    /// Whether the app has been told about the item yet.
     public let state: State
     /// The sending app's bundle identifier, if given.
     public let sourceApplication: String?
@@ -31,6 +32,7 @@ public struct InboxItem: Sendable {
     public let awaitsDefaultClass: Bool
     /// Its place in delivery order, if recorded.
     public let sequenceNumber: UInt64?
+    /// When it was delivered, if recorded.
     public let deliveryDate: Date?
     /// Why its class or size could not be read, if so.
     public let problem: String?

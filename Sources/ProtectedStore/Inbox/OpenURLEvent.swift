@@ -35,6 +35,7 @@ public struct OpenURLRequest: Sendable, Equatable, CustomStringConvertible {
 /// Receives a container's open-URL events, like UIApplicationDelegate's `application(_:open:sourceApplication:annotation:)`.
 /// Called on a private serial queue per delegate; returning tells the container the item's event was handled.
 public protocol OpenURLDelegate: AnyObject, Sendable {
+    /// An item arrived in the container's Inbox: `url` is its file, which the app may read and delete.
     func container(_ container: Container, open url: URL, sourceApplication: String?, annotation: Any?)
 }
 
@@ -58,6 +59,7 @@ public struct OpenURLEvents: AsyncSequence, Sendable {
 
     public func makeAsyncIterator() -> Iterator { Iterator(container: container, subscription: subscription, end: IterationEnd(subscription)) }
 
+    /// Gives the events in delivery order; one consumer at a time.
     public struct Iterator: AsyncIteratorProtocol {
         let container: Container
         let subscription: EventSubscription<OpenURLRequest>

@@ -14,7 +14,9 @@ public enum ProtectedDataEvent: String, Sendable, CustomStringConvertible {
 /// Receives protected-data events, like UIApplicationDelegate's two methods. Called on a private serial queue per
 /// delegate; returning from `protectedDataWillBecomeUnavailable(_:)` tells the device this delegate is done.
 public protocol ProtectedDataDelegate: AnyObject, Sendable {
+    /// The device is locking: close class A files and finish class A writes; the keys go once every observer returned.
     func protectedDataWillBecomeUnavailable(_ device: Device)
+    /// The device was unlocked: class A files can be opened again.
     func protectedDataDidBecomeAvailable(_ device: Device)
 }
 
@@ -37,6 +39,7 @@ public struct ProtectedDataEvents: AsyncSequence, Sendable {
 
     public func makeAsyncIterator() -> Iterator { Iterator(subscription: subscription, end: IterationEnd(subscription)) }
 
+    /// Gives the events in order; asking for the next one acknowledges the previous one.
     public struct Iterator: AsyncIteratorProtocol {
         let subscription: EventSubscription<ProtectedDataEvent>
         let end: IterationEnd<ProtectedDataEvent>

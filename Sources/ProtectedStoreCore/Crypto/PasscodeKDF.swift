@@ -23,7 +23,12 @@ public struct Passcode: Sendable {
 
 /// Argon2id cost settings. `fast` exists only so test suites run quickly; it protects nothing.
 public enum KDFPreset: String, Sendable, CaseIterable {
-    case interactive, moderate, sensitive
+    /// libsodium's interactive Argon2id limits: quick enough for a prompt; the default for a new device.
+    case interactive
+    /// libsodium's moderate limits: costlier for an attacker, a second or so per attempt.
+    case moderate
+    /// libsodium's sensitive limits: seconds per attempt, for the most valuable devices.
+    case sensitive
     /// Minimum cost: for tests only, insecure.
     case fast
 

@@ -45,6 +45,7 @@ public struct NewWrappedFileKey: Sendable {
     /// nonce ‖ encrypted key ‖ tag.
     public var sealed: [UInt8]
 
+    /// A new file's key with its id and sealed form, as a key holder returns it.
     public init(fileKey: SecureBytes, fileID: [UInt8], sealed: [UInt8]) {
         self.fileKey = fileKey
         self.fileID = fileID
@@ -63,6 +64,7 @@ public struct WrappedFileKey: Sendable, Equatable {
     /// nonce ‖ encrypted key ‖ tag.
     public var sealed: [UInt8]
 
+    /// A sealed key read from a file header.
     public init(protectionClass: ProtectionClass, associatedData: [UInt8], ephemeralPublicKey: [UInt8], sealed: [UInt8]) {
         self.protectionClass = protectionClass
         self.associatedData = associatedData

@@ -55,6 +55,7 @@ extension ProtectedStoreError {
     }
 }
 
+/// Foundation's errors, as ProtectedStore throws them to code written for Apple's platforms.
 extension CocoaError {
     /// The library's own error behind this one, with its problem and remedy, when ProtectedStore threw it.
     public var protectedStoreError: ProtectedStoreError? { userInfo[ProtectedStoreError.userInfoKey] as? ProtectedStoreError }

@@ -29,6 +29,7 @@ public struct ProtectedStoreError: Error, Sendable, CustomStringConvertible, Loc
         case permissionDenied
     }
 
+    /// What kind of failure it is, which decides its `CocoaError` code and the command's exit status.
     public let kind: Kind
     /// The file or directory concerned, when there is one.
     public let path: String?
@@ -39,6 +40,7 @@ public struct ProtectedStoreError: Error, Sendable, CustomStringConvertible, Loc
     /// The errno behind an I/O failure, when there was one.
     public let errno: Errno?
 
+    /// An error of `kind` about `path`: `problem` says what went wrong, `remedy` what to do about it.
     public init(_ kind: Kind, path: String? = nil, problem: String, remedy: String, errno: Errno? = nil) {
         self.kind = kind
         self.path = path

@@ -19,8 +19,11 @@ package struct PowerCutState: Sendable {
 /// of the states at that point (0: everything pending lost, 1: everything kept, 2…: random mixtures drawn from
 /// `seed`). Its text form, `seed:cut:sample`, is what a failure reports and a replay takes.
 public struct PowerCutStateID: Hashable, Sendable, CustomStringConvertible, LosslessStringConvertible {
+    /// The seed the random mixtures of lost, kept and torn writes are drawn from.
     public let seed: UInt64
+    /// How many recorded operations were issued before the power went.
     public let cut: Int
+    /// Which state at that point: 0 loses everything pending, 1 keeps it all, 2 and up are random mixtures.
     public let sample: Int
 
     package init(seed: UInt64, cut: Int, sample: Int) {
