@@ -1,9 +1,12 @@
 # Quick start: `make demo` and `make test`. Both install missing system packages when run as root.
 SWIFT ?= swift
 
-.PHONY: deps demo test test-tsan test-asan-all test-tsan-all bench fuzz verify release dist install uninstall deb docs
+# A target whose recipe failed is not left looking finished.
+.DELETE_ON_ERROR:
 
-# The build that ships: the Swift runtime linked in (no Swift toolchain needed where it is installed), no $$ORIGIN
+.PHONY: deps build-deps demo test test-tsan test-asan-all test-tsan-all bench fuzz verify release dist install uninstall deb docs
+
+# The build that ships: the Swift runtime linked in (no Swift toolchain needed where it is installed), no $ORIGIN
 # search path, bind-now. `make test` scans and packages this same binary.
 RELEASE_BUILD = $(SWIFT) build -c release --static-swift-stdlib --disable-local-rpath -Xlinker -z -Xlinker now
 RELEASE_BIN = $$($(SWIFT) build -c release --show-bin-path)
@@ -14,6 +17,10 @@ FOUNDATION_LINK_WARNING = use of .mktemp. is dangerous
 deps:
 	@./scripts/ensure-deps.sh
 
+# What building, installing and packaging need, without the tests' tools (so `sudo make install` installs no lintian).
+build-deps:
+	@./scripts/ensure-deps.sh build
+
 demo: deps
 	@$(SWIFT) build --product sandboxctl --quiet
 	@$$($(SWIFT) build --show-bin-path)/sandboxctl demo
@@ -21,23 +28,25 @@ demo: deps
 # The daemon memory tests scan the release build of sandboxctl, as it ships (docs/SECURITY.md); the packaging tests
 # install it, build the Debian package from it and run lintian on that. Then the lock tests under ThreadSanitizer, and
 # the documentation, so a broken link or an undocumented public symbol fails here too.
-test: release
-	PROTECTEDSTORE_RELEASE_BIN=$(RELEASE_BIN) $(SWIFT) test
+test: deps release
+	PROTECTEDSTORE_RELEASE_BIN="$(RELEASE_BIN)" $(SWIFT) test
 	@$(MAKE) --no-print-directory test-tsan
 	@$(MAKE) --no-print-directory docs
 
 # The shipped binary and the argument parser's man-page generator, both release builds.
-release: deps
+release: build-deps
 	@bash -o pipefail -c '$(RELEASE_BUILD) --product sandboxctl --quiet 2>&1 | { grep -v "$(FOUNDATION_LINK_WARNING)" || true; }'
 	@$(SWIFT) build -c release --product generate-manual --quiet
 
 # Everything install and deb ship, in .build/dist: the stripped binary, man pages, completions, the PAM module. Remade
-# only when a source changed, so `sudo make install` after `make dist` runs no Swift build as root.
-DIST_INPUTS := Package.swift $(shell find Sources scripts/dist.sh scripts/man-pages.py -type f 2>/dev/null)
+# only when an input changed, so `sudo make install` after `make dist` runs no Swift build as root. A removed source
+# file is no input any more: `make release dist` then, or remove .build/dist.
+DIST_INPUTS := Makefile Package.swift $(wildcard Package.resolved) \
+	$(shell find Sources scripts/dist.sh scripts/man-pages.py -type f 2>/dev/null)
 dist: .build/dist/VERSION
 .build/dist/VERSION: $(DIST_INPUTS)
 	@$(MAKE) --no-print-directory release
-	@./scripts/dist.sh $(RELEASE_BIN) .build/dist
+	@./scripts/dist.sh "$(RELEASE_BIN)" .build/dist
 
 # make install [PREFIX=/usr/local] [DESTDIR=staging-root]; BINDIR, MANDIR and the other folders of scripts/install.sh
 # can be given the same way (make passes command-line variables to the script's environment).
@@ -51,9 +60,9 @@ uninstall:
 deb: .build/dist/VERSION
 	@./scripts/build-deb.sh .build/dist .build/deb
 
-# The DocC archives of ProtectedStore and ProtectedStoreTesting in .build/docs, warnings as errors, and a check that
-# every public symbol has a summary.
-docs: deps
+# The DocC documentation of ProtectedStore (with ProtectedStoreCore, which it re-exports) and ProtectedStoreTesting,
+# one archive in .build/docs, warnings as errors, and a check that every public symbol has a summary.
+docs: build-deps
 	@./scripts/docs.sh
 
 # The lock and event tests under ThreadSanitizer, in their own build folder (docs/SECURITY.md).
@@ -81,13 +90,13 @@ verify: deps
 	@$$($(SWIFT) build --show-bin-path)/ps-verify powercut
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory release
-	@PROTECTEDSTORE_RELEASE_BIN=$(RELEASE_BIN) $(SWIFT) test --filter MemoryHygieneTests > .build/memory-hygiene.log 2>&1; status=$$?; \
+	@PROTECTEDSTORE_RELEASE_BIN="$(RELEASE_BIN)" $(SWIFT) test --filter MemoryHygieneTests > .build/memory-hygiene.log 2>&1; status=$$?; \
 		grep -E "memory hygiene|Test run with|✘" .build/memory-hygiene.log; exit $$status
 	@$$($(SWIFT) build --show-bin-path)/ps-verify load
 	@$(MAKE) --no-print-directory test-asan-all
 	@$(MAKE) --no-print-directory test-tsan-all
 
-bench: release
+bench: deps release
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench crypto --size-mib 256
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench lock --subscribers 100
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench lock --subscribers 1000

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns swift-argument-parser's generated pages into sandboxctl's man pages.
 
-usage: man-pages.py GENERATED_DIR OUTPUT_DIR
+usage: man-pages.py GENERATED_DIR OUTPUT_DIR VERSION
 
 generate-manual (the argument parser's own generator, run on the built sandboxctl) writes one mdoc page per
 subcommand, named sandboxctl.lock.1, with the whole `--help` discussion in DESCRIPTION and a generic EXIT STATUS. This
@@ -10,7 +10,9 @@ gives the pages the shape man readers expect, without a second copy of any text:
 - the `Environment:` and `Exit status:` blocks of the root command's discussion become the ENVIRONMENT and EXIT STATUS
   sections of every page (they hold for every subcommand);
 - a blank line in a discussion becomes a paragraph break (.Pp), as roff ignores blank lines only with a warning;
-- the page of the argument parser's `help` subcommand is dropped: `man` is that help.
+- the page of the argument parser's `help` subcommand is dropped: `man` is that help;
+- the footer names the release (`.Os sandboxctl VERSION`) instead of "BSD".
+generate-manual has already escaped the text for roff; only lines this moves must not start a macro.
 """
 import pathlib
 import sys
@@ -22,8 +24,8 @@ def page_name(generated_stem):
     return generated_stem.replace(".", "-")
 
 
-def escape(text):
-    text = text.replace("\\", "\\e")
+def text_line(text):
+    """A line moved out of its indentation: a leading dot or apostrophe would make it a request."""
     return "\\&" + text if text[:1] in (".", "'") else text
 
 
@@ -73,9 +75,9 @@ def paragraphs(discussion):
             if out and out[-1] != ".Pp":
                 out.append(".Pp")
         elif line.startswith("  "):
-            out += [".Bd -literal -offset indent", escape(line.strip()), ".Ed"]
+            out += [".Bd -literal -offset indent", text_line(line.strip()), ".Ed"]
         else:
-            out.append(escape(line))
+            out.append(line)
     while out and out[-1] == ".Pp":
         out.pop()
     return out
@@ -84,13 +86,14 @@ def paragraphs(discussion):
 def tag_list(entries, term_macro):
     out = [".Bl -tag -width Ds"]
     for term, text in entries:
-        out += [f".It {term_macro}{term}".rstrip(), escape(text)]
+        out += [f".It {term_macro}{term}".rstrip(), text_line(text)]
     return out + [".El"]
 
 
-def convert(stem, lines, environment, exit_status):
+def convert(stem, lines, environment, exit_status, version):
     preamble, sections = split_sections(lines)
-    preamble = [f".Dt {page_name(stem).upper()} 1" if line.startswith(".Dt ") else line for line in preamble]
+    preamble = [f".Dt {page_name(stem).upper()} 1" if line.startswith(".Dt ") else
+                f'.Os "sandboxctl {version}"' if line.startswith(".Os") else line for line in preamble]
     out = list(preamble)
     command = None
     see_also = []
@@ -122,9 +125,10 @@ def convert(stem, lines, environment, exit_status):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: man-pages.py GENERATED_DIR OUTPUT_DIR")
+    if len(sys.argv) != 4:
+        sys.exit("usage: man-pages.py GENERATED_DIR OUTPUT_DIR VERSION")
     generated, output = map(pathlib.Path, sys.argv[1:3])
+    version = sys.argv[3]
     root = (generated / "sandboxctl.1").read_text().split("\n")
     _, sections = split_sections(root)
     description = next(body for title, body in sections if title == "DESCRIPTION")
@@ -137,7 +141,7 @@ def main():
         if source.stem.endswith(".help"):
             continue
         page = convert(source.stem, source.read_text().rstrip("\n").split("\n"),
-                       blocks["Environment:"], blocks["Exit status:"])
+                       blocks["Environment:"], blocks["Exit status:"], version)
         (output / f"{page_name(source.stem)}.1").write_text(page)
 
 

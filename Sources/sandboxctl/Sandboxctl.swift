@@ -15,7 +15,7 @@ struct Sandboxctl: AsyncParsableCommand {
             are read from the terminal (with echo off) or, with --passcode-stdin, as the first line of standard input.
 
             Class names: complete, complete-unless-open, complete-until-first-user-authentication, none \
-            (also A-D, and Foundation's NSFileProtection… names).
+            (also A-D, and Foundation's NSFileProtection... names).
 
             Environment:
               SANDBOXCTL_ROOT            device root (same as --root)

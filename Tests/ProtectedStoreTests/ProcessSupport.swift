@@ -37,17 +37,24 @@ final class SpawnedProcess: @unchecked Sendable {
         process.standardInput = input
         process.standardOutput = output
         process.standardError = errors
-        output.fileHandleForReading.readabilityHandler = { [weak self] handle in self?.received(handle.availableData) }
-        errors.fileHandleForReading.readabilityHandler = { [weak self] handle in
-            let data = handle.availableData
-            self?.mutex.withLock { self?.errorText.append(data) }
-        }
         try process.run()
+        Self.readUntilEnd(output.fileHandleForReading) { [weak self] data in self?.received(data) }
+        Self.readUntilEnd(errors.fileHandleForReading) { [weak self] data in self?.mutex.withLock { self?.errorText.append(data) } }
+    }
+
+    /// Blocking reads on a thread of their own until end of file, holding the handle (so its descriptor stays open)
+    /// until then. Not `readabilityHandler`: Foundation's dispatch source behind it can outlive the descriptor, which
+    /// another thread's `open` then reuses, and libdispatch crashed the test run (SIGSEGV in
+    /// `_dispatch_event_loop_drain`) while other tests spawned processes.
+    private static func readUntilEnd(_ handle: FileHandle, _ deliver: @escaping @Sendable (Data) -> Void) {
+        Thread {
+            while let data = try? handle.read(upToCount: 65_536), !data.isEmpty {
+                deliver(data)
+            }
+        }.start()
     }
 
     deinit {
-        output.fileHandleForReading.readabilityHandler = nil
-        errors.fileHandleForReading.readabilityHandler = nil
         if process.isRunning {
             kill(process.processIdentifier, SIGCONT)
             kill(process.processIdentifier, SIGKILL)

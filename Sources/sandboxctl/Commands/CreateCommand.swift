@@ -4,7 +4,7 @@ import ProtectedStore
 struct CreateCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "create",
-        abstract: "Create an app container with the iOS layout (Documents, Documents/Inbox, Library/…, tmp).",
+        abstract: "Create an app container with the iOS layout (Documents, Documents/Inbox, Library/..., tmp).",
         discussion: "Needs no passcode. The default class plays the data-protection entitlement's role: new items whose directory sets no class get it."
     )
 

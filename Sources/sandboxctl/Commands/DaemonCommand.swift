@@ -50,7 +50,7 @@ struct DaemonCommand: ParsableCommand {
 
     @Option(name: .customLong("lock-on"),
             help: ArgumentHelp("Also lock when: session-lock (the session locks), sleep (the machine suspends; logind waits for the keys to go), idle[=SECONDS] (the session is idle that long; default 300). Comma-separated.",
-                               discussion: "Default: the `lock-on = …` line of $XDG_CONFIG_HOME/sandboxctl/daemon.conf, else none. Followed through systemd-logind on the system bus; without it the daemon runs as usual and `sandboxctl status` says the triggers are not connected.",
+                               discussion: "Default: the `lock-on = ...` line of $XDG_CONFIG_HOME/sandboxctl/daemon.conf, else none. Followed through systemd-logind on the system bus; without it the daemon runs as usual and `sandboxctl status` says the triggers are not connected.",
                                valueName: "triggers"))
     var lockOn: String?
 

@@ -6,7 +6,7 @@ struct RmCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rm",
         abstract: "Remove files (and, with -r, directories) from a container.",
-        discussion: "Needs no passcode: removing needs no key. The container's own folders (Documents, Library/…, tmp) can't be removed."
+        discussion: "Needs no passcode: removing needs no key. The container's own folders (Documents, Library/..., tmp) can't be removed."
     )
 
     @OptionGroup var device: DeviceOptions
