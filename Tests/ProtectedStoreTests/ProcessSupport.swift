@@ -48,8 +48,17 @@ final class SpawnedProcess: @unchecked Sendable {
     /// `_dispatch_event_loop_drain`) while other tests spawned processes.
     private static func readUntilEnd(_ handle: FileHandle, _ deliver: @escaping @Sendable (Data) -> Void) {
         Thread {
-            while let data = try? handle.read(upToCount: 65_536), !data.isEmpty {
-                deliver(data)
+            // read(2), which returns what has arrived; FileHandle.read(upToCount:) waits for the whole count.
+            var buffer = [UInt8](repeating: 0, count: 65_536)
+            while true {
+                let count = read(handle.fileDescriptor, &buffer, buffer.count)
+                if count > 0 {
+                    deliver(Data(buffer[0..<count]))
+                } else if count < 0 && errno == EINTR {
+                    continue
+                } else {
+                    return
+                }
             }
         }.start()
     }
