@@ -5,7 +5,7 @@
 # is the binary's own (`sandboxctl --version`); Depends is computed: dpkg-shlibdeps for the libraries the binary and
 # the PAM module link, and dpkg's own record of which package owns each program sandboxctl runs (fusermount3 to mount;
 # bwrap to launch, recommended; systemd-creds to seal the device secret, suggested). A program missing on this machine
-# can't be attributed: a missing fusermount3 stops the build, the optional ones are left out with a warning.
+# can't be attributed: a missing fusermount3 stops the build; for the optional ones Debian's names stand in.
 set -euo pipefail
 umask 022
 
@@ -32,6 +32,9 @@ DESTDIR=$stage PREFIX=/usr BINDIR=/usr/bin MANDIR=/usr/share/man BASHCOMPDIR=/us
     SYSTEMDUSERUNITDIR=/usr/lib/systemd/user PAMDIR=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/security \
     "$root/scripts/install.sh" "$dist" >/dev/null
 gzip -9n "$stage"/usr/share/man/man1/*.1
+# dpkg keeps its own list of the package's files; install.sh's manifest is for make uninstall.
+rm "$stage/usr/share/sandboxctl/installed-files"
+rmdir "$stage/usr/share/sandboxctl"
 
 # Debian policy: a copyright file and, for a package that is its own upstream, changelog.gz.
 doc=$stage/usr/share/doc/sandboxctl
@@ -68,20 +71,21 @@ shlibs=$(sed -n 's/^shlibs:Depends=//p' <<< "$shlibs")
 [ -n "$shlibs" ] || { echo "error: dpkg-shlibdeps found no libraries for $stage/usr/bin/sandboxctl" >&2; exit 1; }
 fuse=$(owner_of fusermount3) || { echo "error: no installed package provides fusermount3, which sandboxctl mount runs (apt-get install fuse3)" >&2; exit 1; }
 depends="$shlibs, $fuse"
+# A program not installed here can't be attributed by dpkg: Debian's name for its package stands in, with a warning.
 optional_field() {
-    local field=$1 program=$2 package
-    if package=$(owner_of "$program"); then
-        printf '%s: %s\n' "$field" "$package"
-    else
-        echo "warning: $program is not installed here, so the package has no $field line for it" >&2
+    local field=$1 program=$2 fallback=$3 package
+    if ! package=$(owner_of "$program"); then
+        package=$fallback
+        echo "warning: $program is not installed here; $field names Debian's $fallback without checking it" >&2
     fi
+    printf '%s: %s\n' "$field" "$package"
 }
 installed_size=$(du -sk --apparent-size "$stage" | cut -f1)
 install -d -m 755 "$stage/DEBIAN"
 sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$arch/" -e "s/@INSTALLED_SIZE@/$installed_size/" -e "s/@DEPENDS@/$depends/" \
     "$root/packaging/debian/control.in" > "$stage/DEBIAN/control"
 # The optional relations go after Depends, where Debian's field order has them.
-{ optional_field Recommends bwrap; optional_field Suggests systemd-creds; } > "$work/relations"
+{ optional_field Recommends bwrap bubblewrap; optional_field Suggests systemd-creds systemd; } > "$work/relations"
 sed -i "/^Depends:/r $work/relations" "$stage/DEBIAN/control"
 (cd "$stage" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) > "$stage/DEBIAN/md5sums"
 chmod 644 "$stage/DEBIAN/control" "$stage/DEBIAN/md5sums"

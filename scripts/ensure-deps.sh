@@ -25,6 +25,9 @@ fi
 [ -f /usr/include/systemd/sd-bus.h ] || packages+=(libsystemd-dev)
 [ -f /usr/include/security/pam_modules.h ] || packages+=(libpam0g-dev)
 command -v python3 >/dev/null 2>&1 || packages+=(python3)
+# dist.sh compiles the PAM module with cc and strips with binutils.
+command -v cc >/dev/null 2>&1 || packages+=(gcc)
+command -v strip >/dev/null 2>&1 || packages+=(binutils)
 # sandboxctl mount runs fusermount3 (and make deb names its package in Depends); make deb needs dpkg-shlibdeps.
 command -v fusermount3 >/dev/null 2>&1 || packages+=(fuse3)
 command -v dpkg-shlibdeps >/dev/null 2>&1 || packages+=(dpkg-dev)

@@ -43,7 +43,10 @@ if [ -z "${PAMDIR:-}" ]; then
 fi
 UNITS=(sandboxctl.socket sandboxctl.service sandboxctl-mount@.service)
 
-installed_files() {
+MANIFEST=$PREFIX/share/sandboxctl/installed-files
+
+# What an install without a manifest (an older one) would have put here, as this machine computes it now.
+computed_files() {
     printf '%s\n' "$BINDIR/sandboxctl" "$BASHCOMPDIR/sandboxctl" "$ZSHCOMPDIR/_sandboxctl" "$FISHCOMPDIR/sandboxctl.fish" \
         "$PAMDIR/pam_sandboxctl.so"
     for unit in "${UNITS[@]}"; do printf '%s\n' "$SYSTEMDUSERUNITDIR/$unit"; done
@@ -53,22 +56,32 @@ installed_files() {
     return 0
 }
 
-# Files a Debian package owns are the package manager's to remove or replace.
-refuse_packaged() {
-    [ -z "$DESTDIR" ] && command -v dpkg-query >/dev/null || return 0
+# The Debian package that owns a path, if any: such files are the package manager's to replace or remove.
+package_of() {
+    [ -z "$DESTDIR" ] && command -v dpkg-query >/dev/null || return 1
     local owner
-    if owner=$(dpkg-query -S "$BINDIR/sandboxctl" 2>/dev/null); then
-        echo "error: $BINDIR/sandboxctl belongs to the Debian package ${owner%%:*}; use apt remove ${owner%%:*}, or another PREFIX" >&2
-        exit 1
-    fi
+    owner=$(dpkg-query -S "$1" 2>/dev/null) || return 1
+    printf '%s\n' "${owner%%:*}"
 }
 
 if [ "${1:-}" = "--uninstall" ]; then
-    refuse_packaged
-    mapfile -t files < <(installed_files)
+    # The manifest names exactly what the install put in place, wherever the folders were computed to be then.
+    if [ -f "$DESTDIR$MANIFEST" ]; then
+        mapfile -t files < "$DESTDIR$MANIFEST"
+        files+=("$MANIFEST")
+    else
+        mapfile -t files < <(computed_files)
+    fi
+    for file in "${files[@]}"; do
+        if owner=$(package_of "$file"); then
+            echo "error: $file belongs to the Debian package $owner; remove it with apt remove $owner (nothing was removed)" >&2
+            exit 1
+        fi
+    done
     for file in "${files[@]}"; do
         rm -f -- "$DESTDIR$file"
     done
+    rmdir "$DESTDIR$(dirname "$MANIFEST")" 2>/dev/null || true
     echo "Removed sandboxctl from $DESTDIR$PREFIX"
     exit 0
 fi
@@ -78,34 +91,58 @@ if [ $# -ne 1 ] || [ ! -f "$1/VERSION" ]; then
     exit 64
 fi
 dist=$1
-refuse_packaged
+work=$(mktemp -d)
 
-placed=()
+# Every file goes first beside its target as NAME.sandboxctl-new; only when all are written are they renamed into
+# place. A failure removes the new files and leaves an earlier installation as it was.
+sources=() targets=() staged=()
+plan() {
+    sources+=("$1:$2")
+    targets+=("$3")
+}
+plan 755 "$dist/bin/sandboxctl" "$BINDIR/sandboxctl"
+for page in "$dist"/man/man1/*.1; do
+    plan 644 "$page" "$MANDIR/man1/$(basename "$page")"
+done
+plan 644 "$dist/completions/sandboxctl.bash" "$BASHCOMPDIR/sandboxctl"
+plan 644 "$dist/completions/_sandboxctl" "$ZSHCOMPDIR/_sandboxctl"
+plan 644 "$dist/completions/sandboxctl.fish" "$FISHCOMPDIR/sandboxctl.fish"
+plan 644 "$dist/pam/pam_sandboxctl.so" "$PAMDIR/pam_sandboxctl.so"
+for unit in "${UNITS[@]}"; do
+    plan 644 "$work/$unit" "$SYSTEMDUSERUNITDIR/$unit"
+done
+printf '%s\n' "${targets[@]}" > "$work/installed-files"
+plan 644 "$work/installed-files" "$MANIFEST"
+
+for target in "${targets[@]}"; do
+    if owner=$(package_of "$target"); then
+        echo "error: $target belongs to the Debian package $owner; use apt for it, or another PREFIX (nothing was installed)" >&2
+        rm -rf "$work"
+        exit 1
+    fi
+done
+
 rollback() {
-    for file in "${placed[@]}"; do rm -f -- "$file"; done
-    echo "error: installing into $DESTDIR$PREFIX failed (above); the files installed so far were removed again" >&2
+    [ "$BASHPID" = "$$" ] || return 0
+    for file in "${staged[@]}"; do rm -f -- "$file"; done
+    rm -rf "$work"
+    echo "error: installing into $DESTDIR$PREFIX failed (above); nothing was changed" >&2
 }
 trap rollback ERR
-put() {
-    local mode=$1 source=$2 target=$DESTDIR$3
-    install -d "$(dirname "$target")"
-    install -m "$mode" "$source" "$target"
-    placed+=("$target")
-}
+trap 'rollback; exit 130' INT TERM
+trap 'rm -rf "$work"' EXIT
 
-put 755 "$dist/bin/sandboxctl" "$BINDIR/sandboxctl"
-for page in "$dist"/man/man1/*.1; do
-    put 644 "$page" "$MANDIR/man1/$(basename "$page")"
-done
-put 644 "$dist/completions/sandboxctl.bash" "$BASHCOMPDIR/sandboxctl"
-put 644 "$dist/completions/_sandboxctl" "$ZSHCOMPDIR/_sandboxctl"
-put 644 "$dist/completions/sandboxctl.fish" "$FISHCOMPDIR/sandboxctl.fish"
-put 644 "$dist/pam/pam_sandboxctl.so" "$PAMDIR/pam_sandboxctl.so"
-units=$(mktemp -d)
-trap 'rm -rf "$units"' EXIT
 env -u SANDBOXCTL_ROOT -u SANDBOXCTL_DEVICE_SECRET "$dist/bin/sandboxctl" setup systemd --user \
-    --unit-directory "$units" --executable "$BINDIR/sandboxctl" >/dev/null
-for unit in "${UNITS[@]}"; do
-    put 644 "$units/$unit" "$SYSTEMDUSERUNITDIR/$unit"
+    --unit-directory "$work" --executable "$BINDIR/sandboxctl" >/dev/null
+for index in "${!targets[@]}"; do
+    target=$DESTDIR${targets[$index]}
+    source=${sources[$index]#*:} mode=${sources[$index]%%:*}
+    install -d "$(dirname "$target")"
+    staged+=("$target.sandboxctl-new")
+    install -m "$mode" "$source" "$target.sandboxctl-new"
 done
+for target in "${targets[@]}"; do
+    mv -f -- "$DESTDIR$target.sandboxctl-new" "$DESTDIR$target"
+done
+trap - ERR INT TERM
 echo "Installed sandboxctl $(cat "$dist/VERSION") into $DESTDIR$PREFIX"

@@ -12,7 +12,8 @@ gives the pages the shape man readers expect, without a second copy of any text:
 - a blank line in a discussion becomes a paragraph break (.Pp), as roff ignores blank lines only with a warning;
 - the page of the argument parser's `help` subcommand is dropped: `man` is that help;
 - the footer names the release (`.Os sandboxctl VERSION`) instead of "BSD".
-generate-manual has already escaped the text for roff; only lines this moves must not start a macro.
+generate-manual has already escaped the text for roff, but guards a leading dot or apostrophe only at the start of a
+whole discussion: every line of it gets that guard here.
 """
 import pathlib
 import sys
@@ -25,7 +26,7 @@ def page_name(generated_stem):
 
 
 def text_line(text):
-    """A line moved out of its indentation: a leading dot or apostrophe would make it a request."""
+    """A text line: a leading dot or apostrophe would make it a request."""
     return "\\&" + text if text[:1] in (".", "'") else text
 
 
@@ -44,7 +45,7 @@ def split_sections(lines):
 
 def split_discussion(body):
     """A DESCRIPTION's discussion (text up to the options' list) and the rest."""
-    end = next((i for i, line in enumerate(body) if line.startswith(".")), len(body))
+    end = next((i for i, line in enumerate(body) if line.startswith(".Bl ")), len(body))
     return body[:end], body[end:]
 
 
@@ -77,7 +78,7 @@ def paragraphs(discussion):
         elif line.startswith("  "):
             out += [".Bd -literal -offset indent", text_line(line.strip()), ".Ed"]
         else:
-            out.append(line)
+            out.append(text_line(line))
     while out and out[-1] == ".Pp":
         out.pop()
     return out

@@ -43,7 +43,8 @@ enum Packaging {
         if let debianProblem { return debianProblem }
         guard getuid() == 0 else { return "not root: apt installs into the system" }
         guard FUSEAvailability.executable("apt-get") != nil else { return "apt-get is not installed" }
-        if let installed = try? run("dpkg-query", ["-W", "-f", "${Status}", "sandboxctl"]), installed.stdout.contains("installed") {
+        if let known = try? run("dpkg-query", ["-W", "-f", "${db:Status-Status}", "sandboxctl"]),
+           known.status == 0, !["", "not-installed", "config-files"].contains(known.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) {
             return "the sandboxctl package is installed (by you, or left by an interrupted run: apt remove sandboxctl)"
         }
         let ours = ["/usr/bin/sandboxctl", "/usr/share/man/man1/sandboxctl.1", "/usr/share/man/man1/sandboxctl.1.gz",
@@ -124,7 +125,9 @@ struct PackagingTests {
             try FileManager.default.createDirectory(atPath: (file as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
             try Data("other".utf8).write(to: URL(fileURLWithPath: file))
         }
-        let installed = try Packaging.run(Packaging.repository.path + "/scripts/install.sh", [dist], environment: environment)
+        // A folder given at install time only: uninstall must find the file through the install's manifest.
+        let installed = try Packaging.run(Packaging.repository.path + "/scripts/install.sh", [dist],
+                                          environment: environment.merging(["ZSHCOMPDIR": prefix + "/share/zsh/own"]) { $1 })
         #expect(installed.status == 0, "\(installed.stdout)\(installed.stderr)")
         let root = destdir + prefix
 
@@ -154,7 +157,7 @@ struct PackagingTests {
         #expect(!(try String(contentsOfFile: bash, encoding: .utf8)).hasPrefix("#!"))
         #expect(try Packaging.bashCompletions(bash, ["sandboxctl", "lo"]) == ["lock"])
         #expect(try Packaging.bashCompletions(bash, ["sandboxctl", "lock", "--g"]) == ["--grace"])
-        #expect(try String(contentsOfFile: root + "/share/zsh/site-functions/_sandboxctl", encoding: .utf8).hasPrefix("#compdef sandboxctl"))
+        #expect(try String(contentsOfFile: root + "/share/zsh/own/_sandboxctl", encoding: .utf8).hasPrefix("#compdef sandboxctl"))
         #expect(try String(contentsOfFile: root + "/share/fish/vendor_completions.d/sandboxctl.fish", encoding: .utf8).contains("complete -c 'sandboxctl'"))
 
         for unit in ["sandboxctl.socket", "sandboxctl.service", "sandboxctl-mount@.service"] {
@@ -186,15 +189,28 @@ struct PackagingTests {
         #expect(missing.status == 64 && missing.stderr.contains("scripts/dist.sh"), "\(missing.stderr)")
         #expect(!FileManager.default.fileExists(atPath: directory.file("stage")))
 
-        // The PAM module's folder can't be made (a file is in the way): by then the binary, pages and completions are in.
+        // The PAM module's folder can't be made (a file is in the way), after the binary, pages and completions.
         let staged = directory.file("partial")
         try FileManager.default.createDirectory(atPath: staged, withIntermediateDirectories: true)
         try Data().write(to: URL(fileURLWithPath: staged + "/blocker"))
+        func files() -> Set<String> {
+            Set(FileManager.default.enumerator(atPath: staged)?.compactMap { $0 as? String }
+                .filter { (try? FileManager.default.attributesOfItem(atPath: staged + "/" + $0)[.type] as? FileAttributeType) != .typeDirectory } ?? [])
+        }
         let failed = try Packaging.run(install, [dist], environment: ["DESTDIR": staged, "PAMDIR": "/blocker/security"])
-        #expect(failed.status != 0 && failed.stderr.contains("were removed again"), "\(failed.stderr)")
-        let left = FileManager.default.enumerator(atPath: staged)?.compactMap { $0 as? String }
-            .filter { (try? FileManager.default.attributesOfItem(atPath: staged + "/" + $0)[.type] as? FileAttributeType) != .typeDirectory } ?? []
-        #expect(left == ["blocker"], "a failed install left \(left)")
+        #expect(failed.status != 0 && failed.stderr.contains("nothing was changed"), "\(failed.stderr)")
+        #expect(files() == ["blocker"], "a failed install left \(files())")
+
+        // The same failure over an earlier installation leaves that installation whole.
+        let first = try Packaging.run(install, [dist], environment: ["DESTDIR": staged])
+        try #require(first.status == 0, "\(first.stderr)")
+        let before = files()
+        let binary = staged + "/usr/local/bin/sandboxctl"
+        try Data("an earlier sandboxctl".utf8).write(to: URL(fileURLWithPath: binary))
+        let again = try Packaging.run(install, [dist], environment: ["DESTDIR": staged, "PAMDIR": "/blocker/security"])
+        #expect(again.status != 0, "\(again.stderr)")
+        #expect(files() == before, "a failed reinstall changed the files: \(files().symmetricDifference(before))")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: binary)) == Data("an earlier sandboxctl".utf8), "a failed reinstall replaced the binary")
     }
 
     @Test("make deb: the version is the command's, Depends computed from the binaries, lintian reports no error and no warning",

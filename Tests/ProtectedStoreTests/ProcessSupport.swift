@@ -24,6 +24,8 @@ final class SpawnedProcess: @unchecked Sendable {
     private var partial = Data()
     private var errorText = Data()
     private let arrived = DispatchSemaphore(value: 0)
+    /// Left by each reader at end of file, so output written just before the exit is in when `waitForExit` returns.
+    private let readers = DispatchGroup()
 
     /// A binary built beside the test bundle (`sandboxctl`, `ProtectedStoreProbe`).
     static func builtExecutable(_ name: String) -> URL {
@@ -38,16 +40,19 @@ final class SpawnedProcess: @unchecked Sendable {
         process.standardOutput = output
         process.standardError = errors
         try process.run()
-        Self.readUntilEnd(output.fileHandleForReading) { [weak self] data in self?.received(data) }
-        Self.readUntilEnd(errors.fileHandleForReading) { [weak self] data in self?.mutex.withLock { self?.errorText.append(data) } }
+        Self.readUntilEnd(output.fileHandleForReading, group: readers) { [weak self] data in self?.received(data) }
+        Self.readUntilEnd(errors.fileHandleForReading, group: readers) { [weak self] data in self?.mutex.withLock { self?.errorText.append(data) } }
     }
 
     /// Blocking reads on a thread of their own until end of file, holding the handle (so its descriptor stays open)
     /// until then. Not `readabilityHandler`: Foundation's dispatch source behind it can outlive the descriptor, which
     /// another thread's `open` then reuses, and libdispatch crashed the test run (SIGSEGV in
     /// `_dispatch_event_loop_drain`) while other tests spawned processes.
-    private static func readUntilEnd(_ handle: FileHandle, _ deliver: @escaping @Sendable (Data) -> Void) {
+    /// At end of file it delivers an empty chunk (a last line without a newline is then complete) and leaves `group`.
+    private static func readUntilEnd(_ handle: FileHandle, group: DispatchGroup, _ deliver: @escaping @Sendable (Data) -> Void) {
+        group.enter()
         Thread {
+            defer { group.leave() }
             // read(2), which returns what has arrived; FileHandle.read(upToCount:) waits for the whole count.
             var buffer = [UInt8](repeating: 0, count: 65_536)
             while true {
@@ -57,6 +62,7 @@ final class SpawnedProcess: @unchecked Sendable {
                 } else if count < 0 && errno == EINTR {
                     continue
                 } else {
+                    deliver(Data())
                     return
                 }
             }
@@ -74,10 +80,11 @@ final class SpawnedProcess: @unchecked Sendable {
     var pid: Int32 { process.processIdentifier }
     var standardError: String { mutex.withLock { String(decoding: errorText, as: UTF8.self) } }
 
+    /// A chunk of standard output; an empty one is the end, which completes a last line without a newline.
     private func received(_ data: Data) {
-        guard !data.isEmpty else { return }
         let complete: Int = mutex.withLock {
             partial.append(data)
+            if data.isEmpty && !partial.isEmpty { partial.append(UInt8(ascii: "\n")) }
             var count = 0
             while let newline = partial.firstIndex(of: UInt8(ascii: "\n")) {
                 lines.append(String(decoding: partial[partial.startIndex..<newline], as: UTF8.self))
@@ -107,13 +114,15 @@ final class SpawnedProcess: @unchecked Sendable {
 
     func signal(_ number: Int32) { kill(process.processIdentifier, number) }
 
-    /// Waits for exit; nil if it has not exited within `timeout` seconds.
+    /// Waits for exit, and for its output to be read (at most 2 s more: a child it left running may hold the pipes);
+    /// nil if it has not exited within `timeout` seconds.
     func waitForExit(timeout: TimeInterval = 20) -> Int32? {
         let deadline = Date().addingTimeInterval(timeout)
         while process.isRunning {
             if Date() > deadline { return nil }
             usleep(10_000)
         }
+        _ = readers.wait(timeout: .now() + 2)
         return process.terminationStatus
     }
 }
