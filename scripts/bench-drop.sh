@@ -21,7 +21,7 @@ done
 
 cd "$(dirname "$0")/.."
 ./scripts/ensure-deps.sh
-swift build -c release --product sandboxctl --quiet
+make --no-print-directory release   # the build that ships (static Swift runtime), as make test scans it
 sandboxctl="$(swift build -c release --show-bin-path)/sandboxctl"
 
 work=$(mktemp -d /var/tmp/bench-drop.XXXXXX)
