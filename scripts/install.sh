@@ -45,17 +45,6 @@ UNITS=(sandboxctl.socket sandboxctl.service sandboxctl-mount@.service)
 
 MANIFEST=$PREFIX/share/sandboxctl/installed-files
 
-# What an install without a manifest (an older one) would have put here, as this machine computes it now.
-computed_files() {
-    printf '%s\n' "$BINDIR/sandboxctl" "$BASHCOMPDIR/sandboxctl" "$ZSHCOMPDIR/_sandboxctl" "$FISHCOMPDIR/sandboxctl.fish" \
-        "$PAMDIR/pam_sandboxctl.so"
-    for unit in "${UNITS[@]}"; do printf '%s\n' "$SYSTEMDUSERUNITDIR/$unit"; done
-    for page in "$DESTDIR$MANDIR"/man1/sandboxctl.1 "$DESTDIR$MANDIR"/man1/sandboxctl-*.1; do
-        [ -e "$page" ] && printf '%s\n' "${page#"$DESTDIR"}"
-    done
-    return 0
-}
-
 # The Debian package that owns a path, if any: such files are the package manager's to replace or remove.
 package_of() {
     [ -z "$DESTDIR" ] && command -v dpkg-query >/dev/null || return 1
@@ -66,12 +55,12 @@ package_of() {
 
 if [ "${1:-}" = "--uninstall" ]; then
     # The manifest names exactly what the install put in place, wherever the folders were computed to be then.
-    if [ -f "$DESTDIR$MANIFEST" ]; then
-        mapfile -t files < "$DESTDIR$MANIFEST"
-        files+=("$MANIFEST")
-    else
-        mapfile -t files < <(computed_files)
+    if [ ! -f "$DESTDIR$MANIFEST" ]; then
+        echo "error: nothing to remove: $DESTDIR$MANIFEST, the list an install leaves, is missing (installed with another PREFIX or DESTDIR?)" >&2
+        exit 1
     fi
+    mapfile -t files < "$DESTDIR$MANIFEST"
+    files+=("$MANIFEST")
     for file in "${files[@]}"; do
         if owner=$(package_of "$file"); then
             echo "error: $file belongs to the Debian package $owner; remove it with apt remove $owner (nothing was removed)" >&2

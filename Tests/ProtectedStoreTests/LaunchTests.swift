@@ -7,10 +7,7 @@ import Testing
 enum LaunchAvailability {
     static let problem: String? = FUSEAvailability.problem ?? (FUSEAvailability.executable("bwrap") == nil ? "bubblewrap is not installed (apt-get install bubblewrap)" : nil)
 
-    static var isAvailable: Bool {
-        if let problem { print("Skipping launch tests: \(problem)") }
-        return problem == nil
-    }
+    static var isAvailable: Bool { canRun("launch tests", unless: problem) }
 }
 
 /// `sandboxctl launch`: a real bubblewrap sandbox around a real shell, its container mounted as HOME.

@@ -13,10 +13,7 @@ enum DBusAvailability {
         return nil
     }()
 
-    static var isAvailable: Bool {
-        if let problem { print("Skipping lock trigger tests: \(problem)") }
-        return problem == nil
-    }
+    static var isAvailable: Bool { canRun("lock trigger tests", unless: problem) }
 }
 
 /// `daemon --lock-on`: a private dbus-daemon as the system bus, and a stand-in owning org.freedesktop.login1 that

@@ -12,10 +12,7 @@ enum FUSEAvailability {
         return nil
     }()
 
-    static var isAvailable: Bool {
-        if let problem { print("Skipping mount tests: \(problem)") }
-        return problem == nil
-    }
+    static var isAvailable: Bool { canRun("mount tests", unless: problem) }
 
     static func executable(_ name: String) -> String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"

@@ -13,10 +13,7 @@ enum PAMAvailability {
         return nil
     }()
 
-    static var isAvailable: Bool {
-        if let problem { print("Skipping PAM tests: \(problem)") }
-        return problem == nil
-    }
+    static var isAvailable: Bool { canRun("PAM tests", unless: problem) }
 }
 
 /// pam_sandboxctl.so through real PAM: pamtester runs a test service whose stack is the module, against a real daemon.

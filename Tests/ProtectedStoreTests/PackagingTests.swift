@@ -19,10 +19,7 @@ enum Packaging {
         return nil
     }()
 
-    static var isAvailable: Bool {
-        if let problem { print("Skipping packaging tests: \(problem)") }
-        return problem == nil
-    }
+    static var isAvailable: Bool { canRun("packaging tests", unless: problem) }
 
     static var debianProblem: String? {
         for tool in ["dpkg-deb", "dpkg-shlibdeps", "lintian"] where FUSEAvailability.executable(tool) == nil {
@@ -31,10 +28,7 @@ enum Packaging {
         return nil
     }
 
-    static var canBuildDebian: Bool {
-        if let debianProblem { print("Skipping the Debian package tests: \(debianProblem)") }
-        return debianProblem == nil
-    }
+    static var canBuildDebian: Bool { canRun("the Debian package tests", unless: debianProblem) }
 
     /// Why the package can't be installed into this machine by the test, if it can't. dpkg would silently take over
     /// files no package owns (a module or pages from an earlier `make install PREFIX=/usr`) and remove them with the
@@ -58,10 +52,7 @@ enum Packaging {
         return nil
     }
 
-    static var canInstallIntoSystem: Bool {
-        if let systemInstallProblem { print("Skipping the apt install and remove test: \(systemInstallProblem)") }
-        return systemInstallProblem == nil
-    }
+    static var canInstallIntoSystem: Bool { canRun("the apt install and remove test", unless: systemInstallProblem) }
 
     @discardableResult
     static func run(_ tool: String, _ arguments: [String], environment: [String: String] = [:], stdin: String? = nil) throws -> CLI.Result {
@@ -174,6 +165,8 @@ struct PackagingTests {
         let left = FileManager.default.enumerator(atPath: destdir)?.compactMap { $0 as? String }
             .filter { (try? FileManager.default.attributesOfItem(atPath: destdir + "/" + $0)[.type] as? FileAttributeType) != .typeDirectory } ?? []
         #expect(Set(left.map { destdir + "/" + $0 }) == Set(foreign), "uninstall left \(left), or removed another program's files")
+        let again = try Packaging.run(Packaging.repository.path + "/scripts/install.sh", ["--uninstall"], environment: environment)
+        #expect(again.status == 1 && again.stderr.contains("nothing to remove"), "\(again.stderr)")
     }
 
     @Test("install and uninstall refuse a relative PREFIX and a missing dist folder; an install that fails part-way removes what it installed")

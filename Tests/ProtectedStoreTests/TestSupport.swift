@@ -17,6 +17,13 @@ final class TemporaryDirectory: @unchecked Sendable {
     func file(_ name: String) -> String { (path as NSString).appendingPathComponent(name) }
 }
 
+/// Whether tests that need something this machine may lack can run: yes without a problem, else no, with the reason
+/// printed (the `.enabled(if:)` comment is fixed text; this names what is missing here).
+func canRun(_ tests: String, unless problem: String?) -> Bool {
+    if let problem { print("Skipping \(tests): \(problem)") }
+    return problem == nil
+}
+
 /// A small tmpfs of its own, to fill up: unmounted (lazily) when released. Nil, with the reason printed, where this
 /// process may not mount (it needs root or CAP_SYS_ADMIN).
 final class SmallDisk: @unchecked Sendable {
