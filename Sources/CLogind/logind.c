@@ -34,7 +34,6 @@ struct watcher {
     void *context;
     ps_logind_callback callback;
     int session_lock;
-    int sleep;
     int inhibitor;
     time_t inhibitor_tried;
     uid_t uid;
@@ -134,7 +133,7 @@ static int stopped_within(ps_logind_stop *stop, int milliseconds) {
 }
 
 void ps_logind_run(void *context, ps_logind_callback callback, int session_lock, int sleep, int idle, ps_logind_stop *stop) {
-    struct watcher watcher = { context, callback, session_lock, sleep, -1, 0, getuid() };
+    struct watcher watcher = { context, callback, session_lock, -1, 0, getuid() };
     while (!stop_requested(stop)) {
         sd_bus *bus = NULL;
         int ok = sd_bus_open_system(&bus) >= 0;

@@ -237,18 +237,19 @@ static int user_and_options(pam_handle_t *pamh, int argc, const char **argv, uid
     return parse_options(pamh, home, argc, argv, options);
 }
 
-// Whether a daemon of the user answers: nothing is asked of anyone otherwise.
-static int daemon_present(const struct options *options, uid_t uid) {
-    int probe = connect_daemon(options, uid, now_ms() + TIMEOUT_MS);
+// Whether a daemon of the user answers by `deadline`: nothing is asked of anyone otherwise.
+static int daemon_present(const struct options *options, uid_t uid, long long deadline) {
+    int probe = connect_daemon(options, uid, deadline);
     if (probe < 0) return 0;
     close(probe);
     return 1;
 }
 
-static enum outcome unlock(pam_handle_t *pamh, const struct options *options, uid_t uid, const char *password) {
+// Quietly OUTCOME_UNAVAILABLE when no daemon of the user answers.
+static enum outcome unlock(pam_handle_t *pamh, const struct options *options, uid_t uid, const char *password, long long deadline) {
     size_t length = strnlen(password, MAX_PASSWORD + 1);
     if (length > MAX_PASSWORD) return OUTCOME_UNAVAILABLE;
-    enum outcome outcome = request(options, uid, "unlock", (const unsigned char *)password, length, now_ms() + TIMEOUT_MS);
+    enum outcome outcome = request(options, uid, "unlock", (const unsigned char *)password, length, deadline);
     if (outcome == OUTCOME_OK) pam_syslog(pamh, LOG_INFO, "unlocked the device of %s", options->root);
     if (outcome == OUTCOME_REFUSED) pam_syslog(pamh, LOG_NOTICE, "the device of %s refused the password", options->root);
     return outcome;
@@ -268,7 +269,9 @@ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc, cons
     uid_t uid;
     struct options options;
     if (user_and_options(pamh, argc, argv, &uid, &options) != 0) return PAM_IGNORE;
-    if (!daemon_present(&options, uid)) {
+    // One deadline for the probe and the unlock: the whole auth line waits at most TIMEOUT_MS.
+    long long deadline = now_ms() + TIMEOUT_MS;
+    if (!daemon_present(&options, uid, deadline)) {
         // The daemon may come with the session (socket activation once pam_systemd has started the user's manager):
         // keep a password the lines before this one checked for pam_sm_open_session; never ask for one here.
         const void *checked = NULL;
@@ -281,7 +284,7 @@ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc, cons
     const char *password = NULL;
     if (pam_get_authtok(pamh, PAM_AUTHTOK, &password, NULL) != PAM_SUCCESS || password == NULL) return PAM_IGNORE;
     // A right password is not vouched for (PAM_IGNORE): the daemon is the user's own process.
-    return unlock(pamh, &options, uid, password) == OUTCOME_REFUSED ? PAM_AUTH_ERR : PAM_IGNORE;
+    return unlock(pamh, &options, uid, password, deadline) == OUTCOME_REFUSED ? PAM_AUTH_ERR : PAM_IGNORE;
 }
 
 PAM_EXTERN int pam_sm_setcred(pam_handle_t *pamh, int flags, int argc, const char **argv) {
@@ -296,7 +299,7 @@ PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc, cons
     const void *password = NULL;
     // The password the auth line kept (PAM itself wipes PAM_AUTHTOK when authentication ends); never a prompt here.
     if (pam_get_data(pamh, STASH, &password) != PAM_SUCCESS || password == NULL) return PAM_IGNORE;
-    if (user_and_options(pamh, argc, argv, &uid, &options) == 0 && daemon_present(&options, uid)) unlock(pamh, &options, uid, password);
+    if (user_and_options(pamh, argc, argv, &uid, &options) == 0) unlock(pamh, &options, uid, password, now_ms() + TIMEOUT_MS);
     // Used once: dropping the data runs forget_stash, which zeroes it.
     pam_set_data(pamh, STASH, NULL, NULL);
     return PAM_IGNORE;
@@ -312,7 +315,8 @@ PAM_EXTERN int pam_sm_chauthtok(pam_handle_t *pamh, int flags, int argc, const c
     struct options options;
     if (user_and_options(pamh, argc, argv, &uid, &options) != 0) return PAM_IGNORE;
     if (flags & PAM_PRELIM_CHECK) return PAM_SUCCESS;
-    if (!(flags & PAM_UPDATE_AUTHTOK) || !daemon_present(&options, uid)) return PAM_IGNORE;
+    // Probed before any prompt; the change itself gets a deadline of its own, after the prompts.
+    if (!(flags & PAM_UPDATE_AUTHTOK) || !daemon_present(&options, uid, now_ms() + TIMEOUT_MS)) return PAM_IGNORE;
     const void *kept = NULL;
     const char *old_password = NULL, *new_password = NULL;
     if (pam_get_item(pamh, PAM_OLDAUTHTOK, &kept) == PAM_SUCCESS && kept != NULL) {

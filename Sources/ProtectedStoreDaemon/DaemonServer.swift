@@ -87,13 +87,13 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-    /// An app event sent to an app's subscribers; `finish` runs with how many acknowledged it, once all of them
+    /// An app event sent to an app's subscribers; `finish` runs with whether any acknowledged it, once all of them
     /// acknowledged or left, or the time ran out.
     private struct AppEventWait {
         let event: SubscriberRegistry.Event
         var remaining: Set<UInt64>
-        var acknowledged = 0
-        let finish: (Int) -> Void
+        var acknowledged = false
+        let finish: (Bool) -> Void
     }
 
     private final class Connection {
@@ -342,7 +342,6 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-
     private func send(_ reply: DaemonReply, attachment: SecureBytes? = nil, to connection: Connection) {
         guard connections[connection.id] != nil else { return }
         var bytes: [UInt8]
@@ -473,12 +472,10 @@ final class DaemonServer: @unchecked Sendable {
             guard grace >= 0, grace <= 3600, grace.isFinite else {
                 return send(.failure(id: request.id, ProtectedStoreError(.invalidArgument, problem: "grace period \(grace) s is out of range", remedy: "Give 0 to 3600 seconds")), to: connection)
             }
-            // Recorded for the event only when this request starts a lock, not for a no-op one.
-            if device.state == .unlocked { mutex.withLock { lockGrace = grace } }
             logger.info("lock requested (grace \(grace) s) by pid \(connection.pid)")
             let connectionID = connection.id
             connection.locksPending += 1
-            device.lock(gracePeriod: grace) {
+            lock(grace: grace) {
                 self.execute {
                     self.logger.info("state: \(self.device.state.rawValue)")
                     self.connections[connectionID]?.locksPending -= 1
@@ -681,9 +678,9 @@ final class DaemonServer: @unchecked Sendable {
         send(reply, to: connection)
     }
 
-    /// A lock from a trigger (`LockTriggerWatcher`), on the loop thread: recorded like a `lock` request's, so the event
-    /// tells subscribers the grace period it really has.
-    func lockFromTrigger(grace: TimeInterval, then done: @escaping @Sendable () -> Void) {
+    /// A lock, from a `lock` request or a trigger (`LockTriggerWatcher`), on the loop thread. Its grace period is
+    /// recorded for the event only when it starts a lock (not for a no-op one), so subscribers hear the one it has.
+    func lock(grace: TimeInterval, then done: @escaping @Sendable () -> Void) {
         if device.state == .unlocked { mutex.withLock { lockGrace = grace } }
         device.lock(gracePeriod: grace, then: done)
     }
@@ -846,9 +843,9 @@ final class DaemonServer: @unchecked Sendable {
     }
 
     /// Sends `event` to the app's subscribers and calls `finish` once each acknowledged or left, or after `timeout`.
-    private func sendLifecycle(_ event: LifecycleEvent, to app: LaunchedApp, timeout: TimeInterval, finish: @escaping (Int) -> Void) {
+    private func sendLifecycle(_ event: LifecycleEvent, to app: LaunchedApp, timeout: TimeInterval, finish: @escaping (Bool) -> Void) {
         let ids = subscribers(of: app.bundle)
-        guard !ids.isEmpty else { return finish(0) }
+        guard !ids.isEmpty else { return finish(false) }
         let waitID = wait(for: .lifecycle(event), from: ids, finish: finish)
         for delivery in registry.send(event, to: ids) { sendEvent(delivery) }
         DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { [weak self] in
@@ -863,7 +860,7 @@ final class DaemonServer: @unchecked Sendable {
         let ids = subscribers(of: app.bundle)
         guard !ids.isEmpty else { return app.parkedOpenURLs.append((payload, reply)) }
         _ = wait(for: .openURL(payload), from: ids) { [self] acknowledged in
-            guard acknowledged == 0 else { return reply() }
+            guard !acknowledged else { return reply() }
             if apps[app.bundle] === app { relayOpenURL(payload, to: app, reply: reply) }
         }
         for delivery in registry.send(payload, to: ids) { sendEvent(delivery) }
@@ -875,7 +872,7 @@ final class DaemonServer: @unchecked Sendable {
         for (payload, reply) in parked { relayOpenURL(payload, to: app, reply: reply) }
     }
 
-    private func wait(for event: SubscriberRegistry.Event, from ids: [UInt64], finish: @escaping (Int) -> Void) -> UInt64 {
+    private func wait(for event: SubscriberRegistry.Event, from ids: [UInt64], finish: @escaping (Bool) -> Void) -> UInt64 {
         nextWaitID += 1
         appEventWaits[nextWaitID] = AppEventWait(event: event, remaining: Set(ids), finish: finish)
         return nextWaitID
@@ -883,7 +880,7 @@ final class DaemonServer: @unchecked Sendable {
 
     private func appEventAcknowledged(_ event: SubscriberRegistry.Event, by subscriber: UInt64) {
         for (id, var wait) in appEventWaits where wait.event == event && wait.remaining.remove(subscriber) != nil {
-            wait.acknowledged += 1
+            wait.acknowledged = true
             appEventWaits[id] = wait
             // An open-URL event is handled once one observer of the app has it; a lifecycle event waits for all.
             if wait.remaining.isEmpty || !event.isLifecycle { finishWait(id) }

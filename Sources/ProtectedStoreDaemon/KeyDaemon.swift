@@ -75,7 +75,7 @@ public final class KeyDaemon: Sendable {
             let info = DaemonInfo(pid: getpid(), socketPath: socketPath, protocolVersion: daemonProtocolVersion)
             try FileSystem.writeAtomically(Array(try JSONEncoder().encode(info)), to: FileLocation(path: DaemonInfo.path(root: root)), replacing: true)
             let watcher = lockTriggers.isEmpty ? nil : LockTriggerWatcher(triggers: lockTriggers, device: device, logger: logger) { [weak server] grace, done in
-                guard let server, server.execute({ server.lockFromTrigger(grace: grace, then: done) }) else { return done() }
+                guard let server, server.execute({ server.lock(grace: grace, then: done) }) else { return done() }
             }
             server.lockTriggerStatus = { (lockTriggers.names, watcher?.isConnected ?? false) }
             let daemon = KeyDaemon(root: root, socketPath: socketPath, device: device, server: server, lockFile: lockFile,

@@ -108,7 +108,7 @@ public final class Application: @unchecked Sendable {
             throw ProtectedStoreError(.unsupportedFormat, path: socket, problem: "the socket is not an app's own socket (its hello names no app)",
                                       remedy: "Use the socket `sandboxctl launch` gives the app")
         }
-        let application = Application(bundleIdentifier: bundle, link: link, available: hello.state == Device.State.unlocked.rawValue,
+        let application = Application(bundleIdentifier: bundle, link: link, available: isAvailable(hello.state),
                                       notificationCenter: notificationCenter)
         link.start { [weak application] notice in application?.received(notice) }
         return application
@@ -159,7 +159,7 @@ public final class Application: @unchecked Sendable {
     private func startEvents() throws {
         let handledBefore = mutex.withLock { handledEvents }
         guard let reply = try link.subscribe() else { return }
-        let available = reply.state == Device.State.unlocked.rawValue
+        let available = Self.isAvailable(reply.state)
         queue.async { [self] in
             // An event handled since is newer than the subscription's state.
             let (handled, believed) = mutex.withLock { (handledEvents, protectedDataAvailable) }
@@ -178,23 +178,14 @@ public final class Application: @unchecked Sendable {
     private func received(_ notice: DaemonLink.Notice) {
         switch notice {
         case .lifecycle(let event, let seq, let connection):
-            queue.async { [self] in
-                handle(.lifecycle(event))
-                link.acknowledge(seq: seq, connection: connection)
-            }
+            deliver(.lifecycle(event), seq: seq, connection: connection)
         case .openURL(let payload, let seq, let connection):
             let home = ProcessInfo.processInfo.environment["HOME"] ?? "/"
             let request = OpenURLRequest(url: URL(fileURLWithPath: (home as NSString).appendingPathComponent(payload.path)), path: payload.path,
                                          sourceApplication: payload.sourceApplication, annotationJSON: payload.annotation, sequenceNumber: payload.sequence)
-            queue.async { [self] in
-                handle(.openURL(request))
-                link.acknowledge(seq: seq, connection: connection)
-            }
+            deliver(.openURL(request), seq: seq, connection: connection)
         case .event(let event, let seq, _, let connection):
-            queue.async { [self] in
-                handle(.protectedData(event))
-                link.acknowledge(seq: seq, connection: connection)
-            }
+            deliver(.protectedData(event), seq: seq, connection: connection)
         case .lost:
             // As an attached device does: without the daemon, protected data is assumed gone.
             queue.async { [self] in
@@ -202,12 +193,23 @@ public final class Application: @unchecked Sendable {
             }
         case .restored(let hello):
             queue.async { [self] in
-                if hello.state == Device.State.unlocked.rawValue, !mutex.withLock({ protectedDataAvailable }) {
+                if Self.isAvailable(hello.state), !mutex.withLock({ protectedDataAvailable }) {
                     handle(.protectedData(.didBecomeAvailable))
                 }
             }
         }
     }
+
+    /// Hands `event` to the observers on `queue`, then acknowledges it to the daemon.
+    private func deliver(_ event: ApplicationEvent, seq: UInt64, connection: UInt64) {
+        queue.async { [self] in
+            handle(event)
+            link.acknowledge(seq: seq, connection: connection)
+        }
+    }
+
+    /// Whether the daemon's state, as a hello or subscribe reply names it, makes protected data available here.
+    private static func isAvailable(_ state: String?) -> Bool { Device.attachedState(state) == .unlocked }
 
     /// On `queue`: updates the state, then tells every observer.
     private func handle(_ event: ApplicationEvent) {

@@ -229,19 +229,17 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
     /// The device secret at `path`: the plain file; else the one systemd loaded for this service
     /// (`LoadCredentialEncrypted=`); else the one sealed beside `path` (`.cred`), unsealed by `systemd-creds`.
     static func loadDeviceSecret(at path: String) throws -> DeviceSecret {
-        if path.hasSuffix(".cred"), FileManager.default.fileExists(atPath: path) {
-            var bytes = try SealedDeviceSecret.unseal(path)
+        func unsealed(_ sealed: String) throws -> DeviceSecret {
+            var bytes = try SealedDeviceSecret.unseal(sealed)
             defer { zeroize(&bytes) }
-            return try DeviceSecret.parse(bytes, path: path)
+            return try DeviceSecret.parse(bytes, path: sealed)
         }
-        if !FileManager.default.fileExists(atPath: path) {
+        let exists = try FileSystem.exists(path)
+        if exists && path.hasSuffix(".cred") { return try unsealed(path) }
+        if !exists {
             if let loaded = SealedDeviceSecret.fromCredentialsDirectory { return try DeviceSecret.load(at: loaded) }
             let sealed = SealedDeviceSecret.sealedPath(for: path)
-            if FileManager.default.fileExists(atPath: sealed) {
-                var bytes = try SealedDeviceSecret.unseal(sealed)
-                defer { zeroize(&bytes) }
-                return try DeviceSecret.parse(bytes, path: sealed)
-            }
+            if try FileSystem.exists(sealed) { return try unsealed(sealed) }
         }
         return try DeviceSecret.load(at: path)
     }

@@ -19,11 +19,8 @@ enum SealedDeviceSecret {
 
     static func sealedPath(for path: String) -> String { path + ".cred" }
 
-    /// `systemd-creds` from an absolute folder of PATH only: the plain secret is piped to it.
-    static var tool: String? {
-        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
-        return path.split(separator: ":").filter { $0.hasPrefix("/") }.map { "\($0)/systemd-creds" }.first { access($0, X_OK) == 0 }
-    }
+    /// `systemd-creds`, to which the plain secret is piped.
+    static var tool: String? { FileSystem.executable(named: "systemd-creds") }
 
     static func requireTool() throws -> String {
         guard let tool else {
@@ -33,10 +30,10 @@ enum SealedDeviceSecret {
         return tool
     }
 
-    /// Seals `plain` into `path` (mode 0600). The plain bytes go through a pipe, never to a file.
+    /// Seals `plain` into `path` (mode 0600; its folder exists: `DeviceSecret.create` made it). The plain bytes go
+    /// through a pipe, never to a file.
     static func seal(_ plain: [UInt8], to path: String) throws {
         let tool = try requireTool()
-        try FileSystem.createDirectories((path as NSString).deletingLastPathComponent)
         let (status, _, errors) = try run(tool, ["encrypt", "--name=\(credentialName)", "--with-key=auto", "-", path], input: plain)
         guard status == 0 else {
             unlink(path)

@@ -55,6 +55,13 @@ package enum FileSystem {
         throw ProtectedStoreError.io(errno, path: path, doing: "look up")
     }
 
+    /// `name` in the first absolute folder of PATH that has it as an executable. Relative folders are skipped: they
+    /// would make the answer depend on the working directory, which is no place to find a program to trust.
+    package static func executable(named name: String) -> String? {
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
+        return path.split(separator: ":").filter { $0.hasPrefix("/") }.map { "\($0)/\(name)" }.first { access($0, X_OK) == 0 }
+    }
+
     /// Creates `path` and missing parents with mode 0700, each through `DurableIO`.
     package static func createDirectories(_ path: String) throws {
         var info = stat()

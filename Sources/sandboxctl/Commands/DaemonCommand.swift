@@ -12,17 +12,8 @@ struct DaemonCommand: ParsableCommand {
     }
 
     static func configuredLockTriggers() throws -> String? {
-        guard FileManager.default.fileExists(atPath: configurationPath) else { return nil }
-        let text: String
-        do {
-            text = try String(contentsOfFile: configurationPath, encoding: .utf8)
-        } catch {
-            throw ProtectedStoreError(.io, path: configurationPath, problem: "cannot read the daemon's configuration (\(error.localizedDescription))",
-                                      remedy: "Make it a readable UTF-8 file of `name = value` lines")
-        }
-        for line in text.components(separatedBy: .newlines) {
-            let content = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
-            let parts = content.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
+        for line in try configurationLines(at: configurationPath, what: "the daemon's configuration", shape: "`name = value` lines") {
+            let parts = line.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
             if parts.count == 2, parts[0] == "lock-on" { return parts[1] }
         }
         return nil
@@ -35,8 +26,13 @@ struct DaemonCommand: ParsableCommand {
             Starting the daemon is a reboot: the device is before first unlock until `sandboxctl unlock`. While it runs, \
             `lock`, `unlock`, `watch` and `status` talk to it, file commands use its state, and programs using the library \
             attach with Device.attach(root:). Only the root's owner (and root) may connect; the socket is mode 0600.
+
             The daemon disables its core dumps and tracing by other processes (PR_SET_DUMPABLE 0) and keeps every key in \
-            mlocked memory (best effort: raise `ulimit -l` for a non-root daemon). Passcode work runs on a stack it wipes,             so nothing derived from the passcode outlives an unlock. A connection that sends no hello within 3 s is             closed, a uid keeps at most 32 idle connections, and a descriptor is held in reserve, so a lock always gets             through. SIGINT or SIGTERM zeroes the keys, removes the socket and exits 0. Log lines go to standard error;             repeated refusals and bad frames are counted, one line a second.
+            mlocked memory (best effort: raise `ulimit -l` for a non-root daemon). Passcode work runs on a stack it wipes, \
+            so nothing derived from the passcode outlives an unlock. A connection that sends no hello within 3 s is \
+            closed, a uid keeps at most 32 idle connections, and a descriptor is held in reserve, so a lock always gets \
+            through. SIGINT or SIGTERM zeroes the keys, removes the socket and exits 0. Log lines go to standard error; \
+            repeated refusals and bad frames are counted, one line a second.
             """
     )
 

@@ -144,14 +144,8 @@ final class Sandbox: @unchecked Sendable {
         self.terminateTimeout = terminateTimeout
     }
 
-    /// `name` in the first folder of PATH that has it as an executable.
-    static func onPath(_ name: String) -> String? {
-        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
-        return path.split(separator: ":").map { "\($0)/\(name)" }.first { access($0, X_OK) == 0 }
-    }
-
     static func findBubblewrap() throws -> String {
-        if let bubblewrap = onPath("bwrap") { return bubblewrap }
+        if let bubblewrap = FileSystem.executable(named: "bwrap") { return bubblewrap }
         throw ProtectedStoreError(.notFound, path: "bwrap", problem: "bubblewrap is not installed (no bwrap on PATH)",
                                   remedy: "Install it: apt-get install bubblewrap")
     }
@@ -355,14 +349,14 @@ final class Sandbox: @unchecked Sendable {
         return arguments + ["--"] + command
     }
 
-    /// The program's path on this machine: as given if it has a "/", else found on PATH; nil if not found (bubblewrap
-    /// then reports it).
+    /// The program's path on this machine: as given if it has a "/", else found in PATH's absolute folders; nil if not
+    /// found (bubblewrap then reports it).
     private func resolvedProgram() -> String? {
         let program = command[0]
         if program.contains("/") {
             return URL(fileURLWithPath: program).standardizedFileURL.resolvingSymlinksInPath().path
         }
-        return Self.onPath(program)
+        return FileSystem.executable(named: program)
     }
 
     /// Starts bubblewrap with the info descriptor as fd 3 and the block descriptor as fd 4; returns its pid, the read

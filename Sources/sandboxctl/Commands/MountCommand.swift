@@ -77,18 +77,8 @@ struct MountCommand: ParsableCommand {
         }
 
         static func mountPoint(of bundle: String) throws -> String {
-            var text = ""
-            if FileManager.default.fileExists(atPath: path) {
-                do {
-                    text = try String(contentsOfFile: path, encoding: .utf8)
-                } catch {
-                    throw ProtectedStoreError(.io, path: path, problem: "cannot read the mount configuration (\(error.localizedDescription))",
-                                              remedy: "Make it a readable UTF-8 text file of `BUNDLE MOUNTPOINT` lines")
-                }
-            }
-            for line in text.split(separator: "\n") {
-                let fields = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0]
-                    .split(maxSplits: 1, whereSeparator: { $0 == " " || $0 == "\t" }).map { $0.trimmingCharacters(in: .whitespaces) }
+            for line in try configurationLines(at: path, what: "the mount configuration", shape: "`BUNDLE MOUNTPOINT` lines") {
+                let fields = line.split(maxSplits: 1, whereSeparator: { $0 == " " || $0 == "\t" }).map { $0.trimmingCharacters(in: .whitespaces) }
                 if fields.count == 2, fields[0] == bundle, !fields[1].isEmpty { return fields[1] }
             }
             throw ProtectedStoreError(.invalidArgument, path: path, problem: "no mount point given, and no line for \(bundle) here",

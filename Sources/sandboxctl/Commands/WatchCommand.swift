@@ -71,12 +71,16 @@ extension WatchCommand {
         let printer = LinePrinter(json: json)
         let observer = AppEventPrinter(printer: printer)
         try reportingErrors { try application.addDelegate(observer) }
-        let state = application.isProtectedDataAvailable ? "unlocked" : "locked"
-        FileHandle.standardError.write(Data("Watching \(application.bundleIdentifier) as the app (protected data: \(state)); Ctrl-C to stop\n".utf8))
+        FileHandle.standardError.write(Data("Watching \(application.bundleIdentifier) as the app (protected data: \(application.state.rawValue)); Ctrl-C to stop\n".utf8))
         withExtendedLifetime((application, observer)) {
             while true { pause() }
         }
     }
+}
+
+/// The launched app's protected data as a device state, the way the other watch lines name it.
+private extension Application {
+    var state: Device.State { isProtectedDataAvailable ? .unlocked : .locked }
 }
 
 private final class AppEventPrinter: ApplicationDelegate {
@@ -85,8 +89,7 @@ private final class AppEventPrinter: ApplicationDelegate {
     init(printer: LinePrinter) { self.printer = printer }
 
     private func print(_ event: String, _ text: String, _ application: Application) {
-        printer.print(event: event, state: application.isProtectedDataAvailable ? "unlocked" : "locked", text: text,
-                      fields: ["applicationState": application.applicationState.rawValue])
+        printer.print(event: event, state: application.state, text: text, fields: ["applicationState": application.applicationState.rawValue])
     }
 
     func applicationDidEnterBackground(_ application: Application) { print("didEnterBackground", "did enter background", application) }
@@ -105,7 +108,7 @@ private final class AppEventPrinter: ApplicationDelegate {
         var fields: [String: Any] = ["applicationState": application.applicationState.rawValue, "path": path]
         if let sourceApplication { fields["sourceApplication"] = sourceApplication }
         if let annotation { fields["annotation"] = annotation }
-        printer.print(event: "openURL", state: application.isProtectedDataAvailable ? "unlocked" : "locked",
+        printer.print(event: "openURL", state: application.state,
                       text: "open URL \(path)" + (sourceApplication.map { " from \($0)" } ?? ""), fields: fields)
     }
 }
@@ -122,17 +125,13 @@ private final class LinePrinter: @unchecked Sendable {
     }
 
     func print(event: String, state: Device.State, text: String, fields: [String: Any] = [:]) {
-        print(event: event, state: state.rawValue, text: text, fields: fields)
-    }
-
-    func print(event: String, state: String, text: String, fields: [String: Any] = [:]) {
         mutex.withLock {
             let time = formatter.string(from: Date())
             if json {
                 var line = fields
                 line["time"] = time
                 line["event"] = event
-                line["state"] = state
+                line["state"] = state.rawValue
                 let data = (try? JSONSerialization.data(withJSONObject: line, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
                 Swift.print(String(decoding: data, as: UTF8.self))
             } else {

@@ -53,7 +53,7 @@ enum AppRuntime {
         return bundles.sorted().compactMap { bundle in
             let appFolder = (folder as NSString).appendingPathComponent(bundle)
             guard LaunchSlot.isHeld(appFolder) else { return nil }
-            return try? JSONDecoder.app.decode(AppRecord.self, from: Data(contentsOf: URL(fileURLWithPath: LaunchSlot.recordPath(appFolder))))
+            return try? JSONDecoder().decode(AppRecord.self, from: Data(contentsOf: URL(fileURLWithPath: LaunchSlot.recordPath(appFolder))))
         }
     }
 
@@ -98,7 +98,7 @@ final class LaunchSlot {
         }
         guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else {
             close(descriptor)
-            let running = try? JSONDecoder.app.decode(AppRecord.self, from: Data(contentsOf: URL(fileURLWithPath: recordPath(folder))))
+            let running = try? JSONDecoder().decode(AppRecord.self, from: Data(contentsOf: URL(fileURLWithPath: recordPath(folder))))
             throw ProtectedStoreError(.alreadyExists, path: bundle,
                                       problem: "the app is already running (pid \(running.map { "\($0.launcherPID)" } ?? "unknown"))",
                                       remedy: "Use that one, or end it first with `sandboxctl terminate \(bundle)`")
@@ -115,7 +115,7 @@ final class LaunchSlot {
     }
 
     func write(_ record: AppRecord) throws {
-        try FileSystem.writeAtomically(Array(try JSONEncoder.app.encode(record)), to: FileLocation(path: Self.recordPath(folder)), replacing: true)
+        try FileSystem.writeAtomically(Array(try JSONEncoder().encode(record)), to: FileLocation(path: Self.recordPath(folder)), replacing: true)
     }
 
     /// Removes the record and gives the slot up.
@@ -125,19 +125,3 @@ final class LaunchSlot {
     }
 }
 
-extension JSONEncoder {
-    static var app: JSONEncoder {
-        let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .iso8601
-        encoder.outputFormatting = [.sortedKeys]
-        return encoder
-    }
-}
-
-extension JSONDecoder {
-    static var app: JSONDecoder {
-        let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .iso8601
-        return decoder
-    }
-}
