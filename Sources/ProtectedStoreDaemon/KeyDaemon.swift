@@ -41,22 +41,16 @@ public final class KeyDaemon: Sendable {
         // device secret) that could inherit it.
         let socketPath = Device.absolute(socketPath ?? defaultSocketPath(root: Device.absolute(root)))
         let activated = try inheritedListener(socketPath: socketPath)
-        let device: Device
+        let device: Device, lockFile: Int32
         do {
             device = try Device.open(root: root, deviceSecretPath: deviceSecretPath, notificationCenter: NotificationCenter())
+            lockFile = try DaemonInfo.takeLock(root: device.root, remedy: "Use it (`sandboxctl status`, `lock`, `unlock`), or stop it first")
         } catch {
             if let activated { Glibc.close(activated) }
             throw error
         }
         device.gracePeriod = gracePeriod
         let root = device.root
-        let lockFile: Int32
-        do {
-            lockFile = try DaemonInfo.takeLock(root: root, remedy: "Use it (`sandboxctl status`, `lock`, `unlock`), or stop it first")
-        } catch {
-            if let activated { Glibc.close(activated) }
-            throw error
-        }
         do {
             let listener: Int32
             if let activated {
@@ -175,30 +169,33 @@ public final class KeyDaemon: Sendable {
             throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "systemd passed \(count) sockets; the daemon takes exactly one",
                                       remedy: "Give sandboxctl.socket a single ListenStream=")
         }
-        var path = [CChar](repeating: 0, count: 128)
-        guard ps_adopt_listening_unix_socket(3, &path, Int32(path.count)) == 0 else {
-            let error = Errno(rawValue: errno)
-            throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket systemd passed is not a listening Unix stream socket bound to a path (\(error))",
-                                      remedy: "Use ListenStream= with a path in sandboxctl.socket")
-        }
-        let bound = String(decoding: path.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        guard bound == socketPath else {
+        // Any refusal closes it: nothing else would.
+        do {
+            var path = [CChar](repeating: 0, count: 128)
+            guard ps_adopt_listening_unix_socket(3, &path, Int32(path.count)) == 0 else {
+                let error = Errno(rawValue: errno)
+                throw ProtectedStoreError(.invalidArgument, path: socketPath, problem: "the socket systemd passed is not a listening Unix stream socket bound to a path (\(error))",
+                                          remedy: "Use ListenStream= with a path in sandboxctl.socket")
+            }
+            let bound = String(decoding: path.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            guard bound == socketPath else {
+                throw ProtectedStoreError(.invalidArgument, path: bound, problem: "the socket systemd passed is \(bound), not this device's \(socketPath)",
+                                          remedy: "Set ListenStream=\(socketPath) in sandboxctl.socket, or start the daemon with --socket \(bound)")
+            }
+            var status = stat()
+            guard lstat(bound, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK else {
+                let error = Errno(rawValue: errno)
+                throw ProtectedStoreError.io(error, path: bound, doing: "check the socket systemd passed")
+            }
+            guard status.st_mode & 0o077 == 0 else {
+                throw ProtectedStoreError(.permissionDenied, path: bound, problem: "the socket systemd passed can be used by others than its owner (mode \(String(status.st_mode & 0o777, radix: 8)))",
+                                          remedy: "Set SocketMode=0600 in sandboxctl.socket")
+            }
+            return 3
+        } catch {
             Glibc.close(3)
-            throw ProtectedStoreError(.invalidArgument, path: bound, problem: "the socket systemd passed is \(bound), not this device's \(socketPath)",
-                                      remedy: "Set ListenStream=\(socketPath) in sandboxctl.socket, or start the daemon with --socket \(bound)")
+            throw error
         }
-        var status = stat()
-        guard lstat(bound, &status) == 0, status.st_mode & S_IFMT == S_IFSOCK else {
-            let error = Errno(rawValue: errno)
-            Glibc.close(3)
-            throw ProtectedStoreError.io(error, path: bound, doing: "check the socket systemd passed")
-        }
-        guard status.st_mode & 0o077 == 0 else {
-            Glibc.close(3)
-            throw ProtectedStoreError(.permissionDenied, path: bound, problem: "the socket systemd passed can be used by others than its owner (mode \(String(status.st_mode & 0o777, radix: 8)))",
-                                      remedy: "Set SocketMode=0600 in sandboxctl.socket")
-        }
-        return 3
     }
 
     // MARK: One daemon per root

@@ -69,9 +69,7 @@ struct SetupSystemdCommand: ParsableCommand {
     /// The device root as the units name it: for user units, the default one relative to the user's home (`%h`), so
     /// the units fit any user; otherwise, and one given explicitly, as an absolute path.
     private var unitRoot: String {
-        if user, device.root == nil, ProcessInfo.processInfo.environment["SANDBOXCTL_ROOT"].map({ $0.isEmpty }) ?? true {
-            return "%h/.local/share/sandboxctl"
-        }
+        if user, device.givenRoot == nil { return "%h/" + DeviceOptions.defaultRootInHome }
         return Device.absolute(device.resolvedRoot)
     }
 

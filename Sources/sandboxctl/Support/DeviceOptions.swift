@@ -12,9 +12,14 @@ struct DeviceOptions: ParsableArguments {
                                valueName: "path"))
     var deviceSecret: String?
 
+    /// The default root, relative to the home folder.
+    static let defaultRootInHome = ".local/share/sandboxctl"
+
+    /// The root given by --root or $SANDBOXCTL_ROOT; nil when the default applies.
+    var givenRoot: String? { root ?? environment("SANDBOXCTL_ROOT") }
+
     var resolvedRoot: String {
-        root ?? environment("SANDBOXCTL_ROOT")
-            ?? (NSHomeDirectory() as NSString).appendingPathComponent(".local/share/sandboxctl")
+        givenRoot ?? (NSHomeDirectory() as NSString).appendingPathComponent(Self.defaultRootInHome)
     }
 
     /// nil means the library's default for the keybag's id.
