@@ -24,8 +24,12 @@ package final class FUSEMount: @unchecked Sendable {
     /// With `unmountedBy`, signals are the caller's, and it is handed the call that unmounts (see `FUSESession.serve`).
     package func run(unmountedBy: ((@escaping @Sendable () -> Void) -> Void)? = nil, ready: () -> Void) throws {
         let container = fileSystem.container
-        // nodev and nosuid: an app container holds no device nodes and no set-id programs, as on iOS.
-        let options = "default_permissions,nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl"
+        // nodev and nosuid: an app container holds no device nodes and no set-id programs, as on iOS. No
+        // default_permissions: without allow_other only the mounting user reaches the mount, and every request acts
+        // on the stored items as that user, so the store's own file system makes ext4's permission checks (where the
+        // mount answers from something it holds open, it checks itself). With it, the kernel would ask for the
+        // folder's attributes again before each change in it: one request more per created or removed file.
+        let options = "nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl"
         try FUSESession.serve(mountPoint: mountPoint, options: options, operations: Self.operations, context: Unmanaged.passUnretained(self).toOpaque(),
                               what: container.bundleIdentifier, logger: logger, started: { [fileSystem, logger] handle in
             fileSystem.setPageCacheInvalidator { path in
@@ -143,6 +147,7 @@ package final class FUSEMount: @unchecked Sendable {
         operations.lseek = { path, offset, whence, file in
             answer("lseek", path) { try $0.seek(file!.pointee.fh, from: Int64(offset), whence: whence) }
         }
+        operations.access = { path, mode in serve("access", path) { try $0.checkAccess(try kernelString(path), mode: mode) } }
         operations.statfs = { path, info in serve("statfs", path) { info!.pointee = try $0.statistics() } }
         operations.flush = { _, _ in 0 }
         operations.release = { path, file in serve("release", path) { $0.release(file!.pointee.fh) } }

@@ -302,6 +302,8 @@ struct MountTests {
         #expect(mode & 0o222 == 0, "Inbox items show no write permission: \(String(mode, radix: 8))")
 
         #expect(posixError(Int(open(item, O_WRONLY))) == EACCES)
+        #expect(posixError(Int(access(item, W_OK))) == EACCES, "access(2) says so too, even to root")
+        #expect(access(item, R_OK) == 0)
         #expect(posixError(Int(open(item, O_RDONLY | O_TRUNC))) == EACCES)
         #expect(posixError(Int(open(mounted.path("Documents/Inbox/new.txt"), O_CREAT | O_WRONLY, 0o600))) == EACCES)
         #expect(posixError(Int(truncate(item, 0))) == EACCES)

@@ -100,6 +100,18 @@ package final class ContainerFileSystem: @unchecked Sendable {
         return info
     }
 
+    /// access(2) and chdir: whether the caller may read, write or run (search) the item, as the stored item's own
+    /// mode says for this process, whose user and groups are the caller's (only the mounting user reaches the mount).
+    /// Items in the Inbox, shown without write permission, are not writable.
+    package func checkAccess(_ kernelPath: String, mode: Int32) throws {
+        let path = try containerPath(kernelPath)
+        if mode & W_OK != 0 && path != container.inboxPath && path.isWithin(container.inboxPath) { throw Errno.permissionDenied }
+        guard !path.isRoot else { return try Self.check(faccessat(root, ".", mode, AT_EACCESS)) }
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        try Self.check(faccessat(item.parent.descriptor.rawValue, item.entry, mode, AT_EACCESS | AT_SYMLINK_NOFOLLOW))
+    }
+
     /// Sets permission bits; in the Inbox, adding write permission is refused (EACCES).
     package func setMode(_ mode: mode_t, of kernelPath: String?, handle: UInt64?) throws {
         let requested = mode & 0o7777
@@ -115,12 +127,18 @@ package final class ContainerFileSystem: @unchecked Sendable {
         if path != container.inboxPath && requested & 0o222 != 0 {
             try container.refuseInboxChange(path, displayPath: display(path), doing: "made writable")
         }
-        guard !path.isRoot else { return try Self.check(fchmod(root, requested)) }
+        guard !path.isRoot else {
+            try Self.check(fchmod(root, requested))
+            return directories.removeAll()
+        }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         // fchmodat follows a symlink in the last place; the kernel never asks to chmod a link itself.
-        guard try status(item).st_mode & S_IFMT != S_IFLNK else { throw Errno.notSupported }
+        let type = try status(item).st_mode & S_IFMT
+        guard type != S_IFLNK else { throw Errno.notSupported }
         try Self.check(fchmodat(item.parent.descriptor.rawValue, item.entry, requested, 0))
+        // Walks through a cached descriptor would not meet a search permission just taken away.
+        if type == S_IFDIR { directories.removeAll() }
     }
 
     /// Changes owner and group (-1 leaves one as it is); the kernel has checked the caller may.
@@ -389,7 +407,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let path = try containerPath(kernelPath)
         let writes = flags & O_ACCMODE != O_RDONLY || flags & O_TRUNC != 0
         if writes { try container.refuseInboxChange(path, displayPath: display(path), doing: "opened for writing") }
-        let number = try openHandle(try resolve(path), kernelPath: kernelPath, writable: writes)
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        // execve opens with __FMODE_EXEC; without default_permissions the kernel checks only that some x bit is set.
+        let opensToRun: Int32 = 0o40
+        if flags & opensToRun != 0 { try Self.check(faccessat(item.parent.descriptor.rawValue, item.entry, X_OK, AT_EACCESS | AT_SYMLINK_NOFOLLOW)) }
+        let number = try openHandle(item, kernelPath: kernelPath, writable: writes)
         if flags & O_TRUNC != 0 {
             do {
                 try table.handle(number).file.file.truncate(to: 0)
@@ -598,6 +621,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         default: throw Errno.invalidArgument
         }
         return try table.handle(for: FileIdentity(info), path: kernelPath, writable: writable, reuse: { open in
+            // A first open is checked by the stored file's own open (see openStored); this one opens nothing.
+            try Self.check(faccessat(item.parent.descriptor.rawValue, item.entry, writable ? R_OK | W_OK : R_OK, AT_EACCESS | AT_SYMLINK_NOFOLLOW))
             try bringBackKey(open.file)
             if writable && !open.file.isWritable { throw Errno.permissionDenied }
         }, open: {
