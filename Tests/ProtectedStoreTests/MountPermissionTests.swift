@@ -8,7 +8,7 @@ extension MountTests {
     /// Why this machine can't run a program as an ordinary user against a mount of that user's, or nil.
     private static let ordinaryUserProblem: String? = {
         guard getuid() == 0 else { return "needs root to start the mount as another user (uid \(getuid()))" }
-        for tool in ["/usr/bin/unshare", "/usr/bin/setpriv", "/usr/bin/python3", "/bin/mknod", "/usr/bin/stat"] where !FileManager.default.isExecutableFile(atPath: tool) {
+        for tool in ["/usr/bin/unshare", "/usr/bin/setpriv", "/usr/bin/python3", "/bin/mknod", "/usr/bin/stat", "/usr/bin/timeout", "/bin/fusermount3"] where !FileManager.default.isExecutableFile(atPath: tool) {
             return "\(tool) is missing"
         }
         guard getpwnam("nobody") != nil, getgrnam("nogroup") != nil else { return "there is no user nobody and group nogroup" }
@@ -32,8 +32,9 @@ extension MountTests {
             mount --bind "$1/dev/fuse" /dev/fuse
             exec setpriv --reuid=nobody --regid=nogroup --clear-groups /bin/sh "$1/as-user.sh" "$1" "$2"
             """
-        let run = try CLI.run(executable: URL(fileURLWithPath: "/usr/bin/unshare"),
-                              ["--mount", "--propagation", "private", "/bin/sh", "-c", inNamespace, "sh", work.path, CLI.executable.path])
+        // A hung step fails the test instead of hanging it; the script's trap then stops the mount and the daemon.
+        let run = try CLI.run(executable: URL(fileURLWithPath: "/usr/bin/timeout"),
+                              ["120", "/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", inNamespace, "sh", work.path, CLI.executable.path])
         #expect(run.status == 0, "\(run.stdout)\n\(run.stderr)")
         let plain = (try? String(contentsOfFile: work.file("plain.out"), encoding: .utf8)) ?? ""
         let mounted = (try? String(contentsOfFile: work.file("mount.out"), encoding: .utf8)) ?? ""
@@ -47,36 +48,39 @@ extension MountTests {
         #expect(plainLines.filter { $0.hasSuffix(" EACCES") || $0.hasSuffix(" False") }.count >= 15, "\(plain)")
     }
 
-    private static let probeSteps = 37
+    private static let probeSteps = 40
 
     /// Runs as nobody: a device, its daemon and the mount, all that user's, then the probe in a plain directory and
-    /// in the mount's Documents.
+    /// in the mount, in the app's data folder (two of the container's own folders above it, which the mount holds open).
     private static let asUser = #"""
         set -e
         work=$1; sandboxctl=$2
         export HOME="$work/home" SANDBOXCTL_ROOT="$work/root" SANDBOXCTL_DEVICE_SECRET="$work/device.secret"
         export XDG_RUNTIME_DIR="$work/run" XDG_STATE_HOME="$work/state" XDG_CONFIG_HOME="$work/config"
-        mkdir -p "$HOME" "$work/plain" "$work/mnt"
+        app="Library/Application Support/com.example.permissions"
+        mkdir -p "$HOME" "$work/plain/$app" "$work/mnt"
         mkdir -m 0700 "$XDG_RUNTIME_DIR"
         printf '1234-test\n' | "$sandboxctl" init --kdf fast --passcode-stdin >/dev/null
         "$sandboxctl" create com.example.permissions >/dev/null
-        "$sandboxctl" daemon --grace 1 2>"$work/daemon.log" &
+        "$sandboxctl" daemon --grace 1 >/dev/null 2>"$work/daemon.log" &
         daemon=$!
-        trap 'fusermount3 -u -z "$work/mnt" 2>/dev/null || true; kill $daemon 2>/dev/null || true' EXIT
+        mount=""
+        trap 'fusermount3 -u -z "$work/mnt" 2>/dev/null || true; kill $daemon $mount 2>/dev/null || true; wait' EXIT
         tries=0
         until "$sandboxctl" status >/dev/null 2>&1; do
             tries=$((tries + 1)); [ $tries -lt 400 ] || { echo "the daemon did not start:" >&2; cat "$work/daemon.log" >&2; exit 1; }
             sleep 0.05
         done
         printf '1234-test\n' | "$sandboxctl" unlock --passcode-stdin >/dev/null
-        "$sandboxctl" mount com.example.permissions "$work/mnt" --foreground 2>"$work/mount.log" &
+        "$sandboxctl" mount com.example.permissions "$work/mnt" --foreground >/dev/null 2>"$work/mount.log" &
+        mount=$!
         tries=0
         until grep -q " $work/mnt fuse" /proc/self/mounts; do
             tries=$((tries + 1)); [ $tries -lt 400 ] || { echo "the mount did not come up:" >&2; cat "$work/mount.log" >&2; exit 1; }
             sleep 0.05
         done
-        /usr/bin/python3 "$work/probe.py" "$work/plain" >"$work/plain.out"
-        /usr/bin/python3 "$work/probe.py" "$work/mnt/Documents" >"$work/mount.out"
+        /usr/bin/python3 "$work/probe.py" "$work/plain/$app" >"$work/plain.out"
+        /usr/bin/python3 "$work/probe.py" "$work/mnt/$app" >"$work/mount.out"
         """#
 
     /// One line per step: what was tried, then "ok", the errno's name, or access(2)'s True or False.
@@ -156,7 +160,8 @@ extension MountTests {
 
         os.mkdir(at("closed")); make(at("closed", "inside"))
         os.chmod(at("closed"), 0o600)
-        # The kernel keeps what it learnt of "inside" for its attribute timeout (1 s); after it, a stat asks again.
+        # The kernel keeps what it learnt of "inside" for libfuse's default attribute timeout (1 s), which the mount
+        # keeps; after it, a stat asks again.
         time.sleep(1.2)
         step("stat in a 0600 folder", lambda: os.stat(at("closed", "inside")))
         step("open in a 0600 folder", lambda: opened(at("closed", "inside"), os.O_RDONLY))
@@ -166,5 +171,15 @@ extension MountTests {
         step("access X_OK of a 0600 folder", lambda: os.access(at("closed"), os.X_OK))
         os.chmod(at("closed"), 0o700)
         step("unlink in the folder made 0700 again", lambda: os.unlink(at("closed", "inside")))
+
+        # Two folders up (in the mount, the container's own Library, held open) loses its search permission: what the
+        # kernel does not answer from its cache is refused at once.
+        library = os.path.dirname(os.path.dirname(base))
+        make(at("deep"))
+        os.chmod(library, 0o600)
+        step("open below a folder made 0600 two levels up", lambda: opened(at("deep"), os.O_RDONLY))
+        step("create below a folder made 0600 two levels up", lambda: make(at("deep-new")))
+        step("list below a folder made 0600 two levels up", lambda: os.listdir(base))
+        os.chmod(library, 0o755)
         """#
 }

@@ -63,6 +63,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
                 return error.errno ?? .fileExists
             case .invalidArgument:
                 return error.errno ?? .invalidArgument
+            case .io where error.errno == .permissionDenied || error.errno == .notPermitted:
+                // The stored items' modes refused it (the mount makes no checks of its own): a plain refusal.
+                logger.info("\(operation): \(error)")
+                return error.errno ?? .permissionDenied
             case .io, .wrongPasscode, .throttled, .daemonUnavailable:
                 logger.error("\(operation): \(error)")
                 return error.errno ?? .ioError
@@ -101,8 +105,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
     }
 
     /// access(2) and chdir: whether the caller may read, write or run (search) the item, as the stored item's own
-    /// mode says for this process, whose user and groups are the caller's (only the mounting user reaches the mount).
-    /// Items in the Inbox, shown without write permission, are not writable.
+    /// mode says for this process, which has the caller's user and group (only they reach the mount). Items in the
+    /// Inbox, shown without write permission, are not writable.
     package func checkAccess(_ kernelPath: String, mode: Int32) throws {
         let path = try containerPath(kernelPath)
         if mode & W_OK != 0 && path != container.inboxPath && path.isWithin(container.inboxPath) { throw Errno.permissionDenied }
@@ -621,8 +625,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
         default: throw Errno.invalidArgument
         }
         return try table.handle(for: FileIdentity(info), path: kernelPath, writable: writable, reuse: { open in
-            // A first open is checked by the stored file's own open (see openStored); this one opens nothing.
-            try Self.check(faccessat(item.parent.descriptor.rawValue, item.entry, writable ? R_OK | W_OK : R_OK, AT_EACCESS | AT_SYMLINK_NOFOLLOW))
+            // A first open is checked by the stored file's own open (see openStored); this one opens nothing. Asked
+            // of the open file itself, so a rename beside the mount can't make it ask about another file.
+            try Self.check(ps_access_open_file(open.file.metadataDescriptor.rawValue, writable ? R_OK | W_OK : R_OK))
             try bringBackKey(open.file)
             if writable && !open.file.isWritable { throw Errno.permissionDenied }
         }, open: {
@@ -690,7 +695,23 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// Opens a directory beneath the root, one encrypted name at a time (each directory's IV is needed for the next
     /// name); the directory cache keeps what was opened.
     private func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
-        try container.directory.openDirectory(path)
+        try checkSearchThroughHeldFolders(to: path)
+        return try container.directory.openDirectory(path)
+    }
+
+    /// The root and the container's own folders stay open, and walks start at the deepest one on the way, so the
+    /// stored file system checks search permission only from there down (at every lookup in a folder, its own); the
+    /// folders above it are checked here, as ext4's path walk would.
+    private func checkSearchThroughHeldFolders(to path: ContainerPath) throws {
+        var above = ContainerPath.root
+        for component in path.components {
+            let next = above.appendingComponents([component])
+            guard container.layoutPaths.contains(next) else { return }
+            // `next` is held open: no walk looks it up in `above`.
+            let folder = try container.directory.openDirectory(above)
+            try withExtendedLifetime(folder) { try Self.check(faccessat(folder.descriptor.rawValue, ".", X_OK, AT_EACCESS)) }
+            above = next
+        }
     }
 
     private func status(_ item: ResolvedItem) throws -> stat {
