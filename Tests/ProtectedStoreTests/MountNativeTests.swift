@@ -187,6 +187,26 @@ extension MountTests {
         #expect(unlink(fifo) == 0 && unlink(socketPath) == 0)
     }
 
+    @Test("a listing shows a file's new size after a change that keeps its stored size (sizes read from length records are kept only while the stored file is unchanged)")
+    func listedSizeFollowsChanges() throws {
+        let mounted = try MountedDevice()
+        let folder = mounted.path("Documents/sizes")
+        #expect(mkdir(folder, 0o700) == 0)
+        let file = (folder as NSString).appendingPathComponent("note.txt")
+        writeRaw([UInt8](repeating: 1, count: 100), file)
+        func listedSizes() throws -> String { try run("/usr/bin/find", [folder, "-type", "f", "-printf", "%s\n"]).stdout }
+        // Long enough after its last change for its size to be kept.
+        usleep(200_000)
+        #expect(try listedSizes() == "100\n")
+        // Same block, so the same stored size; only its change and modification times tell.
+        writeRaw([UInt8](repeating: 2, count: 200), file)
+        #expect(try listedSizes() == "200\n")
+        usleep(200_000)
+        #expect(try listedSizes() == "200\n")
+        #expect(truncate(file, 50) == 0)
+        #expect(try listedSizes() == "50\n")
+    }
+
     @Test("random operations through the mount match an in-memory model: write, read, truncate up and down, fallocate, mmap read and write, fsync, close and reopen (PS_RANDOM_OPS_SEED replays a run)")
     func randomOperations() throws {
         let environment = ProcessInfo.processInfo.environment

@@ -20,6 +20,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package let container: Container
     private let table = OpenFileTable()
     private let directories = DirectoryCache()
+    private let sizes = PlaintextSizes()
     private let logger: Logger
     private let invalidatorLock = NSLock()
     private var invalidator: (@Sendable (String) -> Void)?
@@ -85,9 +86,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
         guard !path.isRoot else { return try Self.status(of: container.directory.root) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
+        let observed = PlaintextSizes.now()
         var info = try status(item)
         if info.st_mode & S_IFMT == S_IFREG {
-            showPlaintext(&info, of: item.location, inInbox: path.isWithin(container.inboxPath))
+            showPlaintext(&info, observedAt: observed, of: item.location, inInbox: path.isWithin(container.inboxPath))
         } else if info.st_mode & S_IFMT == S_IFLNK, let target = try? item.parent.names.linkTarget(at: item.location) {
             // As ext4 shows it: the target's length, not the stored (sealed) one's.
             info.st_size = off_t(target.utf8.count)
@@ -181,11 +183,11 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// opendir: the directory stays open for listing until `releaseDirectory`.
     package func openDirectory(_ kernelPath: String) throws -> UInt64 {
         let path = try containerPath(kernelPath)
-        let directory = try openDirectory(path)
+        let directory = try cachedDirectory(path)
         return try withExtendedLifetime(directory) {
             let copy = fcntl(directory.descriptor.rawValue, F_DUPFD_CLOEXEC, 0)
             guard copy >= 0 else { throw Errno(rawValue: Foundation.errno) }
-            return table.addDirectory(FileDescriptor(rawValue: copy), path: path)
+            return table.addDirectory(FileDescriptor(rawValue: copy), path: path, names: directory.names)
         }
     }
 
@@ -204,8 +206,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package func listing(_ number: UInt64, fresh: Bool) throws -> [ListedEntry] {
         let directory = try table.openDirectory(number)
         if !fresh, let cached = directory.listing { return cached }
-        let names = try DirectoryNames.load(cipher: container.directory.cipher, in: directory.descriptor, displayPath: "directory \(number)")
-        // A fresh descriptor each time: its own read position from the start.
+        let names = directory.names
+        // A fresh descriptor each time: its own read position from the start (and the folder's read permission
+        // checked now, not when the cached descriptor was opened).
         let copy = openat(directory.descriptor.rawValue, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard copy >= 0 else { throw Errno(rawValue: Foundation.errno) }
         guard let stream = fdopendir(copy) else {
@@ -235,21 +238,27 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package func attributes(ofListed entry: ListedEntry, in number: UInt64) -> stat? {
         guard let stored = entry.stored, entry.type != S_IFLNK, let directory = try? table.openDirectory(number) else { return nil }
         var info = stat()
+        let observed = PlaintextSizes.now()
         guard fstatat(directory.descriptor.rawValue, stored, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_mode & S_IFMT != S_IFLNK else { return nil }
         if info.st_mode & S_IFMT == S_IFREG {
-            showPlaintext(&info, of: FileLocation(directory: directory.descriptor, name: stored, displayPath: stored),
+            showPlaintext(&info, observedAt: observed, of: FileLocation(directory: directory.descriptor, name: stored, displayPath: stored),
                           inInbox: directory.path.isWithin(container.inboxPath))
         }
         return info
     }
 
-    /// A regular file's lstat as a program sees it: its plaintext size (an open file's own, else from its length
-    /// record, read without any key), and no write permission in the Inbox.
-    private func showPlaintext(_ info: inout stat, of location: FileLocation, inInbox: Bool) {
+    /// A regular file's lstat (read after `observed`) as a program sees it: its plaintext size (an open file's own,
+    /// else from its length record, read without any key, unless kept from an earlier read), and no write permission
+    /// in the Inbox.
+    private func showPlaintext(_ info: inout stat, observedAt observed: timespec, of location: FileLocation, inInbox: Bool) {
         if let open = table.openFile(FileIdentity(info)) {
             info.st_size = off_t(open.file.size)
+        } else if let kept = sizes.size(of: info) {
+            info.st_size = off_t(kept)
         } else {
-            info.st_size = off_t(Container.fileDetails(at: location).size)
+            let details = Container.fileDetails(at: location)
+            if details.problem == nil { sizes.keep(details.size, of: info, observedAt: observed) }
+            info.st_size = off_t(details.size)
         }
         if inInbox { info.st_mode &= ~0o222 }
     }
@@ -507,9 +516,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// The last close of a descriptor; the file's key is zeroed when no descriptor has it any more.
     package func release(_ number: UInt64) {
-        guard let file = table.release(number) else { return }
-        device.forget(file)
-        try? file.close()
+        table.release(number) { file in
+            device.forget(file)
+            try? file.close()
+        }
     }
 
     // MARK: Extended attributes
@@ -689,7 +699,17 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// The opened parent directory (cached) and the final name.
     private func resolve(_ path: ContainerPath) throws -> ResolvedItem {
         guard let name = path.name else { throw Errno.invalidArgument }
-        return try ResolvedItem(parent: try directories.directory(path.parent, open: openDirectory), name: name, displayPath: display(path))
+        return try ResolvedItem(parent: try cachedDirectory(path.parent), name: name, displayPath: display(path))
+    }
+
+    /// The directory at `path` from the cache, or else opened in its parent, itself from the cache, so a miss costs
+    /// one level rather than a walk; the root and the container's own folders come from the ones the walks hold.
+    /// The kernel's paths name no symlink on the way, and `subdirectory` refuses one.
+    private func cachedDirectory(_ path: ContainerPath) throws -> OpenDirectory {
+        try directories.directory(path) { path in
+            guard let name = path.name, !container.layoutPaths.contains(path) else { return try openDirectory(path) }
+            return try cachedDirectory(path.parent).subdirectory(name, displayPath: display(path))
+        }
     }
 
     /// Opens a directory beneath the root, one encrypted name at a time (each directory's IV is needed for the next

@@ -82,14 +82,17 @@ final class OpenFileTable: @unchecked Sendable {
     /// The open file for `identity`, if a descriptor has it.
     func openFile(_ identity: FileIdentity) -> OpenFile? { mutex.withLock { files[identity] } }
 
-    /// Drops a handle; returns the file to close when it was the last one on it.
-    func release(_ number: UInt64) -> EncryptedFile? {
+    /// Drops a handle; when it was the last one on its file, `close` runs on the file before the table is let go.
+    /// The kernel sends the release after close(2) has returned, so a program's next open of the file can race with
+    /// it: under the lock, that open finds the file still open, or closed with its length record written, never a
+    /// record being written (which reads as damaged).
+    func release(_ number: UInt64, close: (EncryptedFile) -> Void) {
         mutex.withLock {
-            guard let handle = handles.removeValue(forKey: number) else { return nil }
+            guard let handle = handles.removeValue(forKey: number) else { return }
             handle.file.openCount -= 1
-            guard handle.file.openCount == 0 else { return nil }
+            guard handle.file.openCount == 0 else { return }
             files.removeValue(forKey: handle.file.identity)
-            return handle.file.file
+            close(handle.file.file)
         }
     }
 
@@ -133,11 +136,12 @@ final class OpenFileTable: @unchecked Sendable {
 
     // MARK: Directories
 
-    /// Keeps an open directory for listing, with the path it was opened at; its descriptor is closed by `releaseDirectory`.
-    func addDirectory(_ descriptor: FileDescriptor, path: ContainerPath) -> UInt64 {
+    /// Keeps an open directory for listing, with the path it was opened at and what decrypts its names; its
+    /// descriptor is closed by `releaseDirectory`.
+    func addDirectory(_ descriptor: FileDescriptor, path: ContainerPath, names: DirectoryNames) -> UInt64 {
         mutex.withLock {
             let number = takeNumber()
-            directories[number] = ListedDirectory(descriptor: descriptor, path: path)
+            directories[number] = ListedDirectory(descriptor: descriptor, path: path, names: names)
             return number
         }
     }
@@ -182,17 +186,19 @@ final class DirectoryCache: @unchecked Sendable {
     func removeAll() { mutex.withLock { entries.removeAll() } }
 }
 
-/// A directory open for listing: its descriptor, the path it was opened at, and its last listing, which the kernel
+/// A directory open for listing: its descriptor, the path it was opened at, its names' cipher and IV, and its last listing, which the kernel
 /// reads in several requests (libfuse serves one handle's requests one at a time).
 final class ListedDirectory: @unchecked Sendable {
     let descriptor: FileDescriptor
     let path: ContainerPath
+    let names: DirectoryNames
     private let mutex = NSLock()
     private var entries: [ContainerFileSystem.ListedEntry]?
 
-    init(descriptor: FileDescriptor, path: ContainerPath) {
+    init(descriptor: FileDescriptor, path: ContainerPath, names: DirectoryNames) {
         self.descriptor = descriptor
         self.path = path
+        self.names = names
     }
 
     var listing: [ContainerFileSystem.ListedEntry]? {

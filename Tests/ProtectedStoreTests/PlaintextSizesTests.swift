@@ -1,0 +1,47 @@
+import Foundation
+@testable import ProtectedStoreMount
+import Testing
+
+@Suite("the mount's kept plaintext sizes")
+struct PlaintextSizesTests {
+    private static let second: Int64 = 1_000_000_000
+
+    private static func time(_ nanoseconds: Int64) -> timespec {
+        timespec(tv_sec: Int(nanoseconds / second), tv_nsec: Int(nanoseconds % second))
+    }
+
+    private static func status(changedAt nanoseconds: Int64, inode: ino_t) -> stat {
+        var info = stat()
+        info.st_dev = 7
+        info.st_ino = inode
+        info.st_size = 5160
+        info.st_ctim = time(nanoseconds)
+        info.st_mtim = time(nanoseconds)
+        return info
+    }
+
+    @Test("a size is kept only while the stored file's change time, modification time, size and inode stay, and only once its change time has settled")
+    func keptWhileUnchanged() {
+        let sizes = PlaintextSizes()
+        let settled = Self.status(changedAt: 100 * Self.second, inode: 42)
+        sizes.keep(10, of: settled, observedAt: Self.time(100 * Self.second + 60_000_000))
+        #expect(sizes.size(of: settled) == 10)
+        var changed = settled
+        changed.st_ctim.tv_nsec += 1
+        #expect(sizes.size(of: changed) == nil)
+        var modified = settled
+        modified.st_mtim.tv_nsec += 1
+        #expect(sizes.size(of: modified) == nil)
+        var grown = settled
+        grown.st_size += 4136
+        #expect(sizes.size(of: grown) == nil)
+        var another = settled
+        another.st_ino = 43
+        #expect(sizes.size(of: another) == nil)
+
+        // Read within a tick of its last change, a change still to come could keep the same change time.
+        let fresh = Self.status(changedAt: 200 * Self.second, inode: 44)
+        sizes.keep(10, of: fresh, observedAt: Self.time(200 * Self.second + 10_000_000))
+        #expect(sizes.size(of: fresh) == nil)
+    }
+}
