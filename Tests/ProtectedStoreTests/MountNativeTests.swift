@@ -198,8 +198,12 @@ extension MountTests {
         // Long enough after its last change for its size to be kept.
         usleep(200_000)
         #expect(try listedSizes() == "100\n")
-        // Same block, so the same stored size; only its change and modification times tell.
-        writeRaw([UInt8](repeating: 2, count: 200), file)
+        // Written in place (the same inode) within its block, so the same stored size: only its change and
+        // modification times tell.
+        let fd = open(file, O_WRONLY)
+        #expect(fd >= 0)
+        #expect(pwrite(fd, [UInt8](repeating: 2, count: 100), 100, 100) == 100)
+        close(fd)
         #expect(try listedSizes() == "200\n")
         usleep(200_000)
         #expect(try listedSizes() == "200\n")

@@ -27,6 +27,10 @@ int ps_rename_exchange(int old_directory, const char *old_name, int new_director
 /// only under _GNU_SOURCE). Returns 0, or -1 with errno set (EACCES when `mode` is not allowed).
 int ps_access_open_file(int fd, int mode);
 
+/// The statfs magic number of the file system holding `fd` (sys/vfs.h, which Swift's Glibc module does not include),
+/// or -1 with errno set.
+long long ps_file_system_type(int fd);
+
 /// A non-blocking, close-on-exec Unix stream socket bound to `path` and listening; -1 with errno set
 /// (ENAMETOOLONG when the path does not fit a sockaddr_un).
 int ps_unix_listen(const char *path, int backlog);

@@ -20,7 +20,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package let container: Container
     private let table = OpenFileTable()
     private let directories = DirectoryCache()
-    private let sizes = PlaintextSizes()
+    private let sizes: PlaintextSizes
     private let logger: Logger
     private let invalidatorLock = NSLock()
     private var invalidator: (@Sendable (String) -> Void)?
@@ -31,6 +31,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package init(container: Container, logger: Logger = Logger(label: "sandboxctl.mount")) {
         self.container = container
         self.logger = logger
+        sizes = PlaintextSizes(keeping: PlaintextSizes.stampsChangesReliably(container.directory.root))
         container.device.onKeysDiscarded { [weak self] files in self?.dropCachedPlaintext(of: files) }
     }
 
@@ -328,9 +329,13 @@ package final class ContainerFileSystem: @unchecked Sendable {
             try container.refuseInboxChange(source, displayPath: display(source), doing: "replaced by exchanging it")
         }
         let from = try resolve(source), to = try resolve(target)
-        // A cached descriptor follows its directory to the new name; paths under either name must be opened afresh.
+        // A cached descriptor follows its directory to the new name; paths under either name must be opened afresh,
+        // also those a request running alongside cached before the rename was done.
         directories.removeAll()
-        defer { withExtendedLifetime((from, to)) {} }
+        defer {
+            directories.removeAll()
+            withExtendedLifetime((from, to)) {}
+        }
         let (fromDirectory, toDirectory) = (from.parent.descriptor.rawValue, to.parent.descriptor.rawValue)
         if flags & exchange != 0 {
             try Self.check(ps_rename_exchange(fromDirectory, from.entry, toDirectory, to.entry))
@@ -687,6 +692,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// The kernel's path as a container path; ProtectedStore's own names don't exist (ENOENT) and can't be made (EPERM).
     private func containerPath(_ kernelPath: String, creating: Bool = false) throws -> ContainerPath {
         let components = kernelPath.splitAtSlashes(omittingEmpty: true)
+        // The kernel resolves "." and ".." itself; one here would be a way past the walk's checks.
+        guard !components.contains(where: { $0 == "." || $0 == ".." }) else { throw Errno.invalidArgument }
         guard !components.contains(where: { $0.hasPrefix(ContainerPath.reservedPrefix) }) else {
             if creating {
                 logger.info("\(kernelPath): names starting with \(ContainerPath.reservedPrefix) are reserved for ProtectedStore's own files; choose another name")
@@ -702,14 +709,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
         return try ResolvedItem(parent: try cachedDirectory(path.parent), name: name, displayPath: display(path))
     }
 
-    /// The directory at `path` from the cache, or else opened in its parent, itself from the cache, so a miss costs
-    /// one level rather than a walk; the root and the container's own folders come from the ones the walks hold.
-    /// The kernel's paths name no symlink on the way, and `subdirectory` refuses one.
+    /// The directory at `path` from the cache (see `DirectoryCache`); the root and the container's own folders come
+    /// from the ones the walks hold.
     private func cachedDirectory(_ path: ContainerPath) throws -> OpenDirectory {
-        try directories.directory(path) { path in
-            guard let name = path.name, !container.layoutPaths.contains(path) else { return try openDirectory(path) }
-            return try cachedDirectory(path.parent).subdirectory(name, displayPath: display(path))
-        }
+        try directories.directory(path, held: { path in
+            path.isRoot || container.layoutPaths.contains(path) ? try openDirectory(path) : nil
+        }, displayPath: display)
     }
 
     /// Opens a directory beneath the root, one encrypted name at a time (each directory's IV is needed for the next

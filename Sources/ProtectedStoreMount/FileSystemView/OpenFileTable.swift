@@ -28,8 +28,10 @@ struct OpenHandle {
 
 /// The files open through the file system and the handles on them, under one lock.
 final class OpenFileTable: @unchecked Sendable {
-    private let mutex = NSLock()
+    private let mutex = NSCondition()
     private var files: [FileIdentity: OpenFile] = [:]
+    /// Files whose last close is running, with how many closes of each; an open of one waits for them.
+    private var closing: [FileIdentity: Int] = [:]
     private var handles: [UInt64: OpenHandle] = [:]
     private var directories: [UInt64: ListedDirectory] = [:]
     private var nextHandle: UInt64 = 1
@@ -39,6 +41,7 @@ final class OpenFileTable: @unchecked Sendable {
     func handle(for identity: FileIdentity, path: String, writable: Bool,
                 reuse: (OpenFile) throws -> Void, open: () throws -> EncryptedFile) throws -> UInt64 {
         try mutex.withLock {
+            while closing[identity] != nil { mutex.wait() }
             let openFile: OpenFile
             if let existing = files[identity] {
                 try reuse(existing)
@@ -82,17 +85,23 @@ final class OpenFileTable: @unchecked Sendable {
     /// The open file for `identity`, if a descriptor has it.
     func openFile(_ identity: FileIdentity) -> OpenFile? { mutex.withLock { files[identity] } }
 
-    /// Drops a handle; when it was the last one on its file, `close` runs on the file before the table is let go.
-    /// The kernel sends the release after close(2) has returned, so a program's next open of the file can race with
-    /// it: under the lock, that open finds the file still open, or closed with its length record written, never a
-    /// record being written (which reads as damaged).
+    /// Drops a handle; when it was the last one on its file, runs `close` on the file. The kernel sends the release
+    /// after close(2) has returned, so a program's next open of the file can race with it: that open waits until the
+    /// close is done, and never reads a length record being written (which reads as damaged). Other files don't wait.
     func release(_ number: UInt64, close: (EncryptedFile) -> Void) {
-        mutex.withLock {
-            guard let handle = handles.removeValue(forKey: number) else { return }
+        let last: OpenFile? = mutex.withLock {
+            guard let handle = handles.removeValue(forKey: number) else { return nil }
             handle.file.openCount -= 1
-            guard handle.file.openCount == 0 else { return }
+            guard handle.file.openCount == 0 else { return nil }
             files.removeValue(forKey: handle.file.identity)
-            close(handle.file.file)
+            closing[handle.file.identity, default: 0] += 1
+            return handle.file
+        }
+        guard let last else { return }
+        close(last.file)
+        mutex.withLock {
+            closing[last.identity] = closing[last.identity].flatMap { $0 > 1 ? $0 - 1 : nil }
+            mutex.broadcast()
         }
     }
 
@@ -165,25 +174,49 @@ final class OpenFileTable: @unchecked Sendable {
 /// directory across renames, so the mount's renames and removals empty the cache; changes made beside the mount
 /// (the library, `sandboxctl mv`) are seen within a second, as the kernel's own cached lookups are.
 final class DirectoryCache: @unchecked Sendable {
+    private typealias Entry = (directory: OpenDirectory, opened: ContinuousClock.Instant)
     private static let capacity = 256
     private static let lifetime: Duration = .seconds(1)
     private let mutex = NSLock()
-    private var entries: [ContainerPath: (directory: OpenDirectory, opened: ContinuousClock.Instant)] = [:]
+    private var entries: [ContainerPath: Entry] = [:]
+    /// Counts `removeAll`s, so a directory opened while one happened is not kept.
+    private var generation = 0
 
-    /// The directory at `path`, opened with `open` unless cached. Users hold the returned object while using its
-    /// descriptor, so an eviction never closes it under them.
-    func directory(_ path: ContainerPath, open: (ContainerPath) throws -> OpenDirectory) throws -> OpenDirectory {
-        let now = ContinuousClock.now
-        if let cached = mutex.withLock({ entries[path] }), now - cached.opened < Self.lifetime { return cached.directory }
-        let opened = try open(path)
-        mutex.withLock {
-            if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
-            entries[path] = (opened, now)
-        }
-        return opened
+    /// The directory at `path`: from the cache, else the one `held` gives (the root and the container's own folders),
+    /// else opened in its parent, itself taken from here, so a miss costs one level; it then expires with that parent,
+    /// so what it shows is never older than a second. Users hold the returned object while using its descriptor, so
+    /// an eviction never closes it under them. The kernel's paths name no symlink on the way, and `subdirectory`
+    /// refuses one.
+    func directory(_ path: ContainerPath, held: (ContainerPath) throws -> OpenDirectory?, displayPath: (ContainerPath) -> String) throws -> OpenDirectory {
+        try entry(path, held: held, displayPath: displayPath).directory
     }
 
-    func removeAll() { mutex.withLock { entries.removeAll() } }
+    private func entry(_ path: ContainerPath, held: (ContainerPath) throws -> OpenDirectory?, displayPath: (ContainerPath) -> String) throws -> Entry {
+        let now = ContinuousClock.now
+        let (cached, generation) = mutex.withLock { (entries[path], self.generation) }
+        if let cached, now - cached.opened < Self.lifetime { return cached }
+        let fresh: Entry
+        if let directory = try held(path) {
+            fresh = (directory, now)
+        } else {
+            guard let name = path.name else { throw Errno.invalidArgument }
+            let parent = try entry(path.parent, held: held, displayPath: displayPath)
+            fresh = (try parent.directory.subdirectory(name, displayPath: displayPath(path)), parent.opened)
+        }
+        mutex.withLock {
+            guard self.generation == generation else { return }
+            if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+            entries[path] = fresh
+        }
+        return fresh
+    }
+
+    func removeAll() {
+        mutex.withLock {
+            entries.removeAll()
+            generation += 1
+        }
+    }
 }
 
 /// A directory open for listing: its descriptor, the path it was opened at, its names' cipher and IV, and its last listing, which the kernel
