@@ -186,11 +186,6 @@ package struct DirectoryNames: Sendable {
         return stored
     }
 
-    /// The names of the directory open as `descriptor`.
-    package static func load(cipher: NameCipher, in descriptor: FileDescriptor, displayPath: String) throws -> DirectoryNames {
-        DirectoryNames(cipher: cipher, iv: try readIV(in: descriptor, displayPath: displayPath))
-    }
-
     /// Puts this directory's IV back after it was removed for an rmdir that then failed.
     package func restoreIV(in descriptor: FileDescriptor, displayPath: String) throws {
         try FileSystem.writeAtomically(iv, to: FileLocation(directory: descriptor, name: Self.ivName, displayPath: displayPath), replacing: true)

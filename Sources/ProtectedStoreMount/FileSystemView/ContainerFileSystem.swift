@@ -330,8 +330,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
         let from = try resolve(source), to = try resolve(target)
         // A cached descriptor follows its directory to the new name; paths under either name must be opened afresh,
-        // also those a request running alongside cached before the rename was done.
-        directories.removeAll()
+        // also those a request running alongside cached while the rename was being done.
         defer {
             directories.removeAll()
             withExtendedLifetime((from, to)) {}
@@ -557,7 +556,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         if flags & createOnly != 0 && existing != nil { throw Errno.fileExists }
         if flags & replaceOnly != 0 && existing == nil { throw Errno.noData }
         if path.isRoot {
-            return try container.writeDirectoryClass(newClass, in: try openDirectory(path), displayPath: display(path))
+            return try container.writeDirectoryClass(newClass, in: try heldDirectory(.root), displayPath: display(path))
         }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
@@ -581,7 +580,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try container.refuseInboxChange(path, displayPath: display(path), doing: "given another class")
         let directory: OpenDirectory
         if path.isRoot {
-            directory = try openDirectory(path)
+            directory = try heldDirectory(.root)
         } else {
             let item = try resolve(path)
             defer { withExtendedLifetime(item) {} }
@@ -673,7 +672,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     }
 
     private func protectionClass(of path: ContainerPath) throws -> ProtectionClass? {
-        if path.isRoot { return try container.directoryClass(of: try openDirectory(path)) }
+        if path.isRoot { return try container.directoryClass(of: try heldDirectory(.root)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         switch try status(item).st_mode & S_IFMT {
@@ -713,13 +712,13 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// from the ones the walks hold.
     private func cachedDirectory(_ path: ContainerPath) throws -> OpenDirectory {
         try directories.directory(path, held: { path in
-            path.isRoot || container.layoutPaths.contains(path) ? try openDirectory(path) : nil
+            path.isRoot || container.layoutPaths.contains(path) ? try heldDirectory(path) : nil
         }, displayPath: display)
     }
 
-    /// Opens a directory beneath the root, one encrypted name at a time (each directory's IV is needed for the next
-    /// name); the directory cache keeps what was opened.
-    private func openDirectory(_ path: ContainerPath) throws -> OpenDirectory {
+    /// The root or one of the container's own folders, which the walks hold open, once the caller may search the
+    /// folders above it.
+    private func heldDirectory(_ path: ContainerPath) throws -> OpenDirectory {
         try checkSearchThroughHeldFolders(to: path)
         return try container.directory.openDirectory(path)
     }
