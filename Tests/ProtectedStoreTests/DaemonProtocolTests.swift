@@ -171,7 +171,7 @@ struct DaemonProtocolTests {
         #expect(try container.contents(atPath: "Documents/b2") == Data("b2".utf8))
     }
 
-    @Test("new files' keys are sealed in batches; the batch is zeroed at the lock, so no class A file is created while locked")
+    @Test("new files' keys are sealed in batches, the next one ahead of need; the batch is zeroed at the lock, so no class A file is created while locked")
     func prewrappedKeys() async throws {
         let (test, daemon) = try daemon()
         defer { daemon.stop() }
@@ -180,7 +180,13 @@ struct DaemonProtocolTests {
         let container = try client.container(bundleIdentifier: TestDevice.bundleIdentifier)
         let pool = try #require((client.holder as? DaemonKeyHolder)?.prewrapped)
         let count = PrewrappedFileKeys.batchSize + 3
-        for index in 0..<count {
+        let half = PrewrappedFileKeys.batchSize / 2
+        for index in 0..<half {
+            try container.write(Data("a\(index)".utf8), toPath: "Documents/a\(index)", options: .completeFileProtection)
+        }
+        // Half a batch handed out: the next one is sealed in the background, before any create needs it.
+        #expect(eventually { pool.batchesFetched == 2 })
+        for index in half..<count {
             try container.write(Data("a\(index)".utf8), toPath: "Documents/a\(index)", options: .completeFileProtection)
         }
         // One round trip per batch; every key went to its own file and opens in another process.

@@ -2,11 +2,13 @@ import Foundation
 import ProtectedStoreCore
 
 /// Keys for new files, sealed by the key daemon in batches (`wrap-batch`, docs/PROTOCOL.md §3): creating a file of
-/// class A, C or D then costs no round trip to the daemon, except one per batch.
+/// class A, C or D then costs no round trip to the daemon, except one per batch, and that one is made ahead: once half
+/// of a batch is handed out, the next is fetched in the background, so a stream of creates (`tar -x`) never waits.
 ///
 /// A batch is made for one class and one header prefix (everything the seal authenticates but the file id), so a key
 /// is only ever handed to a header it was sealed for. Every batch is zeroed when this process locks, or loses its
-/// daemon, with the per-file keys of open class A files: no pre-sealed class A key outlives the class key.
+/// daemon, with the per-file keys of open class A files: no pre-sealed class A key outlives the class key, and a batch
+/// still on its way then is zeroed when it arrives.
 final class PrewrappedFileKeys: @unchecked Sendable {
     /// Keys sealed per round trip: `tar -x` of thousands of files makes a few hundred trips instead of thousands.
     static let batchSize = 32
@@ -28,11 +30,30 @@ final class PrewrappedFileKeys: @unchecked Sendable {
             self.fileIDs = fileIDs
             self.sealed = sealed
         }
+
+        var remaining: Int { fileIDs.count - next }
+    }
+
+    /// A batch drawn here and not sealed by the daemon yet.
+    private struct Draft: @unchecked Sendable {
+        let keys: SecureBytes
+        let fileIDs: [[UInt8]]
+        let associatedData: [[UInt8]]
+
+        init(associatedData: ([UInt8]) -> [UInt8]) {
+            keys = SecureBytes.random(count: PrewrappedFileKeys.batchSize * FileHeader.fileKeyBytes)
+            fileIDs = (0..<PrewrappedFileKeys.batchSize).map { _ in Random.bytes(FileHeader.idBytes) }
+            self.associatedData = fileIDs.map(associatedData)
+        }
     }
 
     private let link: DaemonLink
-    private let mutex = NSLock()
-    private var batches: [Template: Batch] = [:]
+    /// Guards everything below; signalled when a fetch ahead lands or fails, and when everything is discarded.
+    private let condition = NSCondition()
+    /// Per template, the batch handing out keys, then the one fetched ahead.
+    private var batches: [Template: [Batch]] = [:]
+    /// Templates whose next batch is on its way, with the generation it was started in.
+    private var fetchingAhead: [Template: Int] = [:]
     /// Counts discards, so a batch sealed across a lock is not kept.
     private var generation = 0
     private var fetched = 0
@@ -44,12 +65,12 @@ final class PrewrappedFileKeys: @unchecked Sendable {
         self.daemonSealsBatches = daemonSealsBatches
     }
 
-    /// Batches fetched, for tests that count round trips.
-    var batchesFetched: Int { mutex.withLock { fetched } }
+    /// Batches fetched and kept, for tests that count round trips.
+    var batchesFetched: Int { condition.withLock { fetched } }
 
     /// After a reconnection: the daemon now serving may be of another release.
     func daemonChanged(sealsBatches: Bool) {
-        mutex.withLock { daemonSealsBatches = sealsBatches }
+        condition.withLock { daemonSealsBatches = sealsBatches }
         discardAll()
     }
 
@@ -59,18 +80,31 @@ final class PrewrappedFileKeys: @unchecked Sendable {
         let template = Template(protectionClass: protectionClass, headerPrefix: associatedData([UInt8](repeating: 0, count: FileHeader.idBytes)))
         for _ in 0..<2 {
             // The generation first, then the state: a lock that completes after this read has discarded, so a batch
-            // fetched meanwhile is not kept. (The state is read outside `mutex`: a lock discards under the device's.)
-            let (startedAt, sealsBatches) = mutex.withLock { (generation, daemonSealsBatches) }
+            // fetched meanwhile is not kept. (The state is read outside the lock: a lock discards under the device's.)
+            let (startedAt, sealsBatches) = condition.withLock { (generation, daemonSealsBatches) }
             let state = device.state
             if protectionClass == .complete, state != .unlocked && state != .locking {
                 throw Device.unavailableError(protectionClass, state: state)
             }
             guard sealsBatches else { break }
-            if let key = try mutex.withLock({ try handOut(template) }) { return key }
-            let batch = try fetch(template, associatedData: associatedData)
-            let kept = mutex.withLock {
+            let (key, fetchAhead) = try condition.withLock { () throws -> (NewWrappedFileKey?, Bool) in
+                // A batch on its way is waited for rather than fetched twice.
+                while batches[template] == nil, fetchingAhead[template] == generation { condition.wait() }
+                guard generation == startedAt, let key = try handOut(template) else { return (nil, false) }
+                let left = batches[template]?.reduce(0) { $0 + $1.remaining } ?? 0
+                guard left <= Self.batchSize / 2, fetchingAhead[template] == nil else { return (key, false) }
+                fetchingAhead[template] = generation
+                return (key, true)
+            }
+            if let key {
+                if fetchAhead { self.fetchAhead(template, draft: Draft(associatedData: associatedData), startedAt: startedAt) }
+                return key
+            }
+            let draft = Draft(associatedData: associatedData)
+            let batch = try seal(draft, for: template)
+            let kept = condition.withLock {
                 guard generation == startedAt, batches[template] == nil else { return false }
-                batches[template] = batch
+                batches[template] = [batch]
                 fetched += 1
                 return true
             }
@@ -82,21 +116,27 @@ final class PrewrappedFileKeys: @unchecked Sendable {
 
     /// Zeroes every key not handed out yet.
     func discardAll() {
-        let discarded: [Batch] = mutex.withLock {
+        let discarded: [Batch] = condition.withLock {
             generation += 1
-            defer { batches.removeAll() }
-            return Array(batches.values)
+            defer {
+                batches.removeAll()
+                condition.broadcast()
+            }
+            return batches.values.flatMap { $0 }
         }
         discarded.forEach { $0.keys.discard() }
     }
 
-    /// The next key of the template's batch, copied into guarded memory of its own and zeroed in the batch. Caller
-    /// holds `mutex`.
+    /// The next key of the template's batches, copied into guarded memory of its own and zeroed in the batch. Caller
+    /// holds `condition`.
     private func handOut(_ template: Template) throws -> NewWrappedFileKey? {
-        guard let batch = batches[template] else { return nil }
+        guard let batch = batches[template]?.first else { return nil }
         let index = batch.next
         batch.next += 1
-        if batch.next == batch.fileIDs.count { batches[template] = nil }
+        if batch.remaining == 0 {
+            batches[template]!.removeFirst()
+            if batches[template]!.isEmpty { batches[template] = nil }
+        }
         let keyBytes = FileHeader.fileKeyBytes
         let fileKey = try batch.keys.withUnsafeBytes { all in
             SecureBytes(count: keyBytes) { out in
@@ -106,20 +146,34 @@ final class PrewrappedFileKeys: @unchecked Sendable {
         try batch.keys.withUnsafeBytes { all in
             zeroize(UnsafeMutableRawPointer(mutating: all.baseAddress! + index * keyBytes), count: keyBytes)
         }
-        if batches[template] == nil { batch.keys.discard() }
+        if batch.remaining == 0 { batch.keys.discard() }
         return NewWrappedFileKey(fileKey: fileKey, fileID: batch.fileIDs[index], sealed: batch.sealed[index])
     }
 
-    /// Draws a batch of keys and file ids and has the daemon seal them, in one round trip.
-    private func fetch(_ template: Template, associatedData: ([UInt8]) -> [UInt8]) throws -> Batch {
-        let count = Self.batchSize
-        let keys = SecureBytes.random(count: count * FileHeader.fileKeyBytes)
-        let fileIDs = (0..<count).map { _ in Random.bytes(FileHeader.idBytes) }
+    /// Has the daemon seal `draft` on another thread and queues it behind the template's batch, unless a discard came
+    /// in between. A failure is not reported: the create that finds no key fetches one itself and reports that.
+    private func fetchAhead(_ template: Template, draft: Draft, startedAt: Int) {
+        DispatchQueue.global(qos: .userInitiated).async { [self] in
+            let batch = try? seal(draft, for: template)
+            let kept = condition.withLock {
+                defer { condition.broadcast() }
+                if fetchingAhead[template] == startedAt { fetchingAhead[template] = nil }
+                guard let batch, generation == startedAt else { return false }
+                batches[template, default: []].append(batch)
+                fetched += 1
+                return true
+            }
+            if !kept { draft.keys.discard() }
+        }
+    }
+
+    /// Has the daemon seal the draft's keys, in one round trip; zeroes them if it cannot.
+    private func seal(_ draft: Draft, for template: Template) throws -> Batch {
         do {
-            let sealed = try link.wrapFileKeys(keys, for: template.protectionClass, associatedData: fileIDs.map(associatedData))
-            return Batch(keys: keys, fileIDs: fileIDs, sealed: sealed)
+            let sealed = try link.wrapFileKeys(draft.keys, for: template.protectionClass, associatedData: draft.associatedData)
+            return Batch(keys: draft.keys, fileIDs: draft.fileIDs, sealed: sealed)
         } catch {
-            keys.discard()
+            draft.keys.discard()
             throw error
         }
     }
