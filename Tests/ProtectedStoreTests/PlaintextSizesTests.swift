@@ -47,44 +47,6 @@ struct PlaintextSizesTests {
         #expect(sizes.size(of: fresh) == nil)
     }
 
-    @Test("where change times are fine once read, a size is kept however fresh its change time")
-    func fineChangeTimes() {
-        let sizes = PlaintextSizes(keeping: true, changeTimesFineOnceRead: true)
-        let fresh = Self.status(changedAt: 200 * Self.second + 5, inode: 44)
-        sizes.keep(10, of: fresh, observedAt: Self.time(200 * Self.second + 10))
-        #expect(sizes.size(of: fresh) == 10)
-        var changed = fresh
-        changed.st_ctim.tv_nsec += 1
-        #expect(sizes.size(of: changed) == nil)
-        #expect(!PlaintextSizes(keeping: false, changeTimesFineOnceRead: true).changeTimesFineOnceRead, "nothing kept, nothing fine")
-    }
-
-    @Test("the probe for fine change times: yes on ext4 and tmpfs from Linux 6.13, no on ramfs")
-    func fineChangeTimesProbe() throws {
-        let here = TemporaryDirectory()
-        let descriptor = open(here.path, O_RDONLY | O_DIRECTORY)
-        defer { close(descriptor) }
-        var names = utsname()
-        uname(&names)
-        let release = withUnsafeBytes(of: names.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-        let version = release.split(separator: ".").prefix(2).compactMap { Int($0.prefix { $0.isNumber }) }
-        if version.count == 2, version[0] * 100 + version[1] >= 613, [0xEF53, 0x0102_1994].contains(Int(ps_file_system_type(descriptor))) {
-            #expect(ps_change_times_fine_once_read(descriptor) == 1, "Linux \(release): ext4 and tmpfs have multigrain time stamps")
-        } else {
-            print("fine change times: Linux \(release) on this file system may stamp changes by ticks; only ramfs is checked")
-        }
-        // ramfs stamps every change with the tick's time.
-        let ramfs = TemporaryDirectory()
-        guard mount("none", ramfs.path, "ramfs", 0, nil) == 0 else {
-            print("fine change times: ramfs not checked (mounting it needs root: \(String(cString: strerror(errno))))")
-            return
-        }
-        defer { umount2(ramfs.path, Int32(MNT_DETACH)) }
-        let coarse = open(ramfs.path, O_RDONLY | O_DIRECTORY)
-        defer { close(coarse) }
-        #expect(ps_change_times_fine_once_read(coarse) == 0)
-    }
-
     @Test("on a file system that keeps whole seconds only, a size is kept once its change time is seconds old")
     func wholeSecondTimes() {
         let sizes = PlaintextSizes(keeping: true)

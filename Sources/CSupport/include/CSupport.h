@@ -31,11 +31,6 @@ int ps_access_open_file(int fd, int mode);
 /// or -1 with errno set.
 long long ps_file_system_type(int fd);
 
-/// Whether the file system holding `directory` gives a change made after its change time was read a later change time
-/// than the one read, even within one clock tick (Linux's multigrain time stamps, since 6.13 on ext4, XFS, Btrfs and
-/// tmpfs). Probed on an unnamed file (O_TMPFILE) there: 1 or 0 (also when the probe can't be made).
-int ps_change_times_fine_once_read(int directory);
-
 /// A non-blocking, close-on-exec Unix stream socket bound to `path` and listening; -1 with errno set
 /// (ENAMETOOLONG when the path does not fit a sockaddr_un).
 int ps_unix_listen(const char *path, int backlog);

@@ -423,35 +423,14 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Closes the descriptor and zeroes the per-file key. If an fsync made more blocks durable than the length record
     /// says, the record is brought up to date first (no fsync needed: it only claims what is already durable).
     public func close() throws {
-        _ = try close(describing: false)
-    }
-
-    /// Closes, as `close`, and answers the stored file's status and the plaintext size in its length record as they are
-    /// then, the status read first, so a change after it shows in it. Nil for a handle not open for writing, or if
-    /// either can't be read.
-    package func closeDescribingWrite() throws -> (status: stat, size: Int64)? {
-        try close(describing: true)
-    }
-
-    private func close(describing: Bool) throws -> (status: stat, size: Int64)? {
         try lock.withWriteLock {
-            guard !isClosed else { return nil }
-            var described: (status: stat, size: Int64)?
-            if isWritable, failedWrite == nil, !fileKey.isDiscarded {
-                if record.synchronizedExtent < min(synchronizedExtent, record.extent) {
-                    try? withKey { key in try store(record, key: key) }
-                }
-                var status = stat()
-                if describing, fstat(descriptor.rawValue, &status) == 0, let prefix = try? Self.readPrefix(descriptor, path: path),
-                   let header = try? FileHeader.parse(prefix, path: path),
-                   let written = LengthRecord.parse(Self.recordSector(prefix), blockSize: header.blockSize) {
-                    described = (status, written.length)
-                }
+            guard !isClosed else { return }
+            if isWritable, failedWrite == nil, !fileKey.isDiscarded, record.synchronizedExtent < min(synchronizedExtent, record.extent) {
+                try? withKey { key in try store(record, key: key) }
             }
             isClosed = true
             fileKey.discard()
             try FileSystem.mappingErrno(path: path, doing: "close") { try descriptor.close() }
-            return described
         }
     }
 

@@ -31,7 +31,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package init(container: Container, logger: Logger = Logger(label: "sandboxctl.mount")) {
         self.container = container
         self.logger = logger
-        sizes = PlaintextSizes(storedIn: container.directory.root)
+        sizes = PlaintextSizes(keeping: PlaintextSizes.stampsChangesReliably(container.directory.root))
         container.device.onKeysDiscarded { [weak self] files in self?.dropCachedPlaintext(of: files) }
     }
 
@@ -518,20 +518,11 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try table.handle(number).file.file.synchronize()
     }
 
-    /// The last close of a descriptor; the file's key is zeroed when no descriptor has it any more. A size written
-    /// through the mount is kept, so listing the file next needs no read of its length record (where change times
-    /// are fine once read: it is kept at once, however fresh).
+    /// The last close of a descriptor; the file's key is zeroed when no descriptor has it any more.
     package func release(_ number: UInt64) {
         table.release(number) { file in
             device.forget(file)
-            guard sizes.changeTimesFineOnceRead else {
-                try? file.close()
-                return
-            }
-            let observed = PlaintextSizes.now()
-            if let written = try? file.closeDescribingWrite() {
-                sizes.keep(UInt64(written.size), of: written.status, observedAt: observed)
-            }
+            try? file.close()
         }
     }
 

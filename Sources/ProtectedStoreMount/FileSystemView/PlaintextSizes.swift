@@ -11,10 +11,8 @@ import SystemPackage
 /// so a change in the same tick as the last one could leave it equal; a size is therefore kept only when the change
 /// time was already `settled` old when the file's status was read, since any later change then gets a later one. A
 /// file system that keeps whole seconds (a change time without nanoseconds) ticks once a second: there it takes
-/// `settledCoarse`. Where a change after a read of the change time always gets a later one (multigrain time stamps,
-/// probed when the mount starts), no wait is needed, and the sizes the mount writes at a file's last close are kept
-/// too. Only local file systems whose change times come from this machine's clock are trusted, and a clock set back
-/// empties what was kept.
+/// `settledCoarse`. Only local file systems whose change times come from this machine's clock are trusted, and a
+/// clock set back empties what was kept.
 final class PlaintextSizes: @unchecked Sendable {
     private struct Stamp: Equatable {
         let changed: timespec
@@ -41,26 +39,13 @@ final class PlaintextSizes: @unchecked Sendable {
     private static let trustedFileSystems: Set<Int> = [0xEF53, 0x0102_1994, 0x5846_5342, 0x9123_683E]
 
     private let keeping: Bool
-    /// Whether a change after a read of the change time gets a later one even within a tick: no need to wait.
-    let changeTimesFineOnceRead: Bool
     private let mutex = NSLock()
     private var sizes: [FileIdentity: (stamp: Stamp, size: UInt64)] = [:]
     /// The wall clock less the monotonic one when sizes were first kept: smaller means the wall clock was set back.
     private var clockOffset: Int64?
 
-    /// With `keeping` false (see `stampsChangesReliably`) nothing is kept and every size is read; with
-    /// `changeTimesFineOnceRead` (see `changeTimesAreFineOnceRead`) a size is kept however fresh its change time.
-    init(keeping: Bool, changeTimesFineOnceRead: Bool = false) {
-        self.keeping = keeping
-        self.changeTimesFineOnceRead = keeping && changeTimesFineOnceRead
-    }
-
-    /// Sizes for the stored files under `directory`: kept if its file system stamps change times from this machine's
-    /// clock, and without waiting if those are fine once read.
-    convenience init(storedIn directory: FileDescriptor) {
-        let keeping = Self.stampsChangesReliably(directory)
-        self.init(keeping: keeping, changeTimesFineOnceRead: keeping && ps_change_times_fine_once_read(directory.rawValue) == 1)
-    }
+    /// With `keeping` false (see `stampsChangesReliably`) nothing is kept and every size is read.
+    init(keeping: Bool) { self.keeping = keeping }
 
     /// Whether the file system holding `directory` stamps change times from this machine's clock.
     static func stampsChangesReliably(_ directory: FileDescriptor) -> Bool {
@@ -91,11 +76,9 @@ final class PlaintextSizes: @unchecked Sendable {
     /// Keeps `size`, read from the length record of the stored file whose status `info` was read after `observed`.
     func keep(_ size: UInt64, of info: stat, observedAt observed: timespec) {
         guard keeping else { return }
-        if !changeTimesFineOnceRead {
-            let changed = Self.nanoseconds(info.st_ctim)
-            let settled = info.st_ctim.tv_nsec == 0 ? Self.settledCoarse : Self.settled
-            guard changed < Self.nanoseconds(observed) - settled else { return }
-        }
+        let changed = Self.nanoseconds(info.st_ctim)
+        let settled = info.st_ctim.tv_nsec == 0 ? Self.settledCoarse : Self.settled
+        guard changed < Self.nanoseconds(observed) - settled else { return }
         let offset = Self.clockOffset()
         mutex.withLock {
             if sizes.count >= Self.capacity { sizes.removeAll(keepingCapacity: true) }
