@@ -5,16 +5,17 @@
 # Prints a table of median times and the ratio of the mount to gocryptfs (below 1 is faster), writes the figures as
 # CSV, and draws a chart (PNG) when matplotlib is available.
 #
-#   scripts/bench-mount.sh [--rounds N] [--size-mib N] [--tree DIR] [--csv FILE] [--chart FILE]
+#   scripts/bench-mount.sh [--rounds N] [--size-mib N] [--tree DIR] [--under DIR] [--csv FILE] [--chart FILE]
 #
 # Needs root for apt-get (gocryptfs) and for dropping the dentry cache before ls -lR; as another user it prints the
 # apt-get command and measures ls -lR with warm caches. Everything lives in a temporary folder under /var/tmp (the
-# same disk for the three), removed at the end.
+# same disk for the three; --under /dev/shm puts it in memory, without the disk's write-back), removed at the end.
 set -euo pipefail
 
 rounds=5
 size_mib=1024
 tree=/usr/include
+under=/var/tmp
 csv=""
 chart=""
 while [ $# -gt 0 ]; do
@@ -22,6 +23,7 @@ while [ $# -gt 0 ]; do
         --rounds) rounds="$2"; shift 2 ;;
         --size-mib) size_mib="$2"; shift 2 ;;
         --tree) tree="$2"; shift 2 ;;
+        --under) under="$2"; shift 2 ;;
         --csv) csv="$2"; shift 2 ;;
         --chart) chart="$2"; shift 2 ;;
         -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -43,11 +45,12 @@ if ! command -v gocryptfs >/dev/null 2>&1; then
     fi
 fi
 [ -d "$tree" ] || { echo "error: $tree is not a directory (--tree)" >&2; exit 64; }
+[ -d "$under" ] && [ -w "$under" ] || { echo "error: $under is not a folder this user can write to (--under)" >&2; exit 64; }
 
 make --no-print-directory release   # the build that ships (static Swift runtime), as make test scans it
 sandboxctl="$(swift build -c release --show-bin-path)/sandboxctl"
 
-work=$(mktemp -d /var/tmp/bench-mount.XXXXXX)
+work=$(mktemp -d "$under/bench-mount.XXXXXX")
 daemon_pid=""
 cleanup() {
     fusermount3 -u -z "$work/ps-mnt" 2>/dev/null || true
