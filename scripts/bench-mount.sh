@@ -9,7 +9,8 @@
 #
 # Needs root for apt-get (gocryptfs) and for dropping the dentry cache before ls -lR; as another user it prints the
 # apt-get command and measures ls -lR with warm caches. Everything lives in a temporary folder under /var/tmp (the
-# same disk for the three; --under /dev/shm puts it in memory, without the disk's write-back), removed at the end.
+# same disk for the three; --under /dev/shm puts it in memory, without the disk's write-back, and needs about three
+# times --size-mib of it), removed at the end.
 set -euo pipefail
 
 rounds=5
@@ -26,11 +27,14 @@ while [ $# -gt 0 ]; do
         --under) under="$2"; shift 2 ;;
         --csv) csv="$2"; shift 2 ;;
         --chart) chart="$2"; shift 2 ;;
-        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
 
+# Before the cd below, so a relative --under means the caller's folder.
+[ -d "$under" ] && [ -w "$under" ] || { echo "error: $under is not a folder this user can write to (--under)" >&2; exit 64; }
+under=$(cd "$under" && pwd)
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 ./scripts/ensure-deps.sh
@@ -45,7 +49,6 @@ if ! command -v gocryptfs >/dev/null 2>&1; then
     fi
 fi
 [ -d "$tree" ] || { echo "error: $tree is not a directory (--tree)" >&2; exit 64; }
-[ -d "$under" ] && [ -w "$under" ] || { echo "error: $under is not a folder this user can write to (--under)" >&2; exit 64; }
 
 make --no-print-directory release   # the build that ships (static Swift runtime), as make test scans it
 sandboxctl="$(swift build -c release --show-bin-path)/sandboxctl"

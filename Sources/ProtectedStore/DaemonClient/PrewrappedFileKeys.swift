@@ -3,12 +3,12 @@ import ProtectedStoreCore
 
 /// Keys for new files, sealed by the key daemon in batches (`wrap-batch`, docs/PROTOCOL.md §3): creating a file of
 /// class A, C or D then costs no round trip to the daemon, except one per batch, and that one is made ahead: once half
-/// of a batch is handed out, the next is fetched in the background, so a stream of creates (`tar -x`) never waits.
+/// of a batch is handed out, the next is fetched in the background, so a stream of creates (`tar -x`) seldom waits.
 ///
 /// A batch is made for one class and one header prefix (everything the seal authenticates but the file id), so a key
 /// is only ever handed to a header it was sealed for. Every batch is zeroed when this process locks, or loses its
-/// daemon, with the per-file keys of open class A files: no pre-sealed class A key outlives the class key, and a batch
-/// still on its way then is zeroed when it arrives.
+/// daemon, with the per-file keys of open class A files, and a batch still on its way then is zeroed when it arrives:
+/// no pre-sealed class A key is handed out after the lock, and none outlives it by more than that round trip.
 final class PrewrappedFileKeys: @unchecked Sendable {
     /// Keys sealed per round trip: `tar -x` of thousands of files makes a few hundred trips instead of thousands.
     static let batchSize = 32
@@ -34,7 +34,8 @@ final class PrewrappedFileKeys: @unchecked Sendable {
         var remaining: Int { fileIDs.count - next }
     }
 
-    /// A batch drawn here and not sealed by the daemon yet.
+    /// A batch drawn here and not sealed by the daemon yet. Unchecked: it is handed whole to the one thread that has it
+    /// sealed, and its keys are guarded memory of their own.
     private struct Draft: @unchecked Sendable {
         let keys: SecureBytes
         let fileIDs: [[UInt8]]
@@ -45,6 +46,14 @@ final class PrewrappedFileKeys: @unchecked Sendable {
             fileIDs = (0..<PrewrappedFileKeys.batchSize).map { _ in Random.bytes(FileHeader.idBytes) }
             self.associatedData = fileIDs.map(associatedData)
         }
+    }
+
+    /// What a create finds under the lock: a key (and whether it starts the next batch's fetch), everything discarded
+    /// since it read the generation, or no batch.
+    private enum Turn {
+        case key(NewWrappedFileKey, startsFetch: Bool)
+        case discarded
+        case empty
     }
 
     private let link: DaemonLink
@@ -87,18 +96,25 @@ final class PrewrappedFileKeys: @unchecked Sendable {
                 throw Device.unavailableError(protectionClass, state: state)
             }
             guard sealsBatches else { break }
-            let (key, fetchAhead) = try condition.withLock { () throws -> (NewWrappedFileKey?, Bool) in
+            let turn = try condition.withLock { () throws -> Turn in
                 // A batch on its way is waited for rather than fetched twice.
                 while batches[template] == nil, fetchingAhead[template] == generation { condition.wait() }
-                guard generation == startedAt, let key = try handOut(template) else { return (nil, false) }
+                // Discarded meanwhile (a lock): the state is read again.
+                guard generation == startedAt else { return .discarded }
+                guard let key = try handOut(template) else { return .empty }
                 let left = batches[template]?.reduce(0) { $0 + $1.remaining } ?? 0
-                guard left <= Self.batchSize / 2, fetchingAhead[template] == nil else { return (key, false) }
+                guard left <= Self.batchSize / 2, fetchingAhead[template] == nil else { return .key(key, startsFetch: false) }
                 fetchingAhead[template] = generation
-                return (key, true)
+                return .key(key, startsFetch: true)
             }
-            if let key {
-                if fetchAhead { self.fetchAhead(template, draft: Draft(associatedData: associatedData), startedAt: startedAt) }
+            switch turn {
+            case .key(let key, let startsFetch):
+                if startsFetch { fetchAhead(template, draft: Draft(associatedData: associatedData), startedAt: startedAt) }
                 return key
+            case .discarded:
+                continue
+            case .empty:
+                break
             }
             let draft = Draft(associatedData: associatedData)
             let batch = try seal(draft, for: template)
