@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Measures one FUSE round trip (a stat(2) = LOOKUP + GETATTR) served four ways on this machine: over /dev/fuse, the
+# caller and the server free to run anywhere and then both on processor 0; over FUSE's io_uring transport, the ring
+# threads free and then pinned to their processors. See docs/FUSE-IO-URING.md; the mount does not use io_uring yet.
+#
+#   scripts/fuse-uring-spike/run.sh [--count N] [--rounds N]
+#
+# Needs root (mounting, and enable_uring, turned on for the io_uring rows and set back to what it was after), gcc,
+# pkg-config, libfuse3-dev, and Linux 6.14 or later with CONFIG_FUSE_IO_URING.
+set -euo pipefail
+count=100000
+rounds=3
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --count) count="$2"; shift 2 ;;
+        --rounds) rounds="$2"; shift 2 ;;
+        -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "error: unknown argument $1 (see --help)" >&2; exit 64 ;;
+    esac
+done
+[ "$(id -u)" -eq 0 ] || { echo "error: needs root (it mounts, and sets /sys/module/fuse/parameters/enable_uring)" >&2; exit 1; }
+knob=/sys/module/fuse/parameters/enable_uring
+[ -w "$knob" ] || { echo "error: $knob is missing: this kernel has no FUSE io_uring transport (Linux 6.14+, CONFIG_FUSE_IO_URING)" >&2; exit 1; }
+
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d /tmp/fuse-uring-spike.XXXXXX)
+was=$(cat "$knob")
+server=""
+cleanup() {
+    umount -l "$work/mnt" 2>/dev/null || true
+    [ -n "$server" ] && kill -9 "$server" 2>/dev/null || true
+    echo "$was" > "$knob"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+gcc -O2 -Wall -Werror -o "$work/spike" "$here/spike.c" $(pkg-config --cflags --libs fuse3) -lpthread
+gcc -O2 -Wall -Werror -o "$work/stat-loop" "$here/stat-loop.c"
+mkdir "$work/mnt"
+
+# measure NAME TRANSPORT PIN-SERVER PIN-CALLER [environment...]: prints the µs per stat of each round.
+measure() {
+    local name=$1 transport=$2 server_cpus=$3 caller_cpus=$4; shift 4
+    [ "$transport" = uring ] && echo Y > "$knob" || echo N > "$knob"
+    env "$@" taskset -c "$server_cpus" "$work/spike" "$work/mnt" "$transport" 2>"$work/server.log" &
+    server=$!
+    for _ in $(seq 1 100); do mountpoint -q "$work/mnt" && break; sleep 0.05; done
+    "$work/stat-loop" "$work/mnt/f" 1000 >/dev/null
+    local samples=""
+    for _ in $(seq 1 "$rounds"); do samples="$samples $(taskset -c "$caller_cpus" "$work/stat-loop" "$work/mnt/f" "$count")"; done
+    umount -l "$work/mnt"
+    kill -9 "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+    server=""
+    printf '| %-45s |%s |\n' "$name" "$samples"
+}
+
+all=0-$(( $(nproc) - 1 ))
+echo "µs per stat(2), $count calls a round, $rounds rounds:"
+echo "| transport | rounds |"
+echo "|---|---|"
+measure "/dev/fuse" devfuse "$all" "$all"
+measure "/dev/fuse, caller and server on processor 0" devfuse 0 0
+measure "io_uring, ring threads free" uring "$all" "$all"
+measure "io_uring, ring threads pinned" uring "$all" "$all" SPIKE_PIN=1
