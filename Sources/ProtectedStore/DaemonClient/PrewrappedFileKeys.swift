@@ -49,11 +49,11 @@ final class PrewrappedFileKeys: @unchecked Sendable {
     }
 
     /// What a create finds under the lock: a key (and whether it starts the next batch's fetch), everything discarded
-    /// since it read the generation, or no batch.
+    /// since it read the generation, or no batch and none on its way, so it fetches one itself.
     private enum Turn {
         case key(NewWrappedFileKey, startsFetch: Bool)
         case discarded
-        case empty
+        case mustFetch
     }
 
     private let link: DaemonLink
@@ -61,8 +61,9 @@ final class PrewrappedFileKeys: @unchecked Sendable {
     private let condition = NSCondition()
     /// Per template, the batch handing out keys, then the one fetched ahead.
     private var batches: [Template: [Batch]] = [:]
-    /// Templates whose next batch is on its way, with the generation it was started in.
-    private var fetchingAhead: [Template: Int] = [:]
+    /// Templates whose next batch is on its way (fetched ahead, or by a create that found none), with the generation
+    /// the fetch was started in.
+    private var fetching: [Template: Int] = [:]
     /// Counts discards, so a batch sealed across a lock is not kept.
     private var generation = 0
     private var fetched = 0
@@ -87,7 +88,8 @@ final class PrewrappedFileKeys: @unchecked Sendable {
     /// error while the class is unavailable (class A once this process has locked), as a direct `wrap` would.
     func take(for protectionClass: ProtectionClass, associatedData: ([UInt8]) -> [UInt8], device: Device) throws -> NewWrappedFileKey {
         let template = Template(protectionClass: protectionClass, headerPrefix: associatedData([UInt8](repeating: 0, count: FileHeader.idBytes)))
-        for _ in 0..<2 {
+        // At most: a fetch, a discard that throws it away, and a second fetch.
+        for _ in 0..<3 {
             // The generation first, then the state: a lock that completes after this read has discarded, so a batch
             // fetched meanwhile is not kept. (The state is read outside the lock: a lock discards under the device's.)
             let (startedAt, sealsBatches) = condition.withLock { (generation, daemonSealsBatches) }
@@ -98,35 +100,40 @@ final class PrewrappedFileKeys: @unchecked Sendable {
             guard sealsBatches else { break }
             let turn = try condition.withLock { () throws -> Turn in
                 // A batch on its way is waited for rather than fetched twice.
-                while batches[template] == nil, fetchingAhead[template] == generation { condition.wait() }
+                while batches[template] == nil, fetching[template] == generation { condition.wait() }
                 // Discarded meanwhile (a lock): the state is read again.
                 guard generation == startedAt else { return .discarded }
-                guard let key = try handOut(template) else { return .empty }
+                guard let key = try handOut(template) else {
+                    fetching[template] = generation
+                    return .mustFetch
+                }
                 let left = batches[template]?.reduce(0) { $0 + $1.remaining } ?? 0
-                guard left <= Self.batchSize / 2, fetchingAhead[template] == nil else { return .key(key, startsFetch: false) }
-                fetchingAhead[template] = generation
+                guard left <= Self.batchSize / 2, fetching[template] == nil else { return .key(key, startsFetch: false) }
+                fetching[template] = generation
                 return .key(key, startsFetch: true)
             }
             switch turn {
             case .key(let key, let startsFetch):
-                if startsFetch { fetchAhead(template, draft: Draft(associatedData: associatedData), startedAt: startedAt) }
+                if startsFetch {
+                    let draft = Draft(associatedData: associatedData)
+                    DispatchQueue.global(qos: .userInitiated).async { [self] in
+                        land(try? seal(draft, for: template), of: draft, for: template, startedAt: startedAt)
+                    }
+                }
                 return key
             case .discarded:
                 continue
-            case .empty:
-                break
+            case .mustFetch:
+                let draft = Draft(associatedData: associatedData)
+                do {
+                    land(try seal(draft, for: template), of: draft, for: template, startedAt: startedAt)
+                } catch {
+                    land(nil, of: draft, for: template, startedAt: startedAt)
+                    throw error
+                }
             }
-            let draft = Draft(associatedData: associatedData)
-            let batch = try seal(draft, for: template)
-            let kept = condition.withLock {
-                guard generation == startedAt, batches[template] == nil else { return false }
-                batches[template] = [batch]
-                fetched += 1
-                return true
-            }
-            if !kept { batch.keys.discard() }
         }
-        // A daemon without batches, or raced by other creates twice: seal this one key alone.
+        // A daemon without batches, or discarded again and again: seal this one key alone.
         return try device.sealingNewFileKey(for: protectionClass, associatedData: associatedData)
     }
 
@@ -166,21 +173,19 @@ final class PrewrappedFileKeys: @unchecked Sendable {
         return NewWrappedFileKey(fileKey: fileKey, fileID: batch.fileIDs[index], sealed: batch.sealed[index])
     }
 
-    /// Has the daemon seal `draft` on another thread and queues it behind the template's batch, unless a discard came
-    /// in between. A failure is not reported: the create that finds no key fetches one itself and reports that.
-    private func fetchAhead(_ template: Template, draft: Draft, startedAt: Int) {
-        DispatchQueue.global(qos: .userInitiated).async { [self] in
-            let batch = try? seal(draft, for: template)
-            let kept = condition.withLock {
-                defer { condition.broadcast() }
-                if fetchingAhead[template] == startedAt { fetchingAhead[template] = nil }
-                guard let batch, generation == startedAt else { return false }
-                batches[template, default: []].append(batch)
-                fetched += 1
-                return true
-            }
-            if !kept { draft.keys.discard() }
+    /// Ends the fetch of `draft` (started in generation `startedAt`): queues its batch (nil if it failed) behind the
+    /// template's unless a discard came in between, else zeroes its keys, and wakes the creates waiting for it. A
+    /// failure ahead of need is not reported: the create that then finds no key fetches one itself and reports that.
+    private func land(_ batch: Batch?, of draft: Draft, for template: Template, startedAt: Int) {
+        let kept = condition.withLock {
+            defer { condition.broadcast() }
+            if fetching[template] == startedAt { fetching[template] = nil }
+            guard let batch, generation == startedAt else { return false }
+            batches[template, default: []].append(batch)
+            fetched += 1
+            return true
         }
+        if !kept { draft.keys.discard() }
     }
 
     /// Has the daemon seal the draft's keys, in one round trip; zeroes them if it cannot.

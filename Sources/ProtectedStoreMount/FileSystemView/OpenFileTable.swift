@@ -219,8 +219,8 @@ final class DirectoryCache: @unchecked Sendable {
     }
 }
 
-/// A directory open for listing: its descriptor, the path it was opened at, its names' cipher and IV, and its last listing, which the kernel
-/// reads in several requests (libfuse serves one handle's requests one at a time).
+/// A directory open for listing: its descriptor, the path it was opened at, its names' cipher and IV, and its last
+/// listing, which the kernel reads in several requests (libfuse serves one handle's requests one at a time).
 final class ListedDirectory: @unchecked Sendable {
     let descriptor: FileDescriptor
     let path: ContainerPath
