@@ -30,6 +30,8 @@ let package = Package(
             pkgConfig: "fuse3",
             providers: [.apt(["libfuse3-dev"])]
         ),
+        // The mount's FUSE-over-io_uring transport beside libfuse's /dev/fuse loop (docs/FUSE-IO-URING.md).
+        .target(name: "CFuseRings", dependencies: ["CFuse"]),
         // The few Linux calls Swift's Glibc module does not expose.
         .target(name: "CSupport"),
         // The daemon's lock triggers from systemd-logind over D-Bus (libsystemd's sd-bus; Debian libsystemd-dev).
@@ -79,6 +81,7 @@ let package = Package(
             name: "ProtectedStoreMount",
             dependencies: [
                 "CFuse",
+                "CFuseRings",
                 "ProtectedStore",
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),

@@ -5,7 +5,11 @@
 # Prints a table of median times and the ratio of the mount to gocryptfs (below 1 is faster), writes the figures as
 # CSV, and draws a chart (PNG) when matplotlib is available.
 #
-#   scripts/bench-mount.sh [--rounds N] [--size-mib N] [--tree DIR] [--under DIR] [--csv FILE] [--chart FILE]
+#   scripts/bench-mount.sh [--rounds N] [--size-mib N] [--tree DIR] [--under DIR] [--io-uring] [--csv FILE] [--chart FILE]
+#
+# --io-uring (root, Linux 6.14+) turns on FUSE over io_uring (/sys/module/fuse/parameters/enable_uring) for the run and
+# sets it back after: the mount then serves each processor's requests on that processor (docs/FUSE-IO-URING.md).
+# gocryptfs does not use it either way.
 #
 # Needs root for apt-get (gocryptfs) and for dropping the dentry cache before ls -lR; as another user it prints the
 # apt-get command and measures ls -lR with warm caches. Everything lives in a temporary folder under /var/tmp (the
@@ -19,6 +23,8 @@ tree=/usr/include
 under=/var/tmp
 csv=""
 chart=""
+io_uring=0
+knob=/sys/module/fuse/parameters/enable_uring
 while [ $# -gt 0 ]; do
     case "$1" in
         --rounds) rounds="$2"; shift 2 ;;
@@ -27,11 +33,16 @@ while [ $# -gt 0 ]; do
         --under) under="$2"; shift 2 ;;
         --csv) csv="$2"; shift 2 ;;
         --chart) chart="$2"; shift 2 ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --io-uring) io_uring=1; shift ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
 
+if [ "$io_uring" = 1 ]; then
+    [ "$(id -u)" -eq 0 ] || { echo "error: --io-uring needs root (it sets $knob)" >&2; exit 1; }
+    [ -w "$knob" ] || { echo "error: $knob is missing: this kernel has no FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING)" >&2; exit 1; }
+fi
 # Before the cd below, so a relative --under means the caller's folder.
 [ -d "$under" ] && [ -w "$under" ] || { echo "error: $under is not a folder this user can write to (--under)" >&2; exit 64; }
 under=$(cd "$under" && pwd)
@@ -55,11 +66,13 @@ sandboxctl="$(swift build -c release --show-bin-path)/sandboxctl"
 
 work=$(mktemp -d "$under/bench-mount.XXXXXX")
 daemon_pid=""
+knob_was=""
 cleanup() {
     fusermount3 -u -z "$work/ps-mnt" 2>/dev/null || true
     fusermount3 -u -z "$work/gc-mnt" 2>/dev/null || true
     [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
     rm -rf "$work"
+    if [ -n "$knob_was" ]; then echo "$knob_was" > "$knob" || echo "warning: could not set $knob back to $knob_was" >&2; fi
 }
 trap cleanup EXIT
 
@@ -82,6 +95,11 @@ daemon_pid=$!
 for _ in $(seq 1 100); do "$sandboxctl" status >/dev/null 2>&1 && break; sleep 0.05; done
 printf 'bench-passcode\n' | "$sandboxctl" unlock --passcode-stdin >/dev/null
 mkdir "$work/ps-mnt"
+if [ "$io_uring" = 1 ]; then
+    knob_was=$(cat "$knob")
+    echo Y > "$knob"
+    echo "The mount serves requests over FUSE's io_uring transport ($knob = Y for this run)"
+fi
 "$sandboxctl" mount com.example.bench "$work/ps-mnt" >/dev/null
 
 # gocryptfs with its defaults (AES-256-GCM, encrypted names); a cheap scrypt only shortens its start.

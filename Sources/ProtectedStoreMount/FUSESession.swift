@@ -24,12 +24,16 @@ enum FUSESession {
         }
         defer { fuse_destroy(fuse) }
         let handle = FuseHandle(fuse: fuse)
+        var rings: FUSERings?
+        // After `stopping`: no invalidation at a lock reaches the reply router once it is gone.
+        defer { rings?.stop() }
         started(handle)
         defer { stopping() }
         guard fuse_mount(fuse, mountPoint) == 0 else {
             throw mountError("libfuse could not mount it (see the message above); check that /dev/fuse exists and fusermount3 is installed (apt-get install fuse3)",
                              mountPoint: mountPoint)
         }
+        rings = FUSERings(session: fuse_get_session(fuse), mountPoint: mountPoint, logger: logger)
         let unmount = OnceUnmount(handle)
         defer { unmount.run() }
         // libfuse's own handlers only flag the session, which wakes its loop only if the signal lands on the loop's

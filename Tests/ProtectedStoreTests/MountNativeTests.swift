@@ -51,10 +51,10 @@ extension MountTests {
         #expect(copied == 3 * block, "data extents: block 0 and blocks 10–11")
     }
 
-    @Test("a full disk: appends fail with ENOSPC leaving the old bytes plus exactly those reported written; a failed fallocate changes nothing; the descriptor works once space is freed")
-    func fullDisk() throws {
+    @Test("a full disk: appends fail with ENOSPC leaving the old bytes plus exactly those reported written; a failed fallocate changes nothing; the descriptor works once space is freed", arguments: MountTransport.testable)
+    func fullDisk(transport: MountTransport) throws {
         guard let disk = SmallDisk(megabytes: 6, purpose: "the mount's full-disk test") else { return }
-        withExtendedLifetime(try MountedDevice(in: disk.directory)) { mounted in
+        withExtendedLifetime(try MountedDevice(in: disk.directory, transport: transport)) { mounted in
             let path = mounted.path("Documents/full.bin")
             var model = pattern(10_000)
             writeRaw(model, path)
@@ -92,9 +92,9 @@ extension MountTests {
         }
     }
 
-    @Test("hard links: one file under two names, its class and the lock apply to both, removing one keeps the other, nlink is right; the Inbox rule holds")
-    func hardLinks() throws {
-        let mounted = try MountedDevice()
+    @Test("hard links: one file under two names, its class and the lock apply to both, removing one keeps the other, nlink is right; the Inbox rule holds", arguments: MountTransport.testable)
+    func hardLinks(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
         let first = (mounted.applicationSupport as NSString).appendingPathComponent("secret.txt")
         let second = mounted.path("Documents/secret-link.txt")
         writeRaw(Array("linked secret".utf8), first)
@@ -211,14 +211,14 @@ extension MountTests {
         #expect(try listedSizes() == "50\n")
     }
 
-    @Test("random operations through the mount match an in-memory model: write, read, truncate up and down, fallocate, mmap read and write, fsync, close and reopen (PS_RANDOM_OPS_SEED replays a run)")
-    func randomOperations() throws {
+    @Test("random operations through the mount match an in-memory model: write, read, truncate up and down, fallocate, mmap read and write, fsync, close and reopen (PS_RANDOM_OPS_SEED replays a run)", arguments: MountTransport.testable)
+    func randomOperations(transport: MountTransport) throws {
         let environment = ProcessInfo.processInfo.environment
         let seed = environment["PS_RANDOM_OPS_SEED"].flatMap { UInt64($0) } ?? UInt64.random(in: 0...UInt64.max)
         // Under the sanitizers (make verify) a tenth: the same checks, in a fraction of the time.
         let operations = environment["PS_RANDOM_OPS_COUNT"].flatMap { Int($0) } ?? (runsUnderSanitizer ? 2_000 : 20_000)
         print("random mount operations: \(operations), seed \(seed) (replay: PS_RANDOM_OPS_SEED=\(seed) swift test --filter randomOperations)")
-        let mounted = try MountedDevice()
+        let mounted = try MountedDevice(transport: transport)
         var checker = RandomOperationChecker(path: mounted.path("Documents/random.bin"), seed: seed)
         let failure = checker.run(operations)
         #expect(failure == nil, "seed \(seed): \(failure ?? "")")

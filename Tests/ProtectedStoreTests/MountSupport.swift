@@ -20,6 +20,40 @@ enum FUSEAvailability {
     }
 }
 
+/// How the kernel hands the mount its requests. The mount takes io_uring wherever the administrator turned it on.
+enum MountTransport: String, CustomStringConvertible, Sendable {
+    case devFuse = "/dev/fuse"
+    case ioUring = "io_uring"
+
+    var description: String { rawValue }
+
+    /// The transports the mount tests run over: /dev/fuse, and io_uring where this process can turn it on.
+    static let testable: [MountTransport] = [.devFuse] + (canRun("mount tests over FUSE's io_uring transport", unless: RingSwitch.problem) ? [.ioUring] : [])
+}
+
+/// The kernel's switch for FUSE over io_uring, set for one mount's start and set back after: the kernel reads it when a
+/// mount starts and when its rings register, and a connection keeps the transport it got. One mount start at a time.
+enum RingSwitch {
+    static let path = "/sys/module/fuse/parameters/enable_uring"
+    private static let lock = NSLock()
+
+    static let problem: String? = {
+        guard FileManager.default.fileExists(atPath: path) else { return "\(path) is missing (Linux 6.14+ with CONFIG_FUSE_IO_URING)" }
+        guard geteuid() == 0, FileManager.default.isWritableFile(atPath: path) else { return "setting \(path) needs root" }
+        return nil
+    }()
+
+    /// Runs `body` with the switch on (or off), then sets it back; where it cannot be set, just runs `body`.
+    static func with<Result>(on: Bool, _ body: () throws -> Result) throws -> Result {
+        lock.lock()
+        defer { lock.unlock() }
+        guard problem == nil, let was = try? String(contentsOfFile: path, encoding: .utf8) else { return try body() }
+        try (on ? "Y" : "N").write(toFile: path, atomically: false, encoding: .utf8)
+        defer { try? was.write(toFile: path, atomically: false, encoding: .utf8) }
+        return try body()
+    }
+}
+
 /// A test device with a daemon, unlocked, and its container mounted with `sandboxctl mount --foreground`.
 final class MountedDevice: @unchecked Sendable {
     let test: TestDevice
@@ -28,18 +62,33 @@ final class MountedDevice: @unchecked Sendable {
     let mount: SpawnedProcess
     let mountPoint: String
 
-    init(defaultProtection: FileProtectionType = .complete, in directory: TemporaryDirectory = TemporaryDirectory()) throws {
+    /// Over io_uring, the mount has answered a request from its rings before this returns.
+    init(defaultProtection: FileProtectionType = .complete, in directory: TemporaryDirectory = TemporaryDirectory(),
+         transport: MountTransport = .devFuse) throws {
         test = try TestDevice(in: directory)
         container = try test.makeContainer(defaultProtection: defaultProtection)
         daemon = try DaemonProcess(test, grace: 1)
         mountPoint = test.path("mnt")
         try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
         try Self.unlock(test)
-        mount = try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
-                                   ["mount", TestDevice.bundleIdentifier, mountPoint, "--foreground", "--verbose",
-                                    "--root", test.root, "--device-secret", test.secretPath])
-        let mounted = eventually(timeout: 20) { MountPoint.mountedFileSystem(at: mountPoint) != nil || !mount.process.isRunning }
-        #expect(mounted && mount.process.isRunning, "the mount did not come up: \(mount.standardError)")
+        let (test, mountPoint) = (test, mountPoint)
+        mount = try RingSwitch.with(on: transport == .ioUring) {
+            let mount = try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
+                                           ["mount", TestDevice.bundleIdentifier, mountPoint, "--foreground", "--verbose",
+                                            "--root", test.root, "--device-secret", test.secretPath])
+            // The kernel has taken the switch's setting once the mount is visible (and INIT is on its way).
+            let mounted = eventually(timeout: 20) { MountPoint.mountedFileSystem(at: mountPoint) != nil || !mount.process.isRunning }
+            #expect(mounted && mount.process.isRunning, "the mount did not come up: \(mount.standardError)")
+            if transport == .ioUring {
+                // The rings register after INIT's reply; a stat waits for them, and the first one they carry is logged.
+                var info = stat()
+                let overRings = eventually(timeout: 20) {
+                    stat(mountPoint, &info) == 0 && mount.standardError.contains("requests come over io_uring now") || !mount.process.isRunning
+                }
+                #expect(overRings && mount.process.isRunning, "the mount did not take requests over io_uring: \(mount.standardError)")
+            }
+            return mount
+        }
     }
 
     deinit {

@@ -89,9 +89,9 @@ struct MountTests {
 
     // MARK: Copies
 
-    @Test("a tree copied in and out with cp -a and tar is byte-identical, modes, times and symlinks included")
-    func copyRoundTrip() throws {
-        let mounted = try MountedDevice()
+    @Test("a tree copied in and out with cp -a and tar is byte-identical, modes, times and symlinks included", arguments: MountTransport.testable)
+    func copyRoundTrip(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
         let scratch = TemporaryDirectory()
         let tree = scratch.file("tree")
         try makeTree(at: tree)
@@ -122,9 +122,9 @@ struct MountTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: mounted.path("Documents")) == ["Inbox"])
     }
 
-    @Test("a directory too large for one reply lists every entry once, with the plaintext sizes in its attributes")
-    func largeListing() throws {
-        let mounted = try MountedDevice()
+    @Test("a directory too large for one reply lists every entry once, with the plaintext sizes in its attributes", arguments: MountTransport.testable)
+    func largeListing(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
         let folder = mounted.path("Documents/many")
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
         var expected: [String: Int] = [:]
@@ -180,9 +180,9 @@ struct MountTests {
 
     // MARK: Protection
 
-    @Test("class A: a descriptor read once fails after the lock (no cached plaintext), new opens and creates fail; after unlock the descriptor works again")
-    func classAAcrossLock() throws {
-        let mounted = try MountedDevice()
+    @Test("class A: a descriptor read once fails after the lock (no cached plaintext), new opens and creates fail; after unlock the descriptor works again", arguments: MountTransport.testable)
+    func classAAcrossLock(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
         let path = (mounted.applicationSupport as NSString).appendingPathComponent("secret.txt")
         writeRaw(Array("class A secret\n".utf8), path)
         #expect(try xattr(path) == "complete")
@@ -220,9 +220,9 @@ struct MountTests {
         #expect(readString(unlinked) == "unlinked secret")
     }
 
-    @Test("class A: a mapping made before the lock faults with SIGBUS after it, and maps again after unlock")
-    func classAMapping() throws {
-        let mounted = try MountedDevice()
+    @Test("class A: a mapping made before the lock faults with SIGBUS after it, and maps again after unlock", arguments: MountTransport.testable)
+    func classAMapping(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
         let path = (mounted.applicationSupport as NSString).appendingPathComponent("mapped.bin")
         writeRaw(Array("mapped secret".utf8), path)
         let script = """
@@ -254,9 +254,9 @@ struct MountTests {
         #expect(result.output == "child \(SIGBUS)\nafter unlock mapped secret\n", "\(result)")
     }
 
-    @Test("class B: a descriptor opened before the lock keeps reading and writing; new class B files are created and written while locked")
-    func classBAcrossLock() throws {
-        let mounted = try MountedDevice()
+    @Test("class B: a descriptor opened before the lock keeps reading and writing; new class B files are created and written while locked", arguments: MountTransport.testable)
+    func classBAcrossLock(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
         let folder = mounted.path("Documents/outbox")
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
         #expect(setxattr(folder, ContainerFileSystem.protectionAttribute, "complete-unless-open", 20, 0) == 0)
@@ -367,9 +367,9 @@ struct MountTests {
 
     // MARK: POSIX surface
 
-    @Test("POSIX surface: offsets, truncate, rename over, RENAME_NOREPLACE and EXCHANGE, unlink while open, statfs, utimens, chmod, locks")
-    func posixSurface() throws {
-        let mounted = try MountedDevice()
+    @Test("POSIX surface: offsets, truncate, rename over, RENAME_NOREPLACE and EXCHANGE, unlink while open, statfs, utimens, chmod, locks", arguments: MountTransport.testable)
+    func posixSurface(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
         let a = mounted.path("Documents/a.bin"), b = mounted.path("Documents/b.bin")
         let fd = open(a, O_CREAT | O_RDWR, 0o640)
         #expect(fd >= 0)
@@ -438,9 +438,9 @@ struct MountTests {
         close(mine)
     }
 
-    @Test("sparse files: a 1 TiB truncate is a hole that costs nothing, past the largest size is EFBIG and changes nothing; fallocate modes 0 and keep-size")
-    func sparseFilesAndAllocation() throws {
-        let mounted = try MountedDevice()
+    @Test("sparse files: a 1 TiB truncate is a hole that costs nothing, past the largest size is EFBIG and changes nothing; fallocate modes 0 and keep-size", arguments: MountTransport.testable)
+    func sparseFilesAndAllocation(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
         let path = mounted.path("Documents/sparse.bin")
         writeRaw(Array("head".utf8), path)
         let stored = try mounted.container.storedPath("Documents/sparse.bin")
@@ -498,9 +498,9 @@ struct MountTests {
         #expect(eventually { mounted.log.contains("following it could leave the container") }, "\(mounted.log)")
     }
 
-    @Test("many threads writing and reading their own files at once through the mount")
-    func concurrentFiles() throws {
-        let mounted = try MountedDevice()
+    @Test("many threads writing and reading their own files at once through the mount", arguments: MountTransport.testable)
+    func concurrentFiles(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
         let failures = Counter()
         DispatchQueue.concurrentPerform(iterations: 8) { worker in
             let path = mounted.path("Documents/worker-\(worker).bin")

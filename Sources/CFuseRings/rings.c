@@ -1,0 +1,466 @@
+// FUSE over io_uring beside libfuse 3.14's /dev/fuse loop. libfuse 3.14 has no such transport, so this file does
+// what libfuse 3.18 does, through 3.14's custom I/O hooks (docs/FUSE-IO-URING.md has the protocol, with sources):
+// INIT's reply is patched to ask for the rings; each thread registers one ring entry for its processor's queue,
+// rebuilds each request it is handed as /dev/fuse would have delivered it, lets libfuse (and the mount's high-level
+// operations) answer it, and sends the answer back with the fetch of the next request.
+//
+// One entry per thread, several threads per queue: a request that blocks (an fsync, a round trip to the key daemon)
+// holds up only its own thread, and the kernel hands the next request for that processor to a free entry.
+#define _GNU_SOURCE
+#define FUSE_USE_VERSION 312
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <linux/io_uring.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include "CFuseRings.h"
+
+// The transport's wire structures (FUSE protocol 7.42); this system's <linux/fuse.h> (7.38) lacks them.
+struct ring_entry_in_out { uint64_t flags, commit_id; uint32_t payload_size, padding; uint64_t reserved; };
+struct ring_header { char in_out[128]; char op_in[128]; struct ring_entry_in_out entry; };
+struct ring_command { uint64_t flags, commit_id; uint16_t queue; uint8_t padding[6]; };
+struct request_header { uint32_t length, opcode; uint64_t unique, node; uint32_t uid, gid, pid; uint16_t extension_length, padding; };
+struct reply_header { uint32_t length; int32_t error; uint64_t unique; };
+
+enum { COMMAND_REGISTER = 1, COMMAND_COMMIT_AND_FETCH = 2, OPCODE_INIT = 26 };
+enum { INIT_MAX_PAGES = 1u << 22, INIT_EXTENDED = 1u << 30, INIT2_OVER_IO_URING = 1u << 9 };
+// Offsets in INIT's request (after its 40-byte header) and in its reply's fuse_init_out.
+enum { INIT_IN_FLAGS2 = 40 + 16, INIT_OUT_FLAGS = 12, INIT_OUT_MAX_WRITE = 20, INIT_OUT_MAX_PAGES = 28, INIT_OUT_FLAGS2 = 32 };
+// The request's headers are rebuilt in front of its payload, which the kernel never writes. Entries hold requests of
+// up to 1 MiB, the mounts' max_write: a connection that could send larger ones is not asked for the rings.
+enum { HEADROOM = 4096, MINIMUM_PAYLOAD = 8192, ENTRY_PAYLOAD = 1 << 20 };
+enum { TAG_STOP = 1, TAG_ENTRY = 2 };
+
+enum phase { WAITING_FOR_INIT, REGISTERING, STOPPING };
+
+struct ring_thread {
+    ps_fuse_rings *rings;
+    unsigned queue;
+    pthread_t thread;
+    int ring_fd;
+    unsigned *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
+    char *sqes;
+    struct io_uring_cqe *cqes;
+    size_t rings_size, sqes_size;
+    char *rings_map;
+    unsigned unsubmitted;
+    struct ring_header *header;
+    char *buffer;                // HEADROOM, then the payload
+    size_t buffer_size;
+    struct iovec registered[2];
+    uint64_t commit_id;
+    int replied, last_command;
+};
+
+struct ps_fuse_rings {
+    struct fuse_session *session;
+    int device_fd, stop_fd, use_rings;
+    unsigned queue_count, threads_per_queue, thread_count;
+    struct ring_thread *threads;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    enum phase phase;
+    _Atomic uint64_t init_unique;
+    atomic_int kernel_offers_rings, ring_replies_reported;
+    _Atomic uint64_t over_rings, over_device;
+    ps_fuse_rings_report report;
+    void *context;
+};
+
+// The hooks receive libfuse's userdata, which for the high-level API is its struct fuse, so sessions are found by
+// their /dev/fuse descriptor. A process serves one mount, rarely two.
+enum { MAXIMUM_SESSIONS = 8 };
+static _Atomic(ps_fuse_rings *) sessions[MAXIMUM_SESSIONS];
+
+// The ring entry whose request this thread is answering; libfuse's high-level operations reply on the same thread.
+static _Thread_local struct ring_thread *answering;
+
+static void say(ps_fuse_rings *rings, int is_error, const char *format, ...) {
+    char message[512];
+    va_list arguments;
+    va_start(arguments, format);
+    vsnprintf(message, sizeof message, format, arguments);
+    va_end(arguments);
+    rings->report(rings->context, is_error, message);
+}
+
+static ps_fuse_rings *session_of(int fd) {
+    for (int index = 0; index < MAXIMUM_SESSIONS; index++) {
+        ps_fuse_rings *rings = atomic_load(&sessions[index]);
+        if (rings != NULL && rings->device_fd == fd) return rings;
+    }
+    return NULL;
+}
+
+static void enter_phase(ps_fuse_rings *rings, enum phase phase) {
+    pthread_mutex_lock(&rings->lock);
+    if (rings->phase != STOPPING) rings->phase = phase;
+    pthread_cond_broadcast(&rings->changed);
+    pthread_mutex_unlock(&rings->lock);
+}
+
+static ssize_t read_request(int fd, void *buffer, size_t size, void *userdata) {
+    (void)userdata;
+    ssize_t count = read(fd, buffer, size);
+    ps_fuse_rings *rings = session_of(fd);
+    if (rings != NULL && count >= INIT_IN_FLAGS2 + 4) {
+        const struct request_header *request = buffer;
+        if (request->opcode == OPCODE_INIT) {
+            uint32_t flags2;
+            memcpy(&flags2, (const char *)buffer + INIT_IN_FLAGS2, sizeof flags2);
+            atomic_store(&rings->kernel_offers_rings, (flags2 & INIT2_OVER_IO_URING) != 0);
+            atomic_store(&rings->init_unique, request->unique);
+        }
+    }
+    return count;
+}
+
+static uint32_t load32(const char *at) { uint32_t value; memcpy(&value, at, sizeof value); return value; }
+static void store32(char *at, uint32_t value) { memcpy(at, &value, sizeof value); }
+
+// Every reply libfuse builds comes here. One to a request taken from a ring goes into that ring's entry and leaves
+// with the next fetch; the rest (INIT, requests read from /dev/fuse, notifications) are written to /dev/fuse.
+static ssize_t write_reply(int fd, struct iovec *parts, int count, void *userdata) {
+    (void)userdata;
+    const struct reply_header *reply = parts[0].iov_base;
+    struct ring_thread *entry = answering;
+    if (entry != NULL && reply->unique == entry->commit_id) {
+        size_t size = 0;
+        for (int index = 1; index < count; index++) {
+            if (size + parts[index].iov_len > ENTRY_PAYLOAD) {
+                errno = E2BIG;
+                return -1;
+            }
+            memcpy(entry->buffer + HEADROOM + size, parts[index].iov_base, parts[index].iov_len);
+            size += parts[index].iov_len;
+        }
+        memcpy(entry->header->in_out, reply, sizeof *reply);
+        entry->header->entry.payload_size = (uint32_t)size;
+        entry->replied = 1;
+        atomic_fetch_add_explicit(&entry->rings->over_rings, 1, memory_order_relaxed);
+        return (ssize_t)(sizeof *reply + size);
+    }
+    ps_fuse_rings *rings = session_of(fd);
+    int is_init = rings != NULL && reply->unique != 0 && reply->unique == atomic_load(&rings->init_unique);
+    int asks_for_rings = 0;
+    if (is_init && rings->use_rings && reply->error == 0 && count >= 2 && parts[1].iov_len >= INIT_OUT_FLAGS2 + 4) {
+        char *init = parts[1].iov_base;
+        uint32_t flags = load32(init + INIT_OUT_FLAGS);
+        // The kernel wants room in every entry for its largest request: max(8 KiB, max_write, max_pages pages).
+        uint32_t max_write = load32(init + INIT_OUT_MAX_WRITE);
+        uint16_t max_pages = 32;
+        if (flags & INIT_MAX_PAGES) memcpy(&max_pages, init + INIT_OUT_MAX_PAGES, sizeof max_pages);
+        size_t payload = MINIMUM_PAYLOAD;
+        if (max_write > payload) payload = max_write;
+        if ((size_t)max_pages * 4096 > payload) payload = (size_t)max_pages * 4096;
+        if (!atomic_load(&rings->kernel_offers_rings)) {
+            say(rings, 0, "the kernel did not offer FUSE over io_uring for this mount; requests go over /dev/fuse");
+        } else if (payload > ENTRY_PAYLOAD) {
+            say(rings, 0, "requests of up to %zu bytes do not fit FUSE over io_uring's entries (%d); requests go over /dev/fuse",
+                payload, ENTRY_PAYLOAD);
+        } else {
+            store32(init + INIT_OUT_FLAGS, flags | INIT_EXTENDED);
+            store32(init + INIT_OUT_FLAGS2, load32(init + INIT_OUT_FLAGS2) | INIT2_OVER_IO_URING);
+            asks_for_rings = 1;
+        }
+    }
+    ssize_t written = writev(fd, parts, count);
+    int error = errno;
+    if (rings != NULL && reply->unique != 0) atomic_fetch_add_explicit(&rings->over_device, 1, memory_order_relaxed);
+    // Entries can be registered only once the kernel has taken INIT's reply, which it does inside this writev.
+    if (is_init) enter_phase(rings, asks_for_rings && written >= 0 ? REGISTERING : STOPPING);
+    errno = error;
+    return written;
+}
+
+static void queue_command(struct ring_thread *self, int command, uint64_t tag) {
+    unsigned tail = *self->sq_tail, slot = tail & *self->sq_mask;
+    struct io_uring_sqe *sqe = (void *)(self->sqes + ((size_t)slot << 7));   // 128-byte entries (SQE128)
+    memset(sqe, 0, 128);
+    sqe->user_data = tag;
+    if (tag == TAG_STOP) {
+        sqe->opcode = IORING_OP_POLL_ADD;
+        sqe->fd = self->rings->stop_fd;
+        sqe->poll32_events = POLLIN;
+    } else {
+        sqe->opcode = IORING_OP_URING_CMD;
+        sqe->fd = self->rings->device_fd;
+        sqe->cmd_op = (uint32_t)command;
+        if (command == COMMAND_REGISTER) {
+            sqe->addr = (uint64_t)(uintptr_t)self->registered;
+            sqe->len = 2;
+        }
+        struct ring_command *arguments = (void *)sqe->cmd;
+        arguments->queue = (uint16_t)self->queue;
+        arguments->commit_id = command == COMMAND_COMMIT_AND_FETCH ? self->commit_id : 0;
+        self->last_command = command;
+    }
+    self->sq_array[slot] = slot;
+    atomic_store_explicit((_Atomic unsigned *)self->sq_tail, tail + 1, memory_order_release);
+    self->unsubmitted++;
+}
+
+static void answer_with_error(struct ring_thread *self, int error) {
+    struct reply_header failed = { sizeof failed, -error, self->commit_id };
+    memcpy(self->header->in_out, &failed, sizeof failed);
+    self->header->entry.payload_size = 0;
+}
+
+// Rebuilds the request as /dev/fuse would have delivered it (its header, the operation's own header, the rest) in
+// the headroom in front of the payload, and has libfuse answer it.
+static void serve(struct ring_thread *self) {
+    const struct request_header *request = (const void *)self->header->in_out;
+    uint32_t payload_size = self->header->entry.payload_size;
+    self->commit_id = self->header->entry.commit_id;
+    if (request->length < sizeof *request + payload_size || payload_size > ENTRY_PAYLOAD
+        || request->length - sizeof *request - payload_size > sizeof self->header->op_in) {
+        say(self->rings, 1, "FUSE over io_uring: queue %u got a request whose sizes do not add up (length %u, payload %u); answered EIO",
+            self->queue, request->length, payload_size);
+        answer_with_error(self, EIO);
+        return;
+    }
+    size_t operation_header_size = request->length - sizeof *request - payload_size;
+    char *rebuilt = self->buffer + HEADROOM - sizeof *request - operation_header_size;
+    memcpy(rebuilt, request, sizeof *request);
+    memcpy(rebuilt + sizeof *request, self->header->op_in, operation_header_size);
+    struct fuse_buf buffer;
+    memset(&buffer, 0, sizeof buffer);
+    buffer.size = request->length;
+    buffer.mem = rebuilt;
+    self->replied = 0;
+    answering = self;
+    fuse_session_process_buf(self->rings->session, &buffer);
+    answering = NULL;
+    // Only a request that wants no answer (FUSE_NOTIFY_REPLY) gets none; the entry is still handed back.
+    if (!self->replied) answer_with_error(self, 0);
+    if (!atomic_exchange(&self->rings->ring_replies_reported, 1))
+        say(self->rings, 0, "requests come over io_uring now: %u queues of %u threads, each on its queue's processor",
+            self->rings->queue_count, self->rings->threads_per_queue);
+}
+
+// The ring and the entry's buffers exist before INIT is answered: once it asks for the rings, every queue must get
+// its entries, or the kernel holds requests back until unmount.
+static int set_up_ring(struct ring_thread *self) {
+    self->header = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // Untouched pages cost nothing: the payload fills only as far as the largest request this entry gets.
+    self->buffer_size = HEADROOM + ENTRY_PAYLOAD;
+    self->buffer = mmap(NULL, self->buffer_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if ((void *)self->header == MAP_FAILED || self->buffer == MAP_FAILED) return -errno;
+    self->registered[0] = (struct iovec){ self->header, sizeof *self->header };
+    self->registered[1] = (struct iovec){ self->buffer + HEADROOM, ENTRY_PAYLOAD };
+    struct io_uring_params parameters;
+    memset(&parameters, 0, sizeof parameters);
+    parameters.flags = IORING_SETUP_SQE128;
+    self->ring_fd = (int)syscall(__NR_io_uring_setup, 4, &parameters);
+    if (self->ring_fd < 0) return -errno;
+    size_t sq_size = parameters.sq_off.array + parameters.sq_entries * sizeof(unsigned);
+    size_t cq_size = parameters.cq_off.cqes + parameters.cq_entries * sizeof(struct io_uring_cqe);
+    self->rings_size = sq_size > cq_size ? sq_size : cq_size;
+    self->sqes_size = parameters.sq_entries * 128;
+    self->rings_map = mmap(NULL, self->rings_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, self->ring_fd,
+                           IORING_OFF_SQ_RING);
+    self->sqes = mmap(NULL, self->sqes_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, self->ring_fd, IORING_OFF_SQES);
+    if (self->rings_map == MAP_FAILED || self->sqes == MAP_FAILED) return -errno;
+    char *map = self->rings_map;
+    self->sq_tail = (void *)(map + parameters.sq_off.tail);
+    self->sq_mask = (void *)(map + parameters.sq_off.ring_mask);
+    self->sq_array = (void *)(map + parameters.sq_off.array);
+    self->cq_head = (void *)(map + parameters.cq_off.head);
+    self->cq_tail = (void *)(map + parameters.cq_off.tail);
+    self->cq_mask = (void *)(map + parameters.cq_off.ring_mask);
+    self->cqes = (void *)(map + parameters.cq_off.cqes);
+    return 0;
+}
+
+static void tear_down(struct ring_thread *self) {
+    // Closing the ring cancels its parked fetch; the kernel then holds nothing of this thread's.
+    if (self->ring_fd >= 0) close(self->ring_fd);
+    if (self->rings_map != NULL && self->rings_map != MAP_FAILED) munmap(self->rings_map, self->rings_size);
+    if (self->sqes != NULL && self->sqes != MAP_FAILED) munmap(self->sqes, self->sqes_size);
+    if (self->buffer != NULL && self->buffer != MAP_FAILED) munmap(self->buffer, self->buffer_size);
+    if (self->header != NULL && (void *)self->header != MAP_FAILED) munmap(self->header, 4096);
+    self->ring_fd = -1;
+}
+
+static int serve_until_the_end(struct ring_thread *self) {
+    queue_command(self, 0, TAG_STOP);
+    queue_command(self, COMMAND_REGISTER, TAG_ENTRY);
+    for (;;) {
+        int result = (int)syscall(__NR_io_uring_enter, self->ring_fd, self->unsubmitted, 1, IORING_ENTER_GETEVENTS, NULL, 0);
+        if (result < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        self->unsubmitted -= (unsigned)result;
+        unsigned head = *self->cq_head;
+        unsigned tail = atomic_load_explicit((_Atomic unsigned *)self->cq_tail, memory_order_acquire);
+        int outcome = 1;
+        for (; head != tail; head++) {
+            struct io_uring_cqe *completion = &self->cqes[head & *self->cq_mask];
+            if (completion->user_data == TAG_STOP) {
+                outcome = 0;
+            } else if (completion->res == -EAGAIN || completion->res == -EINTR) {
+                queue_command(self, self->last_command, TAG_ENTRY);
+            } else if (completion->res == -ENOTCONN || completion->res == -ECONNABORTED || completion->res == -ECANCELED) {
+                outcome = 0;   // unmounted
+            } else if (completion->res < 0) {
+                outcome = completion->res;
+            } else {
+                serve(self);
+                queue_command(self, COMMAND_COMMIT_AND_FETCH, TAG_ENTRY);
+            }
+        }
+        atomic_store_explicit((_Atomic unsigned *)self->cq_head, head, memory_order_release);
+        if (outcome <= 0) return outcome;
+    }
+}
+
+static void *run_thread(void *argument) {
+    struct ring_thread *self = argument;
+    ps_fuse_rings *rings = self->rings;
+    char name[16];
+    snprintf(name, sizeof name, "fuse-ring-%u", self->queue);
+    pthread_setname_np(pthread_self(), name);
+    cpu_set_t processors;
+    CPU_ZERO(&processors);
+    CPU_SET(self->queue, &processors);
+    // Where the processor is not ours to run on, the thread still serves its queue, only from elsewhere.
+    (void)sched_setaffinity(0, sizeof processors, &processors);
+    pthread_mutex_lock(&rings->lock);
+    while (rings->phase == WAITING_FOR_INIT) pthread_cond_wait(&rings->changed, &rings->lock);
+    enum phase phase = rings->phase;
+    pthread_mutex_unlock(&rings->lock);
+    if (phase == REGISTERING) {
+        int result = serve_until_the_end(self);
+        if (result < 0)
+            say(rings, 1, "FUSE over io_uring: queue %u stopped (%s)%s", self->queue, strerror(-result),
+                result == -EOPNOTSUPP ? "; /sys/module/fuse/parameters/enable_uring was turned off before the mount registered; requests stay on /dev/fuse"
+                                      : "; the other entries go on, and a request already on this one may wait until unmount");
+    }
+    tear_down(self);
+    return NULL;
+}
+
+static unsigned possible_processors(void) {
+    // The kernel makes one queue per possible processor (num_possible_cpus()): "0-1" here, "0-3,5-7" elsewhere.
+    FILE *file = fopen("/sys/devices/system/cpu/possible", "r");
+    unsigned count = 0;
+    if (file != NULL) {
+        unsigned low, high;
+        char separator = 0;
+        while (fscanf(file, "%u", &low) == 1) {
+            high = low;
+            if (fscanf(file, "%c", &separator) == 1 && separator == '-' && fscanf(file, "%u%c", &high, &separator) < 1) break;
+            if (high >= low) count += high - low + 1;
+            if (separator != ',') break;
+        }
+        fclose(file);
+    }
+    if (count > 0) return count;
+    long configured = sysconf(_SC_NPROCESSORS_CONF);
+    return configured > 0 ? (unsigned)configured : 1;
+}
+
+ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, int use_rings, unsigned threads,
+                                   ps_fuse_rings_report report, void *context) {
+    ps_fuse_rings *rings = calloc(1, sizeof *rings);
+    if (rings == NULL) return NULL;
+    rings->session = session;
+    rings->device_fd = fuse_session_fd(session);
+    rings->report = report;
+    rings->context = context;
+    rings->stop_fd = eventfd(0, EFD_CLOEXEC);
+    rings->queue_count = possible_processors();
+    // At least two per queue, so one blocked request does not hold up its processor's queue.
+    rings->threads_per_queue = (threads + rings->queue_count - 1) / rings->queue_count;
+    if (rings->threads_per_queue < 2) rings->threads_per_queue = 2;
+    rings->use_rings = use_rings && rings->stop_fd >= 0;
+    pthread_mutex_init(&rings->lock, NULL);
+    pthread_cond_init(&rings->changed, NULL);
+    int slot = -1;
+    for (int index = 0; index < MAXIMUM_SESSIONS && slot < 0; index++) {
+        ps_fuse_rings *empty = NULL;
+        if (atomic_compare_exchange_strong(&sessions[index], &empty, rings)) slot = index;
+    }
+    struct fuse_custom_io hooks;
+    memset(&hooks, 0, sizeof hooks);
+    hooks.read = read_request;
+    hooks.writev = write_reply;
+    if (slot < 0 || fuse_session_custom_io(session, &hooks, rings->device_fd) != 0) {
+        int error = slot < 0 ? EMFILE : EINVAL;
+        if (slot >= 0) atomic_store(&sessions[slot], NULL);
+        if (rings->stop_fd >= 0) close(rings->stop_fd);
+        free(rings);
+        errno = error;
+        return NULL;
+    }
+    if (!rings->use_rings) return rings;
+    // Every queue must get an entry once INIT asks for the rings, or requests wait for the missing queue until
+    // unmount: so the threads all exist (and their rings) before INIT is answered, or the rings are not asked for.
+    rings->threads = calloc((size_t)rings->queue_count * rings->threads_per_queue, sizeof *rings->threads);
+    int complete = rings->threads != NULL;
+    for (unsigned index = 0; complete && index < rings->queue_count * rings->threads_per_queue; index++) {
+        struct ring_thread *thread = &rings->threads[index];
+        thread->rings = rings;
+        thread->queue = index % rings->queue_count;
+        thread->ring_fd = -1;
+        int setup = set_up_ring(thread);
+        if (setup < 0) {
+            say(rings, 1, "FUSE over io_uring: cannot set up a ring (%s); requests stay on /dev/fuse", strerror(-setup));
+            tear_down(thread);
+            complete = 0;
+        } else if (pthread_create(&thread->thread, NULL, run_thread, thread) != 0) {
+            tear_down(thread);
+            complete = 0;
+        } else {
+            rings->thread_count = index + 1;
+        }
+    }
+    if (!complete) {
+        rings->use_rings = 0;
+        enter_phase(rings, STOPPING);
+    }
+    return rings;
+}
+
+void ps_fuse_rings_stop(ps_fuse_rings *rings) {
+    pthread_mutex_lock(&rings->lock);
+    rings->phase = STOPPING;
+    pthread_cond_broadcast(&rings->changed);
+    pthread_mutex_unlock(&rings->lock);
+    if (rings->stop_fd >= 0) {
+        uint64_t one = 1;
+        (void)!write(rings->stop_fd, &one, sizeof one);
+    }
+    for (unsigned index = 0; index < rings->thread_count; index++) pthread_join(rings->threads[index].thread, NULL);
+    uint64_t over_rings, over_device;
+    ps_fuse_rings_counts(rings, &over_rings, &over_device);
+    if (rings->use_rings)
+        say(rings, 0, "replies: %llu over io_uring, %llu over /dev/fuse", (unsigned long long)over_rings, (unsigned long long)over_device);
+    for (int index = 0; index < MAXIMUM_SESSIONS; index++) {
+        ps_fuse_rings *self = rings;
+        atomic_compare_exchange_strong(&sessions[index], &self, NULL);
+    }
+    if (rings->stop_fd >= 0) close(rings->stop_fd);
+    pthread_mutex_destroy(&rings->lock);
+    pthread_cond_destroy(&rings->changed);
+    free(rings->threads);
+    free(rings);
+}
+
+void ps_fuse_rings_counts(ps_fuse_rings *rings, uint64_t *over_rings, uint64_t *over_device) {
+    *over_rings = atomic_load(&rings->over_rings);
+    *over_device = atomic_load(&rings->over_device);
+}
