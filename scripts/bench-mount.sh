@@ -7,9 +7,9 @@
 #
 #   scripts/bench-mount.sh [--rounds N] [--size-mib N] [--tree DIR] [--under DIR] [--io-uring] [--csv FILE] [--chart FILE]
 #
-# --io-uring (root, Linux 6.14+) turns on FUSE over io_uring (/sys/module/fuse/parameters/enable_uring) for the run and
-# sets it back after: the mount then serves each processor's requests on that processor (docs/FUSE-IO-URING.md).
-# gocryptfs does not use it either way.
+# The mount takes its requests over /dev/fuse, as gocryptfs does. --io-uring (root, Linux 6.14+) turns on FUSE over
+# io_uring (/sys/module/fuse/parameters/enable_uring) for the mount's start and sets it back after: the mount then
+# answers each processor's requests on that processor (docs/FUSE-IO-URING.md); gocryptfs cannot use it.
 #
 # Needs root for apt-get (gocryptfs) and for dropping the dentry cache before ls -lR; as another user it prints the
 # apt-get command and measures ls -lR with warm caches. Everything lives in a temporary folder under /var/tmp (the
@@ -98,9 +98,16 @@ mkdir "$work/ps-mnt"
 if [ "$io_uring" = 1 ]; then
     knob_was=$(cat "$knob")
     echo Y > "$knob"
-    echo "The mount serves requests over FUSE's io_uring transport ($knob = Y for this run)"
+    mounted=$("$sandboxctl" mount com.example.bench "$work/ps-mnt")
+    # The rings register after the mount's start; the first request they carry is logged.
+    log=$(sed -n 's/.*, log \(.*\))\.$/\1/p' <<<"$mounted")
+    for _ in $(seq 1 100); do stat "$work/ps-mnt/Documents" >/dev/null; grep -q "requests come over io_uring now" "$log" && break; sleep 0.05; done
+    grep -q "requests come over io_uring now" "$log" || { echo "error: the mount did not take requests over io_uring; its log ($log) says:" >&2; tail -5 "$log" >&2; exit 1; }
+    echo "$knob_was" > "$knob" && knob_was=""
+    echo "The mount takes its requests over FUSE's io_uring transport"
+else
+    "$sandboxctl" mount --no-io-uring com.example.bench "$work/ps-mnt" >/dev/null
 fi
-"$sandboxctl" mount com.example.bench "$work/ps-mnt" >/dev/null
 
 # gocryptfs with its defaults (AES-256-GCM, encrypted names); a cheap scrypt only shortens its start.
 mkdir "$work/gc-cipher" "$work/gc-mnt" "$work/plain"

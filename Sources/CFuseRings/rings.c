@@ -66,8 +66,9 @@ struct ring_thread {
 
 struct ps_fuse_rings {
     struct fuse_session *session;
-    int device_fd, stop_fd, use_rings;
-    unsigned queue_count, threads_per_queue, thread_count;
+    void *userdata;
+    int device_fd, stop_fd;
+    unsigned queue_count, thread_count;
     struct ring_thread *threads;
     pthread_mutex_t lock;
     pthread_cond_t changed;
@@ -79,10 +80,11 @@ struct ps_fuse_rings {
     void *context;
 };
 
-// The hooks receive libfuse's userdata, which for the high-level API is its struct fuse, so sessions are found by
-// their /dev/fuse descriptor. A process serves one mount, rarely two.
+// The hooks are handed libfuse's userdata (the high-level API's struct fuse), not ours, so each session's state is
+// found by it. A lookup compares keys only and dereferences just its own session's state, which outlives its hooks.
 enum { MAXIMUM_SESSIONS = 8 };
-static _Atomic(ps_fuse_rings *) sessions[MAXIMUM_SESSIONS];
+static _Atomic(void *) session_keys[MAXIMUM_SESSIONS];
+static _Atomic(ps_fuse_rings *) session_states[MAXIMUM_SESSIONS];
 
 // The ring entry whose request this thread is answering; libfuse's high-level operations reply on the same thread.
 static _Thread_local struct ring_thread *answering;
@@ -96,10 +98,15 @@ static void say(ps_fuse_rings *rings, int is_error, const char *format, ...) {
     rings->report(rings->context, is_error, message);
 }
 
-static ps_fuse_rings *session_of(int fd) {
+static void report_setup_failure(ps_fuse_rings_report report, void *context, int error) {
+    char message[256];
+    snprintf(message, sizeof message, "FUSE over io_uring: cannot set up the rings (%s); requests stay on /dev/fuse", strerror(error));
+    report(context, 1, message);
+}
+
+static ps_fuse_rings *session_of(void *userdata) {
     for (int index = 0; index < MAXIMUM_SESSIONS; index++) {
-        ps_fuse_rings *rings = atomic_load(&sessions[index]);
-        if (rings != NULL && rings->device_fd == fd) return rings;
+        if (userdata != NULL && atomic_load(&session_keys[index]) == userdata) return atomic_load(&session_states[index]);
     }
     return NULL;
 }
@@ -111,10 +118,21 @@ static void enter_phase(ps_fuse_rings *rings, enum phase phase) {
     pthread_mutex_unlock(&rings->lock);
 }
 
+// libfuse's /dev/fuse loop reads here. Its threads wait for the stop as well as for requests: once the rings carry
+// the requests, nothing else would wake them after a lazy unmount of a busy mount, and the loop would never end.
 static ssize_t read_request(int fd, void *buffer, size_t size, void *userdata) {
-    (void)userdata;
+    ps_fuse_rings *rings = session_of(userdata);
+    if (rings != NULL) {
+        struct pollfd waits[2] = { { .fd = fd, .events = POLLIN }, { .fd = rings->stop_fd, .events = POLLIN } };
+        while (poll(waits, 2, -1) < 0) {
+            if (errno != EINTR) return -1;
+        }
+        if (waits[1].revents & POLLIN) {
+            errno = ENODEV;   // what libfuse's loop takes for "unmounted": it ends quietly
+            return -1;
+        }
+    }
     ssize_t count = read(fd, buffer, size);
-    ps_fuse_rings *rings = session_of(fd);
     if (rings != NULL && count >= INIT_IN_FLAGS2 + 4) {
         const struct request_header *request = buffer;
         if (request->opcode == OPCODE_INIT) {
@@ -127,19 +145,28 @@ static ssize_t read_request(int fd, void *buffer, size_t size, void *userdata) {
     return count;
 }
 
+static void answer_with_error(struct ring_thread *self, int error) {
+    struct reply_header failed = { sizeof failed, -error, self->commit_id };
+    memcpy(self->header->in_out, &failed, sizeof failed);
+    self->header->entry.payload_size = 0;
+}
+
 static uint32_t load32(const char *at) { uint32_t value; memcpy(&value, at, sizeof value); return value; }
 static void store32(char *at, uint32_t value) { memcpy(at, &value, sizeof value); }
 
 // Every reply libfuse builds comes here. One to a request taken from a ring goes into that ring's entry and leaves
 // with the next fetch; the rest (INIT, requests read from /dev/fuse, notifications) are written to /dev/fuse.
 static ssize_t write_reply(int fd, struct iovec *parts, int count, void *userdata) {
-    (void)userdata;
     const struct reply_header *reply = parts[0].iov_base;
     struct ring_thread *entry = answering;
     if (entry != NULL && reply->unique == entry->commit_id) {
         size_t size = 0;
         for (int index = 1; index < count; index++) {
             if (size + parts[index].iov_len > ENTRY_PAYLOAD) {
+                // Cannot happen while requests are capped at the entry's size; if it did, a short READ would pass for
+                // the end of the file, so the caller gets EIO.
+                answer_with_error(entry, EIO);
+                entry->replied = 1;
                 errno = E2BIG;
                 return -1;
             }
@@ -152,10 +179,10 @@ static ssize_t write_reply(int fd, struct iovec *parts, int count, void *userdat
         atomic_fetch_add_explicit(&entry->rings->over_rings, 1, memory_order_relaxed);
         return (ssize_t)(sizeof *reply + size);
     }
-    ps_fuse_rings *rings = session_of(fd);
+    ps_fuse_rings *rings = session_of(userdata);
     int is_init = rings != NULL && reply->unique != 0 && reply->unique == atomic_load(&rings->init_unique);
     int asks_for_rings = 0;
-    if (is_init && rings->use_rings && reply->error == 0 && count >= 2 && parts[1].iov_len >= INIT_OUT_FLAGS2 + 4) {
+    if (is_init && reply->error == 0 && count >= 2 && parts[1].iov_len >= INIT_OUT_FLAGS2 + 4) {
         char *init = parts[1].iov_base;
         uint32_t flags = load32(init + INIT_OUT_FLAGS);
         // The kernel wants room in every entry for its largest request: max(8 KiB, max_write, max_pages pages).
@@ -164,7 +191,8 @@ static ssize_t write_reply(int fd, struct iovec *parts, int count, void *userdat
         if (flags & INIT_MAX_PAGES) memcpy(&max_pages, init + INIT_OUT_MAX_PAGES, sizeof max_pages);
         size_t payload = MINIMUM_PAYLOAD;
         if (max_write > payload) payload = max_write;
-        if ((size_t)max_pages * 4096 > payload) payload = (size_t)max_pages * 4096;
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        if ((size_t)max_pages * page > payload) payload = (size_t)max_pages * page;
         if (!atomic_load(&rings->kernel_offers_rings)) {
             say(rings, 0, "the kernel did not offer FUSE over io_uring for this mount; requests go over /dev/fuse");
         } else if (payload > ENTRY_PAYLOAD) {
@@ -212,12 +240,6 @@ static void queue_command(struct ring_thread *self, int command, uint64_t tag) {
     self->unsubmitted++;
 }
 
-static void answer_with_error(struct ring_thread *self, int error) {
-    struct reply_header failed = { sizeof failed, -error, self->commit_id };
-    memcpy(self->header->in_out, &failed, sizeof failed);
-    self->header->entry.payload_size = 0;
-}
-
 // Rebuilds the request as /dev/fuse would have delivered it (its header, the operation's own header, the rest) in
 // the headroom in front of the payload, and has libfuse answer it.
 static void serve(struct ring_thread *self) {
@@ -245,9 +267,7 @@ static void serve(struct ring_thread *self) {
     answering = NULL;
     // Only a request that wants no answer (FUSE_NOTIFY_REPLY) gets none; the entry is still handed back.
     if (!self->replied) answer_with_error(self, 0);
-    if (!atomic_exchange(&self->rings->ring_replies_reported, 1))
-        say(self->rings, 0, "requests come over io_uring now: %u queues of %u threads, each on its queue's processor",
-            self->rings->queue_count, self->rings->threads_per_queue);
+    if (!atomic_exchange(&self->rings->ring_replies_reported, 1)) say(self->rings, 0, "requests come over io_uring now");
 }
 
 // The ring and the entry's buffers exist before INIT is answered: once it asks for the rings, every queue must get
@@ -323,7 +343,11 @@ static int serve_until_the_end(struct ring_thread *self) {
             }
         }
         atomic_store_explicit((_Atomic unsigned *)self->cq_head, head, memory_order_release);
-        if (outcome <= 0) return outcome;
+        if (outcome <= 0) {
+            // An answer given in the same batch as the stop still goes out.
+            if (self->unsubmitted > 0) (void)syscall(__NR_io_uring_enter, self->ring_fd, self->unsubmitted, 0, 0, NULL, 0);
+            return outcome;
+        }
     }
 }
 
@@ -347,113 +371,148 @@ static void *run_thread(void *argument) {
         if (result < 0)
             say(rings, 1, "FUSE over io_uring: queue %u stopped (%s)%s", self->queue, strerror(-result),
                 result == -EOPNOTSUPP ? "; /sys/module/fuse/parameters/enable_uring was turned off before the mount registered; requests stay on /dev/fuse"
-                                      : "; the other entries go on, and a request already on this one may wait until unmount");
+                                      : "; the queue's other threads go on, and a request this one had taken may wait until unmount");
     }
     tear_down(self);
     return NULL;
 }
 
-static unsigned possible_processors(void) {
-    // The kernel makes one queue per possible processor (num_possible_cpus()): "0-1" here, "0-3,5-7" elsewhere.
-    FILE *file = fopen("/sys/devices/system/cpu/possible", "r");
-    unsigned count = 0;
-    if (file != NULL) {
-        unsigned low, high;
-        char separator = 0;
-        while (fscanf(file, "%u", &low) == 1) {
-            high = low;
-            if (fscanf(file, "%c", &separator) == 1 && separator == '-' && fscanf(file, "%u%c", &high, &separator) < 1) break;
-            if (high >= low) count += high - low + 1;
-            if (separator != ',') break;
-        }
-        fclose(file);
+// Calls `each` for every processor in a sysfs list ("0-1" here, "0-3,5-7" elsewhere); false if it cannot be read.
+static int each_listed_processor(const char *path, void (*each)(unsigned processor, void *context), void *context) {
+    FILE *file = fopen(path, "r");
+    if (file == NULL) return 0;
+    unsigned low, high;
+    char separator = 0;
+    while (fscanf(file, "%u", &low) == 1) {
+        high = low;
+        if (fscanf(file, "%c", &separator) == 1 && separator == '-' && fscanf(file, "%u%c", &high, &separator) < 1) break;
+        for (unsigned processor = low; processor <= high && processor < 65536; processor++) each(processor, context);
+        if (separator != ',') break;
     }
-    if (count > 0) return count;
-    long configured = sysconf(_SC_NPROCESSORS_CONF);
-    return configured > 0 ? (unsigned)configured : 1;
+    fclose(file);
+    return 1;
 }
 
-ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, int use_rings, unsigned threads,
+static void count_processor(unsigned processor, void *context) { (void)processor; (*(unsigned *)context)++; }
+
+struct processor_set { unsigned count; unsigned char *online; };
+
+static void mark_online(unsigned processor, void *context) {
+    struct processor_set *set = context;
+    if (processor < set->count) set->online[processor] = 1;
+}
+
+ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata, unsigned threads,
                                    ps_fuse_rings_report report, void *context) {
-    ps_fuse_rings *rings = calloc(1, sizeof *rings);
-    if (rings == NULL) return NULL;
-    rings->session = session;
-    rings->device_fd = fuse_session_fd(session);
-    rings->report = report;
-    rings->context = context;
-    rings->stop_fd = eventfd(0, EFD_CLOEXEC);
-    rings->queue_count = possible_processors();
-    // At least two per queue, so one blocked request does not hold up its processor's queue.
-    rings->threads_per_queue = (threads + rings->queue_count - 1) / rings->queue_count;
-    if (rings->threads_per_queue < 2) rings->threads_per_queue = 2;
-    rings->use_rings = use_rings && rings->stop_fd >= 0;
-    pthread_mutex_init(&rings->lock, NULL);
-    pthread_cond_init(&rings->changed, NULL);
-    int slot = -1;
-    for (int index = 0; index < MAXIMUM_SESSIONS && slot < 0; index++) {
-        ps_fuse_rings *empty = NULL;
-        if (atomic_compare_exchange_strong(&sessions[index], &empty, rings)) slot = index;
+    // The kernel makes one queue per possible processor (num_possible_cpus()), numbered like them.
+    unsigned queues = 0;
+    each_listed_processor("/sys/devices/system/cpu/possible", count_processor, &queues);
+    if (queues == 0) {
+        long configured = sysconf(_SC_NPROCESSORS_CONF);
+        queues = configured > 0 ? (unsigned)configured : 1;
     }
-    struct fuse_custom_io hooks;
-    memset(&hooks, 0, sizeof hooks);
-    hooks.read = read_request;
-    hooks.writev = write_reply;
-    if (slot < 0 || fuse_session_custom_io(session, &hooks, rings->device_fd) != 0) {
-        int error = slot < 0 ? EMFILE : EINVAL;
-        if (slot >= 0) atomic_store(&sessions[slot], NULL);
-        if (rings->stop_fd >= 0) close(rings->stop_fd);
+    struct processor_set processors = { queues, calloc(queues, 1) };
+    int device_fd = fcntl(fuse_session_fd(session), F_DUPFD_CLOEXEC, 0);
+    int stop_fd = eventfd(0, EFD_CLOEXEC);
+    ps_fuse_rings *rings = calloc(1, sizeof *rings);
+    int slot = -1;
+    for (int index = 0; rings != NULL && index < MAXIMUM_SESSIONS && slot < 0; index++) {
+        ps_fuse_rings *empty = NULL;
+        if (atomic_compare_exchange_strong(&session_states[index], &empty, rings)) slot = index;
+    }
+    if (processors.online == NULL || device_fd < 0 || stop_fd < 0 || rings == NULL || slot < 0) {
+        int error = slot < 0 && rings != NULL ? EMFILE : errno;
+        report_setup_failure(report, context, error);
+        if (device_fd >= 0) close(device_fd);
+        if (stop_fd >= 0) close(stop_fd);
+        free(processors.online);
         free(rings);
         errno = error;
         return NULL;
     }
-    if (!rings->use_rings) return rings;
-    // Every queue must get an entry once INIT asks for the rings, or requests wait for the missing queue until
-    // unmount: so the threads all exist (and their rings) before INIT is answered, or the rings are not asked for.
-    rings->threads = calloc((size_t)rings->queue_count * rings->threads_per_queue, sizeof *rings->threads);
+    // The descriptor is the rings' own: libfuse closes its one at unmount, while a ring thread may still answer.
+    rings->device_fd = device_fd;
+    rings->stop_fd = stop_fd;
+    rings->session = session;
+    rings->userdata = userdata;
+    rings->report = report;
+    rings->context = context;
+    rings->queue_count = queues;
+    pthread_mutex_init(&rings->lock, NULL);
+    pthread_cond_init(&rings->changed, NULL);
+    atomic_store(&session_keys[slot], userdata);
+    // Every queue must get an entry once INIT asks for the rings, or the kernel holds requests back until unmount: so
+    // the threads all exist (with their rings and buffers) before INIT is answered, or the rings are not asked for.
+    // Processors that are offline get one thread; the online ones share `threads`, at least two each, so that one
+    // request that blocks does not hold up its processor's queue.
+    unsigned online = 0;
+    if (!each_listed_processor("/sys/devices/system/cpu/online", mark_online, &processors)) memset(processors.online, 1, queues);
+    for (unsigned queue = 0; queue < queues; queue++) online += processors.online[queue];
+    unsigned per_online_queue = online > 0 ? (threads + online - 1) / online : 1;
+    if (per_online_queue < 2) per_online_queue = 2;
+    unsigned total = queues + online * (per_online_queue - 1);
+    rings->threads = calloc(total, sizeof *rings->threads);
     int complete = rings->threads != NULL;
-    for (unsigned index = 0; complete && index < rings->queue_count * rings->threads_per_queue; index++) {
-        struct ring_thread *thread = &rings->threads[index];
-        thread->rings = rings;
-        thread->queue = index % rings->queue_count;
-        thread->ring_fd = -1;
-        int setup = set_up_ring(thread);
-        if (setup < 0) {
-            say(rings, 1, "FUSE over io_uring: cannot set up a ring (%s); requests stay on /dev/fuse", strerror(-setup));
-            tear_down(thread);
-            complete = 0;
-        } else if (pthread_create(&thread->thread, NULL, run_thread, thread) != 0) {
-            tear_down(thread);
-            complete = 0;
-        } else {
-            rings->thread_count = index + 1;
+    for (unsigned queue = 0, index = 0; complete && queue < queues; queue++) {
+        for (unsigned copy = 0; complete && copy < (processors.online[queue] ? per_online_queue : 1); copy++, index++) {
+            struct ring_thread *thread = &rings->threads[index];
+            thread->rings = rings;
+            thread->queue = queue;
+            thread->ring_fd = -1;
+            int setup = set_up_ring(thread);
+            if (setup < 0) {
+                say(rings, 1, "FUSE over io_uring: cannot set up a ring (%s); requests stay on /dev/fuse", strerror(-setup));
+                tear_down(thread);
+                complete = 0;
+            } else if (pthread_create(&thread->thread, NULL, run_thread, thread) != 0) {
+                say(rings, 1, "FUSE over io_uring: cannot start a thread; requests stay on /dev/fuse");
+                tear_down(thread);
+                complete = 0;
+            } else {
+                rings->thread_count = index + 1;
+            }
         }
     }
-    if (!complete) {
-        rings->use_rings = 0;
+    free(processors.online);
+    struct fuse_custom_io hooks;
+    memset(&hooks, 0, sizeof hooks);
+    hooks.read = read_request;
+    hooks.writev = write_reply;
+    if (!complete || fuse_session_custom_io(session, &hooks, fuse_session_fd(session)) != 0) {
+        // Without the hooks INIT is not patched: the session stays as libfuse made it, on /dev/fuse.
+        if (complete) say(rings, 1, "FUSE over io_uring: libfuse refused the reply hooks; requests stay on /dev/fuse");
         enter_phase(rings, STOPPING);
+        ps_fuse_rings_stop(rings);
+        return NULL;
     }
+    say(rings, 0, "FUSE over io_uring is on: %u queues, %u threads, each on its queue's processor", queues, rings->thread_count);
     return rings;
 }
 
-void ps_fuse_rings_stop(ps_fuse_rings *rings) {
+void ps_fuse_rings_end(ps_fuse_rings *rings) {
     pthread_mutex_lock(&rings->lock);
     rings->phase = STOPPING;
     pthread_cond_broadcast(&rings->changed);
     pthread_mutex_unlock(&rings->lock);
-    if (rings->stop_fd >= 0) {
-        uint64_t one = 1;
-        (void)!write(rings->stop_fd, &one, sizeof one);
-    }
+    uint64_t one = 1;
+    (void)!write(rings->stop_fd, &one, sizeof one);
+}
+
+void ps_fuse_rings_stop(ps_fuse_rings *rings) {
+    ps_fuse_rings_end(rings);
     for (unsigned index = 0; index < rings->thread_count; index++) pthread_join(rings->threads[index].thread, NULL);
     uint64_t over_rings, over_device;
     ps_fuse_rings_counts(rings, &over_rings, &over_device);
-    if (rings->use_rings)
+    if (atomic_load(&rings->ring_replies_reported))
         say(rings, 0, "replies: %llu over io_uring, %llu over /dev/fuse", (unsigned long long)over_rings, (unsigned long long)over_device);
     for (int index = 0; index < MAXIMUM_SESSIONS; index++) {
-        ps_fuse_rings *self = rings;
-        atomic_compare_exchange_strong(&sessions[index], &self, NULL);
+        if (atomic_load(&session_states[index]) == rings) {
+            atomic_store(&session_keys[index], NULL);
+            atomic_store(&session_states[index], NULL);
+        }
     }
-    if (rings->stop_fd >= 0) close(rings->stop_fd);
+    close(rings->device_fd);
+    close(rings->stop_fd);
     pthread_mutex_destroy(&rings->lock);
     pthread_cond_destroy(&rings->changed);
     free(rings->threads);

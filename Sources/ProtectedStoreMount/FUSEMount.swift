@@ -22,7 +22,8 @@ package final class FUSEMount: @unchecked Sendable {
 
     /// Mounts, calls `ready` once the file system is visible, serves requests, and unmounts. Throws if mounting fails.
     /// With `unmountedBy`, signals are the caller's, and it is handed the call that unmounts (see `FUSESession.serve`).
-    package func run(unmountedBy: ((@escaping @Sendable () -> Void) -> Void)? = nil, ready: () -> Void) throws {
+    /// `overIOUring` false keeps requests on /dev/fuse where FUSE over io_uring is on.
+    package func run(overIOUring: Bool = true, unmountedBy: ((@escaping @Sendable () -> Void) -> Void)? = nil, ready: () -> Void) throws {
         let container = fileSystem.container
         // nodev and nosuid: an app container holds no device nodes and no set-id programs, as on iOS. No
         // default_permissions: without allow_other only the mounting user reaches the mount, and every request acts
@@ -31,7 +32,7 @@ package final class FUSEMount: @unchecked Sendable {
         // folder's attributes again before each change in it: one request more per created or removed file.
         let options = "nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl"
         try FUSESession.serve(mountPoint: mountPoint, options: options, operations: Self.operations, context: Unmanaged.passUnretained(self).toOpaque(),
-                              what: container.bundleIdentifier, logger: logger, started: { [fileSystem, logger] handle in
+                              what: container.bundleIdentifier, logger: logger, overIOUring: overIOUring, started: { [fileSystem, logger] handle in
             fileSystem.setPageCacheInvalidator { path in
                 let result = path.withCString { fuse_invalidate_path(handle.fuse, $0) }
                 // ENOENT: the kernel holds nothing for that path (never looked up, or forgotten): nothing to drop.

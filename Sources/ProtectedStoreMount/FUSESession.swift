@@ -10,8 +10,9 @@ enum FUSESession {
     /// Mounts with `operations` (whose requests find `context` as their private data), calls `started` with the
     /// libfuse instance, `ready` once the file system is visible, and `stopping` before the instance is destroyed.
     /// With `unmountedBy`, SIGINT, SIGTERM and SIGHUP are left to the caller, which is handed the call that unmounts.
+    /// Requests come over FUSE's io_uring transport where the administrator turned it on, unless `overIOUring` is false.
     static func serve(mountPoint: String, options: String, operations: fuse_operations, context: UnsafeMutableRawPointer, what: String,
-                      logger: Logger, started: (FuseHandle) -> Void = { _ in }, stopping: () -> Void = {},
+                      logger: Logger, overIOUring: Bool = true, started: (FuseHandle) -> Void = { _ in }, stopping: () -> Void = {},
                       unmountedBy: ((@escaping @Sendable () -> Void) -> Void)? = nil, ready: () -> Void) throws {
         var arguments = fuse_args()
         defer { fuse_opt_free_args(&arguments) }
@@ -33,8 +34,14 @@ enum FUSESession {
             throw mountError("libfuse could not mount it (see the message above); check that /dev/fuse exists and fusermount3 is installed (apt-get install fuse3)",
                              mountPoint: mountPoint)
         }
-        rings = FUSERings(session: fuse_get_session(fuse), mountPoint: mountPoint, logger: logger)
-        let unmount = OnceUnmount(handle)
+        if !overIOUring {
+            logger.debug("requests go over /dev/fuse (--no-io-uring)")
+        } else if FUSERings.isEnabled {
+            rings = FUSERings(fuse: fuse, logger: logger)
+        } else {
+            logger.debug("requests go over /dev/fuse: FUSE over io_uring is off (\(FUSERings.enableKnob) is not Y; root can turn it on before mounting, docs/FUSE-IO-URING.md)")
+        }
+        let unmount = OnceUnmount(handle, rings: rings)
         defer { unmount.run() }
         // libfuse's own handlers only flag the session, which wakes its loop only if the signal lands on the loop's
         // thread; unmounting ends every worker's read, wherever the signal lands.
@@ -80,10 +87,14 @@ struct FuseHandle: @unchecked Sendable {
 /// Unmounts once, from a signal's handler or at the end of the loop, whichever comes first.
 private final class OnceUnmount: @unchecked Sendable {
     private let handle: FuseHandle
+    private let rings: FUSERings?
     private let mutex = NSLock()
     private var done = false
 
-    init(_ handle: FuseHandle) { self.handle = handle }
+    init(_ handle: FuseHandle, rings: FUSERings?) {
+        self.handle = handle
+        self.rings = rings
+    }
 
     func run() {
         mutex.withLock {
@@ -91,6 +102,7 @@ private final class OnceUnmount: @unchecked Sendable {
             done = true
             fuse_session_exit(fuse_get_session(handle.fuse))
             fuse_unmount(handle.fuse)
+            rings?.end()
         }
     }
 }

@@ -31,8 +31,9 @@ enum MountTransport: String, CustomStringConvertible, Sendable {
     static let testable: [MountTransport] = [.devFuse] + (canRun("mount tests over FUSE's io_uring transport", unless: RingSwitch.problem) ? [.ioUring] : [])
 }
 
-/// The kernel's switch for FUSE over io_uring, set for one mount's start and set back after: the kernel reads it when a
-/// mount starts and when its rings register, and a connection keeps the transport it got. One mount start at a time.
+/// The kernel's switch for FUSE over io_uring, turned on for one mount's start and set back after: the kernel reads it
+/// when a mount starts and when its rings register, and a connection keeps the transport it got. One start at a time;
+/// mounts over /dev/fuse say so with --no-io-uring instead of turning it off.
 enum RingSwitch {
     static let path = "/sys/module/fuse/parameters/enable_uring"
     private static let lock = NSLock()
@@ -43,12 +44,12 @@ enum RingSwitch {
         return nil
     }()
 
-    /// Runs `body` with the switch on (or off), then sets it back; where it cannot be set, just runs `body`.
-    static func with<Result>(on: Bool, _ body: () throws -> Result) throws -> Result {
+    /// Runs `body` with the switch on, then sets it back.
+    static func on<Result>(_ body: () throws -> Result) throws -> Result {
         lock.lock()
         defer { lock.unlock() }
-        guard problem == nil, let was = try? String(contentsOfFile: path, encoding: .utf8) else { return try body() }
-        try (on ? "Y" : "N").write(toFile: path, atomically: false, encoding: .utf8)
+        let was = try String(contentsOfFile: path, encoding: .utf8)
+        try "Y".write(toFile: path, atomically: false, encoding: .utf8)
         defer { try? was.write(toFile: path, atomically: false, encoding: .utf8) }
         return try body()
     }
@@ -61,6 +62,7 @@ final class MountedDevice: @unchecked Sendable {
     let daemon: DaemonProcess
     let mount: SpawnedProcess
     let mountPoint: String
+    let transport: MountTransport
 
     /// Over io_uring, the mount has answered a request from its rings before this returns.
     init(defaultProtection: FileProtectionType = .complete, in directory: TemporaryDirectory = TemporaryDirectory(),
@@ -71,22 +73,28 @@ final class MountedDevice: @unchecked Sendable {
         mountPoint = test.path("mnt")
         try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
         try Self.unlock(test)
+        self.transport = transport
         let (test, mountPoint) = (test, mountPoint)
-        mount = try RingSwitch.with(on: transport == .ioUring) {
+        let start = {
             let mount = try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
                                            ["mount", TestDevice.bundleIdentifier, mountPoint, "--foreground", "--verbose",
-                                            "--root", test.root, "--device-secret", test.secretPath])
-            // The kernel has taken the switch's setting once the mount is visible (and INIT is on its way).
+                                            "--root", test.root, "--device-secret", test.secretPath] + (transport == .devFuse ? ["--no-io-uring"] : []))
             let mounted = eventually(timeout: 20) { MountPoint.mountedFileSystem(at: mountPoint) != nil || !mount.process.isRunning }
             #expect(mounted && mount.process.isRunning, "the mount did not come up: \(mount.standardError)")
-            if transport == .ioUring {
-                // The rings register after INIT's reply; a stat waits for them, and the first one they carry is logged.
-                var info = stat()
-                let overRings = eventually(timeout: 20) {
-                    stat(mountPoint, &info) == 0 && mount.standardError.contains("requests come over io_uring now") || !mount.process.isRunning
-                }
-                #expect(overRings && mount.process.isRunning, "the mount did not take requests over io_uring: \(mount.standardError)")
+            return mount
+        }
+        guard transport == .ioUring else {
+            mount = try start()
+            return
+        }
+        mount = try RingSwitch.on {
+            let mount = try start()
+            // The rings register after INIT's reply; a stat waits for them, and the first request they carry is logged.
+            var info = stat()
+            let overRings = eventually(timeout: 20) {
+                stat(mountPoint, &info) == 0 && mount.standardError.contains("requests come over io_uring now") || !mount.process.isRunning
             }
+            #expect(overRings && mount.process.isRunning, "the mount did not take requests over io_uring: \(mount.standardError)")
             return mount
         }
     }
@@ -96,6 +104,21 @@ final class MountedDevice: @unchecked Sendable {
         _ = try? CLI.run(executable: URL(fileURLWithPath: FUSEAvailability.executable("fusermount3") ?? "/bin/fusermount3"), ["-u", "-z", mountPoint])
         mount.signal(SIGTERM)
         _ = mount.waitForExit(timeout: 10)
+        if transport == .ioUring { expectServedFromRings() }
+    }
+
+    /// Every request after the rings came up went over them: the mount's count at unmount shows none of the test's on
+    /// /dev/fuse (INIT and the odd FORGET are), and no ring thread stopped early.
+    private func expectServedFromRings() {
+        let log = mount.standardError
+        #expect(!log.contains("FUSE over io_uring: "), "a ring failed: \(log)")
+        guard let line = log.split(separator: "\n").last(where: { $0.contains("replies: ") }),
+              let counts = try? #/replies: (\d+) over io_uring, (\d+) over /dev/fuse/#.firstMatch(in: line),
+              let overRings = Int(counts.1), let overDevice = Int(counts.2) else {
+            Issue.record("the mount did not report its replies at unmount: \(log)")
+            return
+        }
+        #expect(overRings > 10 * overDevice, "replies: \(overRings) over io_uring, \(overDevice) over /dev/fuse")
     }
 
     /// A path inside the mount ("Documents/a.txt").

@@ -2,7 +2,7 @@
 # Times stat(2) (two FUSE round trips: LOOKUP, GETATTR) of a spike file system served four ways on this machine: over
 # /dev/fuse by one libfuse thread, free to run anywhere and then with the caller on processor 0 too; over FUSE's
 # io_uring transport, the ring threads free and then each pinned to its processor. See docs/FUSE-IO-URING.md; the
-# mount does not use io_uring yet.
+# mount's own transport (Sources/CFuseRings) grew from this spike.
 #
 #   scripts/fuse-uring-spike/run.sh [--count N] [--rounds N]
 #

@@ -12,15 +12,21 @@ typedef struct ps_fuse_rings ps_fuse_rings;
 /// How the transport tells the mount what happened: an informational line, or an error (is_error 1).
 typedef void (*ps_fuse_rings_report)(void *context, int is_error, const char *message);
 
-/// Routes the session's replies (after fuse_mount, before its loop). With use_rings, INIT's reply asks the kernel
-/// for the rings, and about `threads` threads (at least two per possible processor) register once it is written;
-/// requests the rings do not carry (and all of them if the kernel declines) stay on /dev/fuse. NULL (errno set) if
-/// libfuse refused the hooks or memory ran out, and then the session is unchanged.
-ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, int use_rings, unsigned threads,
+/// Asks for the rings (after fuse_mount, before the session's loop): starts about `threads` threads, at least two per
+/// online processor and one per other possible one, and routes the session's replies through libfuse's custom I/O
+/// hooks, so that INIT's reply asks for the rings and the threads register once it is written. `userdata` is what
+/// libfuse hands the hooks: the struct fuse of the high-level API. Requests the rings do not carry (and all of them
+/// if the kernel declines) stay on /dev/fuse. NULL, after reporting why, if the rings cannot be set up; then the
+/// session is unchanged.
+ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata, unsigned threads,
                                    ps_fuse_rings_report report, void *context);
 
+/// After the mount's own unmount (fuse_session_exit, then fuse_unmount): ends the ring threads and wakes libfuse's
+/// loop, which then returns even if the unmount was lazy and files are still open (their requests then fail).
+void ps_fuse_rings_end(ps_fuse_rings *rings);
+
 /// Ends the ring threads and frees them: after the session's loop has returned (an unmount ends the rings too) and
-/// before fuse_destroy. Reports how many replies went over each transport.
+/// before fuse_destroy. Reports how many replies went over each transport, if any went over the rings.
 void ps_fuse_rings_stop(ps_fuse_rings *rings);
 
 /// Replies sent over the rings and over /dev/fuse so far.
