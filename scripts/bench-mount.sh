@@ -68,11 +68,12 @@ work=$(mktemp -d "$under/bench-mount.XXXXXX")
 daemon_pid=""
 knob_was=""
 cleanup() {
+    set +e
+    if [ -n "$knob_was" ]; then echo "$knob_was" > "$knob" || echo "warning: could not set $knob back to $knob_was" >&2; fi
     fusermount3 -u -z "$work/ps-mnt" 2>/dev/null || true
     fusermount3 -u -z "$work/gc-mnt" 2>/dev/null || true
     [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
     rm -rf "$work"
-    if [ -n "$knob_was" ]; then echo "$knob_was" > "$knob" || echo "warning: could not set $knob back to $knob_was" >&2; fi
 }
 trap cleanup EXIT
 

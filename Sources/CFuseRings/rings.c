@@ -123,6 +123,8 @@ static void enter_phase(ps_fuse_rings *rings, enum phase phase) {
 static ssize_t read_request(int fd, void *buffer, size_t size, void *userdata) {
     ps_fuse_rings *rings = session_of(userdata);
     if (rings != NULL) {
+        // The rings' own descriptor: libfuse's is closed at unmount, and its number may by then name another file.
+        fd = rings->device_fd;
         struct pollfd waits[2] = { { .fd = fd, .events = POLLIN }, { .fd = rings->stop_fd, .events = POLLIN } };
         while (poll(waits, 2, -1) < 0) {
             if (errno != EINTR) return -1;
@@ -204,7 +206,7 @@ static ssize_t write_reply(int fd, struct iovec *parts, int count, void *userdat
             asks_for_rings = 1;
         }
     }
-    ssize_t written = writev(fd, parts, count);
+    ssize_t written = writev(rings != NULL ? rings->device_fd : fd, parts, count);
     int error = errno;
     if (rings != NULL && reply->unique != 0) atomic_fetch_add_explicit(&rings->over_device, 1, memory_order_relaxed);
     // Entries can be registered only once the kernel has taken INIT's reply, which it does inside this writev.
@@ -332,6 +334,7 @@ static int serve_until_the_end(struct ring_thread *self) {
             if (completion->user_data == TAG_STOP) {
                 outcome = 0;
             } else if (completion->res == -EAGAIN || completion->res == -EINTR) {
+                if (completion->res == -EAGAIN) usleep(1000);   // not expected once INIT is answered: no busy loop
                 queue_command(self, self->last_command, TAG_ENTRY);
             } else if (completion->res == -ENOTCONN || completion->res == -ECONNABORTED || completion->res == -ECANCELED) {
                 outcome = 0;   // unmounted
@@ -369,9 +372,9 @@ static void *run_thread(void *argument) {
     if (phase == REGISTERING) {
         int result = serve_until_the_end(self);
         if (result < 0)
-            say(rings, 1, "FUSE over io_uring: queue %u stopped (%s)%s", self->queue, strerror(-result),
+            say(rings, 1, "FUSE over io_uring: a thread of queue %u stopped (%s)%s", self->queue, strerror(-result),
                 result == -EOPNOTSUPP ? "; /sys/module/fuse/parameters/enable_uring was turned off before the mount registered; requests stay on /dev/fuse"
-                                      : "; the queue's other threads go on, and a request this one had taken may wait until unmount");
+                                      : "; a request it had taken may wait until unmount");
     }
     tear_down(self);
     return NULL;
@@ -423,6 +426,7 @@ ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata,
     if (processors.online == NULL || device_fd < 0 || stop_fd < 0 || rings == NULL || slot < 0) {
         int error = slot < 0 && rings != NULL ? EMFILE : errno;
         report_setup_failure(report, context, error);
+        if (slot >= 0) atomic_store(&session_states[slot], NULL);
         if (device_fd >= 0) close(device_fd);
         if (stop_fd >= 0) close(stop_fd);
         free(processors.online);

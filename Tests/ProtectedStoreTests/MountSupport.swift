@@ -32,8 +32,9 @@ enum MountTransport: String, CustomStringConvertible, Sendable {
 }
 
 /// The kernel's switch for FUSE over io_uring, turned on for one mount's start and set back after: the kernel reads it
-/// when a mount starts and when its rings register, and a connection keeps the transport it got. One start at a time;
-/// mounts over /dev/fuse say so with --no-io-uring instead of turning it off.
+/// when a mount starts and when its rings register, and a connection keeps the transport it got. One start at a time.
+/// `MountedDevice` over /dev/fuse says so with --no-io-uring instead of turning it off; other mounts that start
+/// meanwhile (the drop folder, `launch`, other suites' `sandboxctl mount`) may take the rings, which they serve alike.
 enum RingSwitch {
     static let path = "/sys/module/fuse/parameters/enable_uring"
     private static let lock = NSLock()
@@ -118,7 +119,7 @@ final class MountedDevice: @unchecked Sendable {
             Issue.record("the mount did not report its replies at unmount: \(log)")
             return
         }
-        #expect(overRings > 10 * overDevice, "replies: \(overRings) over io_uring, \(overDevice) over /dev/fuse")
+        #expect(overRings > 3 * overDevice, "replies: \(overRings) over io_uring, \(overDevice) over /dev/fuse")
     }
 
     /// A path inside the mount ("Documents/a.txt").

@@ -562,6 +562,23 @@ struct MountTests {
         #expect(missing.status == 1 && missing.stderr.contains("mkdir -p"), "\(missing)")
     }
 
+    @Test("over io_uring, SIGTERM while a file is held open: the lazy unmount still ends the mount's process, and the descriptor then fails",
+          arguments: MountTransport.testable.filter { $0 == .ioUring })
+    func terminateWhileBusy(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
+        let path = mounted.path("Documents/held.txt")
+        writeRaw(Array("held open".utf8), path)
+        let fd = open(path, O_RDWR)
+        #expect(fd >= 0)
+        defer { close(fd) }
+        #expect(readString(fd) == "held open")
+        mounted.mount.signal(SIGTERM)
+        // The rings carry every request, so nothing wakes libfuse's /dev/fuse loop: the mount's own unmount must.
+        #expect(mounted.mount.waitForExit(timeout: 10) != nil, "the mount kept running after SIGTERM: \(mounted.log)")
+        // Cached pages may still be read; anything that reaches the file system fails.
+        #expect(posixError(Int(fsync(fd))) == ENOTCONN)
+    }
+
     /// The pid of the background mount serving `mountPoint`, from /proc.
     private func backgroundMountPID(_ mountPoint: String) -> Int32? {
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
