@@ -42,6 +42,7 @@ enum { INIT_IN_FLAGS2 = 40 + 16, INIT_OUT_FLAGS = 12, INIT_OUT_MAX_WRITE = 20, I
 // up to 1 MiB, the mounts' max_write: a connection that could send larger ones is not asked for the rings.
 enum { HEADROOM = 4096, MINIMUM_PAYLOAD = 8192, ENTRY_PAYLOAD = 1 << 20 };
 enum { TAG_STOP = 1, TAG_ENTRY = 2 };
+enum { FORGET_BATCHING_MICROSECONDS = 1000 };
 
 enum phase { WAITING_FOR_INIT, REGISTERING, STOPPING };
 
@@ -133,6 +134,10 @@ static ssize_t read_request(int fd, void *buffer, size_t size, void *userdata) {
             errno = ENODEV;   // what libfuse's loop takes for "unmounted": it ends quietly
             return -1;
         }
+        // Once the rings carry the requests, what comes here is FORGETs (one per inode the kernel drops: a file
+        // removed, a cache trimmed) and INTERRUPTs, neither of which anyone waits for. Waiting a moment lets the
+        // kernel batch the FORGETs into one read instead of waking a thread for each (PERFORMANCE.md, issue 20).
+        if (atomic_load(&rings->ring_replies_reported)) usleep(FORGET_BATCHING_MICROSECONDS);
     }
     ssize_t count = read(fd, buffer, size);
     if (rings != NULL && count >= INIT_IN_FLAGS2 + 4) {
