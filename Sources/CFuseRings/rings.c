@@ -67,15 +67,14 @@ struct ring_thread {
 
 struct ps_fuse_rings {
     struct fuse_session *session;
-    void *userdata;
     int device_fd, stop_fd;
-    unsigned queue_count, thread_count;
+    unsigned thread_count;
     struct ring_thread *threads;
-    pthread_mutex_t lock;
+    pthread_mutex_t lock, reading;
     pthread_cond_t changed;
     enum phase phase;
     _Atomic uint64_t init_unique;
-    atomic_int kernel_offers_rings, ring_replies_reported;
+    atomic_int kernel_offers_rings, rings_carry_requests;
     _Atomic uint64_t over_rings, over_device;
     ps_fuse_rings_report report;
     void *context;
@@ -119,28 +118,38 @@ static void enter_phase(ps_fuse_rings *rings, enum phase phase) {
     pthread_mutex_unlock(&rings->lock);
 }
 
-// libfuse's /dev/fuse loop reads here. Its threads wait for the stop as well as for requests: once the rings carry
-// the requests, nothing else would wake them after a lazy unmount of a busy mount, and the loop would never end.
+static void unlock_mutex(void *mutex) { pthread_mutex_unlock(mutex); }
+
+// Waits for a request on /dev/fuse or for the stop, then reads; -1 with ENODEV at the stop.
+static ssize_t read_in_turn(ps_fuse_rings *rings, void *buffer, size_t size) {
+    struct pollfd waits[2] = { { .fd = rings->device_fd, .events = POLLIN }, { .fd = rings->stop_fd, .events = POLLIN } };
+    while (poll(waits, 2, -1) < 0) {
+        if (errno != EINTR) return -1;
+    }
+    if (waits[1].revents & POLLIN) {
+        errno = ENODEV;   // what libfuse's loop takes for "unmounted": it ends quietly
+        return -1;
+    }
+    // Once the rings carry the requests, what comes here is FORGETs (one per inode the kernel drops: a file removed,
+    // a cache trimmed), INTERRUPTs, and once any request sent before the rings were ready; nobody waits for a FORGET.
+    // Waiting a moment lets the kernel batch the FORGETs into one read instead of waking a thread for each.
+    if (atomic_load(&rings->rings_carry_requests)) usleep(FORGET_BATCHING_MICROSECONDS);
+    return read(rings->device_fd, buffer, size);
+}
+
+// libfuse's /dev/fuse loop reads here, its threads one at a time: the one reading waits for the stop as well as for
+// requests (once the rings carry the requests, nothing else would wake it after a lazy unmount of a busy mount, and
+// the loop would never end), and the others must not read a FORGET each while it waits for a batch. libfuse ends its
+// loop by cancelling its threads, so the turn is given back at a cancellation too.
 static ssize_t read_request(int fd, void *buffer, size_t size, void *userdata) {
     ps_fuse_rings *rings = session_of(userdata);
-    if (rings != NULL) {
-        // The rings' own descriptor: libfuse's is closed at unmount, and its number may by then name another file.
-        fd = rings->device_fd;
-        struct pollfd waits[2] = { { .fd = fd, .events = POLLIN }, { .fd = rings->stop_fd, .events = POLLIN } };
-        while (poll(waits, 2, -1) < 0) {
-            if (errno != EINTR) return -1;
-        }
-        if (waits[1].revents & POLLIN) {
-            errno = ENODEV;   // what libfuse's loop takes for "unmounted": it ends quietly
-            return -1;
-        }
-        // Once the rings carry the requests, what comes here is FORGETs (one per inode the kernel drops: a file
-        // removed, a cache trimmed) and INTERRUPTs, neither of which anyone waits for. Waiting a moment lets the
-        // kernel batch the FORGETs into one read instead of waking a thread for each (PERFORMANCE.md, issue 20).
-        if (atomic_load(&rings->ring_replies_reported)) usleep(FORGET_BATCHING_MICROSECONDS);
-    }
-    ssize_t count = read(fd, buffer, size);
-    if (rings != NULL && count >= INIT_IN_FLAGS2 + 4) {
+    if (rings == NULL) return read(fd, buffer, size);
+    ssize_t count;
+    pthread_mutex_lock(&rings->reading);
+    pthread_cleanup_push(unlock_mutex, &rings->reading);
+    count = read_in_turn(rings, buffer, size);
+    pthread_cleanup_pop(1);
+    if (count >= INIT_IN_FLAGS2 + 4) {
         const struct request_header *request = buffer;
         if (request->opcode == OPCODE_INIT) {
             uint32_t flags2;
@@ -274,7 +283,7 @@ static void serve(struct ring_thread *self) {
     answering = NULL;
     // Only a request that wants no answer (FUSE_NOTIFY_REPLY) gets none; the entry is still handed back.
     if (!self->replied) answer_with_error(self, 0);
-    if (!atomic_exchange(&self->rings->ring_replies_reported, 1)) say(self->rings, 0, "requests come over io_uring now");
+    if (!atomic_exchange(&self->rings->rings_carry_requests, 1)) say(self->rings, 0, "requests come over io_uring now");
 }
 
 // The ring and the entry's buffers exist before INIT is answered: once it asks for the rings, every queue must get
@@ -379,7 +388,7 @@ static void *run_thread(void *argument) {
         if (result < 0)
             say(rings, 1, "FUSE over io_uring: a thread of queue %u stopped (%s)%s", self->queue, strerror(-result),
                 result == -EOPNOTSUPP ? "; /sys/module/fuse/parameters/enable_uring was turned off before the mount registered; requests stay on /dev/fuse"
-                                      : "; a request it had taken may wait until unmount");
+                                      : "; a request it had taken may wait until unmount: unmount and mount again, with --no-io-uring if it recurs");
     }
     tear_down(self);
     return NULL;
@@ -443,11 +452,10 @@ ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata,
     rings->device_fd = device_fd;
     rings->stop_fd = stop_fd;
     rings->session = session;
-    rings->userdata = userdata;
     rings->report = report;
     rings->context = context;
-    rings->queue_count = queues;
     pthread_mutex_init(&rings->lock, NULL);
+    pthread_mutex_init(&rings->reading, NULL);
     pthread_cond_init(&rings->changed, NULL);
     atomic_store(&session_keys[slot], userdata);
     // Every queue must get an entry once INIT asks for the rings, or the kernel holds requests back until unmount: so
@@ -512,7 +520,7 @@ void ps_fuse_rings_stop(ps_fuse_rings *rings) {
     for (unsigned index = 0; index < rings->thread_count; index++) pthread_join(rings->threads[index].thread, NULL);
     uint64_t over_rings, over_device;
     ps_fuse_rings_counts(rings, &over_rings, &over_device);
-    if (atomic_load(&rings->ring_replies_reported))
+    if (atomic_load(&rings->rings_carry_requests))
         say(rings, 0, "replies: %llu over io_uring, %llu over /dev/fuse", (unsigned long long)over_rings, (unsigned long long)over_device);
     for (int index = 0; index < MAXIMUM_SESSIONS; index++) {
         if (atomic_load(&session_states[index]) == rings) {
@@ -523,6 +531,7 @@ void ps_fuse_rings_stop(ps_fuse_rings *rings) {
     close(rings->device_fd);
     close(rings->stop_fd);
     pthread_mutex_destroy(&rings->lock);
+    pthread_mutex_destroy(&rings->reading);
     pthread_cond_destroy(&rings->changed);
     free(rings->threads);
     free(rings);

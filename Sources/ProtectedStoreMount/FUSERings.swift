@@ -7,6 +7,8 @@ import Logging
 /// (`/sys/module/fuse/parameters/enable_uring`), beside libfuse's /dev/fuse loop, which keeps INIT, FORGET,
 /// interrupts and notifications, and every request if the kernel declines. Each processor's requests are answered
 /// by threads on that processor, without the hand-off to another one that costs most of a /dev/fuse round trip.
+/// Sendable by hand: its C state is shared by design (ring threads, libfuse's threads, the unmount's `end`), guarded
+/// there by atomics, a mutex and an eventfd.
 final class FUSERings: @unchecked Sendable {
     /// The kernel's switch: root's, read once per mount.
     static let enableKnob = "/sys/module/fuse/parameters/enable_uring"
@@ -23,8 +25,7 @@ final class FUSERings: @unchecked Sendable {
     /// set up, and then requests go over /dev/fuse.
     init?(fuse: OpaquePointer, logger: Logger) {
         let reporter = Unmanaged.passRetained(Reporter(logger: logger))
-        // About as many threads as libfuse's own loop may start (16).
-        guard let rings = ps_fuse_rings_start(fuse_get_session(fuse), UnsafeMutableRawPointer(fuse), 16, { context, isError, message in
+        guard let rings = ps_fuse_rings_start(fuse_get_session(fuse), UnsafeMutableRawPointer(fuse), UInt32(FUSESession.threads), { context, isError, message in
             let reporter = Unmanaged<Reporter>.fromOpaque(context!).takeUnretainedValue()
             let text = String(cString: message!)
             if isError != 0 { reporter.logger.error("\(text)") } else { reporter.logger.info("\(text)") }
@@ -45,7 +46,8 @@ final class FUSERings: @unchecked Sendable {
         reporter.release()
     }
 
-    private final class Reporter {
+    /// Called from the ring threads: it only holds the logger, which is thread-safe.
+    private final class Reporter: Sendable {
         let logger: Logger
         init(logger: Logger) { self.logger = logger }
     }

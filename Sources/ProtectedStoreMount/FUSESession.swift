@@ -7,6 +7,9 @@ import SystemPackage
 /// One libfuse session (high-level API, multithreaded) at a mount point, shared by the container mount and the Inbox
 /// drop folder: it mounts, serves until SIGINT, SIGTERM or SIGHUP or until `fusermount3 -u`, and unmounts.
 enum FUSESession {
+    /// How many threads libfuse's /dev/fuse loop may start; the io_uring transport starts about as many.
+    static let threads = 16
+
     /// Mounts with `operations` (whose requests find `context` as their private data), calls `started` with the
     /// libfuse instance, `ready` once the file system is visible, and `stopping` before the instance is destroyed.
     /// With `unmountedBy`, SIGINT, SIGTERM and SIGHUP are left to the caller, which is handed the call that unmounts.
@@ -35,7 +38,7 @@ enum FUSESession {
                              mountPoint: mountPoint)
         }
         if !overIOUring {
-            logger.debug("requests go over /dev/fuse (--no-io-uring)")
+            logger.debug("requests go over /dev/fuse, as asked")
         } else if FUSERings.isEnabled {
             rings = FUSERings(fuse: fuse, logger: logger)
         } else {
@@ -60,7 +63,7 @@ enum FUSESession {
         signal(SIGPIPE, SIG_IGN)
         logger.info("serving \(what) at \(mountPoint)")
         ready()
-        let result = ps_fuse_loop_mt(fuse, 16)
+        let result = ps_fuse_loop_mt(fuse, UInt32(threads))
         if result != 0 && result != -EINTR {
             logger.error("the FUSE session ended with an error (\(Errno(rawValue: abs(result))))")
         }

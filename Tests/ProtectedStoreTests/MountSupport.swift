@@ -51,7 +51,13 @@ enum RingSwitch {
         defer { lock.unlock() }
         let was = try String(contentsOfFile: path, encoding: .utf8)
         try "Y".write(toFile: path, atomically: false, encoding: .utf8)
-        defer { try? was.write(toFile: path, atomically: false, encoding: .utf8) }
+        defer {
+            do {
+                try was.write(toFile: path, atomically: false, encoding: .utf8)
+            } catch {
+                Issue.record("could not set \(path) back to \(was): \(error); set it by hand")
+            }
+        }
         return try body()
     }
 }
@@ -104,12 +110,15 @@ final class MountedDevice: @unchecked Sendable {
         // Unmounting first ends the mount cleanly even if a test left a descriptor open; then make sure it is gone.
         _ = try? CLI.run(executable: URL(fileURLWithPath: FUSEAvailability.executable("fusermount3") ?? "/bin/fusermount3"), ["-u", "-z", mountPoint])
         mount.signal(SIGTERM)
-        _ = mount.waitForExit(timeout: 10)
-        if transport == .ioUring { expectServedFromRings() }
+        let exited = mount.waitForExit(timeout: 30) != nil
+        if transport == .ioUring {
+            #expect(exited, "the mount did not end within 30 s of SIGTERM: \(log)")
+            if exited { expectServedFromRings() }
+        }
     }
 
-    /// Every request after the rings came up went over them: the mount's count at unmount shows none of the test's on
-    /// /dev/fuse (INIT and the odd FORGET are), and no ring thread stopped early.
+    /// Every request after the rings came up went over them: the mount's count at unmount has on /dev/fuse only INIT's
+    /// reply and the odd one (an INTERRUPT's; FORGETs get none), and no ring thread stopped early.
     private func expectServedFromRings() {
         let log = mount.standardError
         #expect(!log.contains("FUSE over io_uring: "), "a ring failed: \(log)")
@@ -119,7 +128,7 @@ final class MountedDevice: @unchecked Sendable {
             Issue.record("the mount did not report its replies at unmount: \(log)")
             return
         }
-        #expect(overRings > 3 * overDevice, "replies: \(overRings) over io_uring, \(overDevice) over /dev/fuse")
+        #expect(overRings > 0 && overDevice <= 3, "replies: \(overRings) over io_uring, \(overDevice) over /dev/fuse")
     }
 
     /// A path inside the mount ("Documents/a.txt").
