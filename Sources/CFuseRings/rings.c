@@ -61,7 +61,7 @@ struct ring_thread {
     char *buffer;                // HEADROOM, then the payload
     size_t buffer_size;
     struct iovec registered[2];
-    uint64_t commit_id;
+    uint64_t commit_id, replies;
     int replied, last_command;
 };
 
@@ -75,7 +75,7 @@ struct ps_fuse_rings {
     enum phase phase;
     _Atomic uint64_t init_unique;
     atomic_int kernel_offers_rings, rings_carry_requests;
-    _Atomic uint64_t over_rings, over_device;
+    _Atomic uint64_t over_device;
     ps_fuse_rings_report report;
     void *context;
 };
@@ -192,7 +192,7 @@ static ssize_t write_reply(int fd, struct iovec *parts, int count, void *userdat
         memcpy(entry->header->in_out, reply, sizeof *reply);
         entry->header->entry.payload_size = (uint32_t)size;
         entry->replied = 1;
-        atomic_fetch_add_explicit(&entry->rings->over_rings, 1, memory_order_relaxed);
+        entry->replies++;
         return (ssize_t)(sizeof *reply + size);
     }
     ps_fuse_rings *rings = session_of(userdata);
@@ -283,7 +283,10 @@ static void serve(struct ring_thread *self) {
     answering = NULL;
     // Only a request that wants no answer (FUSE_NOTIFY_REPLY) gets none; the entry is still handed back.
     if (!self->replied) answer_with_error(self, 0);
-    if (!atomic_exchange(&self->rings->rings_carry_requests, 1)) say(self->rings, 0, "requests come over io_uring now");
+    // A load first: an exchange on every request would bounce the flag's cache line between the processors.
+    if (!atomic_load_explicit(&self->rings->rings_carry_requests, memory_order_relaxed)
+        && !atomic_exchange(&self->rings->rings_carry_requests, 1))
+        say(self->rings, 0, "requests come over io_uring now");
 }
 
 // The ring and the entry's buffers exist before INIT is answered: once it asks for the rings, every queue must get
@@ -498,7 +501,6 @@ ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata,
     if (!complete || fuse_session_custom_io(session, &hooks, fuse_session_fd(session)) != 0) {
         // Without the hooks INIT is not patched: the session stays as libfuse made it, on /dev/fuse.
         if (complete) say(rings, 1, "FUSE over io_uring: libfuse refused the reply hooks; requests stay on /dev/fuse");
-        enter_phase(rings, STOPPING);
         ps_fuse_rings_stop(rings);
         return NULL;
     }
@@ -507,21 +509,21 @@ ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata,
 }
 
 void ps_fuse_rings_end(ps_fuse_rings *rings) {
-    pthread_mutex_lock(&rings->lock);
-    rings->phase = STOPPING;
-    pthread_cond_broadcast(&rings->changed);
-    pthread_mutex_unlock(&rings->lock);
+    enter_phase(rings, STOPPING);
     uint64_t one = 1;
     (void)!write(rings->stop_fd, &one, sizeof one);
 }
 
 void ps_fuse_rings_stop(ps_fuse_rings *rings) {
     ps_fuse_rings_end(rings);
-    for (unsigned index = 0; index < rings->thread_count; index++) pthread_join(rings->threads[index].thread, NULL);
-    uint64_t over_rings, over_device;
-    ps_fuse_rings_counts(rings, &over_rings, &over_device);
+    uint64_t over_rings = 0;
+    for (unsigned index = 0; index < rings->thread_count; index++) {
+        pthread_join(rings->threads[index].thread, NULL);
+        over_rings += rings->threads[index].replies;
+    }
     if (atomic_load(&rings->rings_carry_requests))
-        say(rings, 0, "replies: %llu over io_uring, %llu over /dev/fuse", (unsigned long long)over_rings, (unsigned long long)over_device);
+        say(rings, 0, "replies: %llu over io_uring, %llu over /dev/fuse", (unsigned long long)over_rings,
+            (unsigned long long)atomic_load(&rings->over_device));
     for (int index = 0; index < MAXIMUM_SESSIONS; index++) {
         if (atomic_load(&session_states[index]) == rings) {
             atomic_store(&session_keys[index], NULL);
@@ -535,9 +537,4 @@ void ps_fuse_rings_stop(ps_fuse_rings *rings) {
     pthread_cond_destroy(&rings->changed);
     free(rings->threads);
     free(rings);
-}
-
-void ps_fuse_rings_counts(ps_fuse_rings *rings, uint64_t *over_rings, uint64_t *over_device) {
-    *over_rings = atomic_load(&rings->over_rings);
-    *over_device = atomic_load(&rings->over_device);
 }

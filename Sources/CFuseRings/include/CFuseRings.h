@@ -22,14 +22,12 @@ ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata,
                                    ps_fuse_rings_report report, void *context);
 
 /// After the mount's own unmount (fuse_session_exit, then fuse_unmount): ends the ring threads and wakes libfuse's
-/// loop, which then returns even if the unmount was lazy and files are still open (their requests then fail).
+/// loop, which then returns even if the unmount was lazy and files are still open (their requests fail once the mount
+/// has ended).
 void ps_fuse_rings_end(ps_fuse_rings *rings);
 
 /// Ends the ring threads and frees them: after the session's loop has returned (an unmount ends the rings too) and
 /// before fuse_destroy. Reports how many replies went over each transport, if any went over the rings.
 void ps_fuse_rings_stop(ps_fuse_rings *rings);
-
-/// Replies sent over the rings and over /dev/fuse so far.
-void ps_fuse_rings_counts(ps_fuse_rings *rings, uint64_t *over_rings, uint64_t *over_device);
 
 #endif

@@ -188,14 +188,9 @@ final class PrewrappedFileKeys: @unchecked Sendable {
         if !kept { draft.keys.discard() }
     }
 
-    /// Has the daemon seal the draft's keys, in one round trip; zeroes them if it cannot.
+    /// Has the daemon seal the draft's keys, in one round trip. If it cannot, `land` zeroes them.
     private func seal(_ draft: Draft, for template: Template) throws -> Batch {
-        do {
-            let sealed = try link.wrapFileKeys(draft.keys, for: template.protectionClass, associatedData: draft.associatedData)
-            return Batch(keys: draft.keys, fileIDs: draft.fileIDs, sealed: sealed)
-        } catch {
-            draft.keys.discard()
-            throw error
-        }
+        let sealed = try link.wrapFileKeys(draft.keys, for: template.protectionClass, associatedData: draft.associatedData)
+        return Batch(keys: draft.keys, fileIDs: draft.fileIDs, sealed: sealed)
     }
 }
