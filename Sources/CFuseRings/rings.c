@@ -63,6 +63,7 @@ struct ring_thread {
     struct iovec registered[2];
     uint64_t commit_id, replies;
     int replied, last_command;
+    int reply_in_place;          // the answer's payload was written into the entry by the operation itself
 };
 
 struct ps_fuse_rings {
@@ -170,12 +171,21 @@ static void answer_with_error(struct ring_thread *self, int error) {
 static uint32_t load32(const char *at) { uint32_t value; memcpy(&value, at, sizeof value); return value; }
 static void store32(char *at, uint32_t value) { memcpy(at, &value, sizeof value); }
 
+void *ps_fuse_rings_reply_space(size_t size) {
+    struct ring_thread *entry = answering;
+    if (entry == NULL || size > ENTRY_PAYLOAD) return NULL;
+    entry->reply_in_place = 1;
+    return entry->buffer + HEADROOM;
+}
+
 // Every reply libfuse builds comes here. One to a request taken from a ring goes into that ring's entry and leaves
 // with the next fetch; the rest (INIT, requests read from /dev/fuse, notifications) are written to /dev/fuse.
 static ssize_t write_reply(int fd, struct iovec *parts, int count, void *userdata) {
     const struct reply_header *reply = parts[0].iov_base;
     struct ring_thread *entry = answering;
     if (entry != NULL && reply->unique == entry->commit_id) {
+        int in_place = entry->reply_in_place;
+        entry->reply_in_place = 0;
         size_t size = 0;
         for (int index = 1; index < count; index++) {
             if (size + parts[index].iov_len > ENTRY_PAYLOAD) {
@@ -186,7 +196,7 @@ static ssize_t write_reply(int fd, struct iovec *parts, int count, void *userdat
                 errno = E2BIG;
                 return -1;
             }
-            memcpy(entry->buffer + HEADROOM + size, parts[index].iov_base, parts[index].iov_len);
+            if (!in_place) memcpy(entry->buffer + HEADROOM + size, parts[index].iov_base, parts[index].iov_len);
             size += parts[index].iov_len;
         }
         memcpy(entry->header->in_out, reply, sizeof *reply);
@@ -278,6 +288,7 @@ static void serve(struct ring_thread *self) {
     buffer.size = request->length;
     buffer.mem = rebuilt;
     self->replied = 0;
+    self->reply_in_place = 0;
     answering = self;
     fuse_session_process_buf(self->rings->session, &buffer);
     answering = NULL;

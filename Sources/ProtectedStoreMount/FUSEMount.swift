@@ -134,7 +134,8 @@ package final class FUSEMount: @unchecked Sendable {
         }
         operations.read = { path, buffer, size, offset, file in
             transfer("read", path) { fs in
-                try fs.read(file!.pointee.fh, into: UnsafeMutableRawBufferPointer(start: buffer, count: size), at: Int64(offset))
+                let target = FUSERings.replySpace(size) ?? UnsafeMutableRawPointer(buffer!)
+                return try fs.read(file!.pointee.fh, into: UnsafeMutableRawBufferPointer(start: target, count: size), at: Int64(offset))
             }
         }
         operations.write = { path, buffer, size, offset, file in

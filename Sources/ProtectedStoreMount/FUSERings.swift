@@ -37,6 +37,10 @@ final class FUSERings: @unchecked Sendable {
         self.reporter = reporter
     }
 
+    /// Where a READ taken from a ring can decrypt its `size` bytes straight into the reply (saving a copy of each
+    /// read); nil over /dev/fuse. Only the operation's reply may follow: it is taken to be there already.
+    static func replySpace(_ size: Int) -> UnsafeMutableRawPointer? { ps_fuse_rings_reply_space(size) }
+
     /// After the mount's own unmount: ends the rings, and libfuse's loop even if files are still open.
     func end() { ps_fuse_rings_end(rings) }
 

@@ -1,6 +1,7 @@
 import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
+@testable import ProtectedStoreMount
 import ProtectedStoreTesting
 import Testing
 
@@ -162,6 +163,41 @@ struct PowerCutTests {
         }
         #expect(report.violations.isEmpty, "\(report)")
         #expect(report.statesChecked > 100)
+    }
+
+    @Test("the mount's mkdir, rmdir and rename over an empty folder leave every folder listable with its items' names after any power cut")
+    func mountFolders() async throws {
+        let long = String(repeating: "л", count: 80) + ".txt"
+        let device = try ProtectedStoreTesting.TestDevice(defaultProtection: .none)
+        try device.container.createDirectory(atPath: "Documents/gone")
+        try device.container.write(Data("going".utf8), toPath: "Documents/gone/" + long)
+        try device.container.createDirectory(atPath: "Documents/replaced")
+        let view = ContainerFileSystem(container: device.container)
+        let summary = try await device.everyPowerCut(maxStates: 400, seed: 11, during: {
+            try view.createDirectory("/Documents/new", mode: 0o755)
+            try view.createDirectory("/Documents/new/inner", mode: 0o700)
+            try device.container.write(Data("new".utf8), toPath: "Documents/new/inner/" + long)
+            try view.removeFile("/Documents/gone/" + long)
+            try view.removeDirectory("/Documents/gone")
+            try view.createDirectory("/Documents/moving", mode: 0o700)
+            try view.rename("/Documents/moving", to: "/Documents/replaced", flags: 0)
+        }, afterReboot: { rebooted in
+            func listEverything(_ path: String) throws {
+                for item in try rebooted.container.contentsOfDirectory(atPath: path) where item.type == .typeDirectory {
+                    try listEverything(path + "/" + item.name)
+                }
+            }
+            try listEverything("Documents")
+            if let gone = try? rebooted.container.contentsOfDirectory(atPath: "Documents/gone"), !gone.isEmpty {
+                try #require(try rebooted.container.contents(atPath: "Documents/gone/" + long) == Data("going".utf8))
+            }
+            try #require(rebooted.container.fileExists(atPath: "Documents/replaced"))
+            // Like ext4's, the mount's name changes are durable once a folder is synced; the library's write syncs its folder.
+            guard rebooted.powerCut?.operationHadReturned == true else { return }
+            try #require(try rebooted.container.contents(atPath: "Documents/new/inner/" + long) == Data("new".utf8))
+        })
+        print("power cuts, the mount's folders: \(summary)")
+        #expect(summary.statesChecked > 100)
     }
 
     @Test("a whole-file replacement leaves the old file or the new one, never a mixture or nothing")

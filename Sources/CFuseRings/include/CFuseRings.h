@@ -1,6 +1,7 @@
 #ifndef PROTECTEDSTORE_CFUSERINGS_H
 #define PROTECTEDSTORE_CFUSERINGS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct fuse_session;
@@ -20,6 +21,12 @@ typedef void (*ps_fuse_rings_report)(void *context, int is_error, const char *me
 /// session is unchanged.
 ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata, unsigned threads,
                                    ps_fuse_rings_report report, void *context);
+
+/// Where the operation answering a request taken from a ring can write its reply's `size` bytes of payload, so that
+/// they need not be copied into the entry: the next reply of this thread is then taken to be there already (libfuse
+/// sends the same bytes from its own buffer, which the operation leaves unwritten). NULL on other threads, or if
+/// `size` does not fit.
+void *ps_fuse_rings_reply_space(size_t size);
 
 /// After the mount's own unmount (fuse_session_exit, then fuse_unmount): ends the ring threads and wakes libfuse's
 /// loop, which then returns even if the unmount was lazy and files are still open (their requests fail once the mount
