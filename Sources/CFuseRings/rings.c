@@ -63,7 +63,7 @@ struct ring_thread {
     struct iovec registered[2];
     uint64_t commit_id, replies;
     int replied, last_command;
-    int reply_in_place;          // the answer's payload was written into the entry by the operation itself
+    size_t reply_in_place;       // bytes of the answer's payload the operation itself wrote into the entry (0: none)
 };
 
 struct ps_fuse_rings {
@@ -173,8 +173,8 @@ static void store32(char *at, uint32_t value) { memcpy(at, &value, sizeof value)
 
 void *ps_fuse_rings_reply_space(size_t size) {
     struct ring_thread *entry = answering;
-    if (entry == NULL || size > ENTRY_PAYLOAD) return NULL;
-    entry->reply_in_place = 1;
+    if (entry == NULL || size == 0 || size > ENTRY_PAYLOAD) return NULL;
+    entry->reply_in_place = size;
     return entry->buffer + HEADROOM;
 }
 
@@ -184,13 +184,14 @@ static ssize_t write_reply(int fd, struct iovec *parts, int count, void *userdat
     const struct reply_header *reply = parts[0].iov_base;
     struct ring_thread *entry = answering;
     if (entry != NULL && reply->unique == entry->commit_id) {
-        int in_place = entry->reply_in_place;
+        size_t in_place = entry->reply_in_place;
         entry->reply_in_place = 0;
         size_t size = 0;
         for (int index = 1; index < count; index++) {
-            if (size + parts[index].iov_len > ENTRY_PAYLOAD) {
-                // Cannot happen while requests are capped at the entry's size; if it did, a short READ would pass for
-                // the end of the file, so the caller gets EIO.
+            if (size + parts[index].iov_len > (in_place ? in_place : ENTRY_PAYLOAD)) {
+                // Cannot happen while requests are capped at the entry's size, and a reply written in place at what
+                // its operation was given; if it did, a short READ would pass for the end of the file, so the caller
+                // gets EIO.
                 answer_with_error(entry, EIO);
                 entry->replied = 1;
                 errno = E2BIG;

@@ -134,7 +134,7 @@ package final class FUSEMount: @unchecked Sendable {
         }
         operations.read = { path, buffer, size, offset, file in
             transfer("read", path) { fs in
-                let target = FUSERings.replySpace(size) ?? UnsafeMutableRawPointer(buffer!)
+                let target = FUSERings.replySpace(size) ?? buffer.map(UnsafeMutableRawPointer.init)
                 return try fs.read(file!.pointee.fh, into: UnsafeMutableRawBufferPointer(start: target, count: size), at: Int64(offset))
             }
         }

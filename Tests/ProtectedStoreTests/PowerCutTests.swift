@@ -182,14 +182,12 @@ struct PowerCutTests {
             try view.createDirectory("/Documents/moving", mode: 0o700)
             try view.rename("/Documents/moving", to: "/Documents/replaced", flags: 0)
         }, afterReboot: { rebooted in
-            func listEverything(_ path: String) throws {
-                for item in try rebooted.container.contentsOfDirectory(atPath: path) where item.type == .typeDirectory {
-                    try listEverything(path + "/" + item.name)
+            // A listing leaves out a folder whose IV does not read, so each one that exists is listed by its path.
+            for folder in ["new", "new/inner", "gone", "moving", "replaced"].map({ "Documents/" + $0 }) where rebooted.container.fileExists(atPath: folder) {
+                let items = try rebooted.container.contentsOfDirectory(atPath: folder)
+                if folder.hasSuffix("gone"), !items.isEmpty {
+                    try #require(try rebooted.container.contents(atPath: "Documents/gone/" + long) == Data("going".utf8))
                 }
-            }
-            try listEverything("Documents")
-            if let gone = try? rebooted.container.contentsOfDirectory(atPath: "Documents/gone"), !gone.isEmpty {
-                try #require(try rebooted.container.contents(atPath: "Documents/gone/" + long) == Data("going".utf8))
             }
             try #require(rebooted.container.fileExists(atPath: "Documents/replaced"))
             // Like ext4's, the mount's name changes are durable once a folder is synced; the library's write syncs its folder.

@@ -22,10 +22,10 @@ typedef void (*ps_fuse_rings_report)(void *context, int is_error, const char *me
 ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata, unsigned threads,
                                    ps_fuse_rings_report report, void *context);
 
-/// Where the operation answering a request taken from a ring can write its reply's `size` bytes of payload, so that
-/// they need not be copied into the entry: the next reply of this thread is then taken to be there already (libfuse
-/// sends the same bytes from its own buffer, which the operation leaves unwritten). NULL on other threads, or if
-/// `size` does not fit.
+/// Where the operation answering a request taken from a ring can write up to `size` bytes of its reply's payload, so
+/// that they need not be copied into the entry: the next reply of this thread is then taken to be there already
+/// (libfuse still hands the hook its own buffer, unwritten; the hook uses only its length, and answers EIO if that
+/// exceeds `size`). NULL on other threads, or if `size` is 0 or does not fit.
 void *ps_fuse_rings_reply_space(size_t size);
 
 /// After the mount's own unmount (fuse_session_exit, then fuse_unmount): ends the ring threads and wakes libfuse's
