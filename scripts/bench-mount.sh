@@ -78,6 +78,15 @@ cleanup() {
 trap cleanup EXIT
 
 echo "Preparing in $work: tar of $tree ($(find "$tree" -type f | wc -l) files, $(du -sh "$tree" | cut -f1))"
+# ext4 without a journal skips the inodes freed in the last minute (six, while their inode-table block is unwritten)
+# when it allocates one, reading each one's inode-table block: after an rm -rf every create scans past thousands
+# (docs/PERFORMANCE.md, "What the disk rows measure").
+disk_note=""
+backing=$(findmnt -n -o SOURCE -T "$work")
+if [ "$(findmnt -n -o FSTYPE -T "$work")" = ext4 ] && [ "$(cat "/sys/fs/ext4/$(basename "$backing")/journal_task" 2>/dev/null)" = "<none>" ]; then
+    disk_note="Note: $under is on ext4 without a journal ($backing). Each file created there after removals scans past the inodes freed in the last minute, so tar -x, git clone and rm -rf measure that scan as much as the file systems, and vary from round to round for all three; --under /dev/shm measures without it."
+    echo "$disk_note"
+fi
 tar -C "$(dirname "$tree")" -cf "$work/tree.tar" "$(basename "$tree")"
 git clone -q --bare "$repo" "$work/repo.git"
 inserts=500
@@ -198,6 +207,7 @@ for operation in "${operations[@]}"; do
     printf '| %-34s | %14s | %14s | %14s | %7s |\n' "$(label "$operation")" "$(cell "$plain")" "$(cell "$gc")" "$(cell "$ps")" "$ratio"
     echo "$(label "$operation"),$plain,$gc,$ps,$ratio" >> "$csv_file"
 done
+[ -z "$disk_note" ] || echo "$disk_note"
 echo
 echo "All samples (ms): $(for key in "${!samples[@]}"; do printf '%s=[%s] ' "$key" "${samples[$key]% }"; done)"
 [ -n "$csv" ] && echo "CSV: $csv"
