@@ -11,22 +11,23 @@ final class DropFolder: @unchecked Sendable {
     let directory: String
     private(set) var mount: SpawnedProcess
     private let extra: [String]
+    private let transport: MountTransport
 
-    init(_ test: TestDevice, extra: [String] = []) throws {
+    init(_ test: TestDevice, extra: [String] = [], transport: MountTransport = .devFuse) throws {
         self.test = test
         self.extra = extra
+        self.transport = transport
         directory = test.path("drop")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        mount = try Self.start(test, directory, extra)
+        mount = try Self.start(test, directory, extra, transport)
     }
 
-    private static func start(_ test: TestDevice, _ directory: String, _ extra: [String]) throws -> SpawnedProcess {
-        let mount = try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
-                                       ["inbox", "mount", TestDevice.bundleIdentifier, directory, "--foreground", "--settle", "5",
-                                        "--root", test.root, "--device-secret", test.secretPath] + extra)
-        let mounted = eventually(timeout: 20) { MountPoint.mountedFileSystem(at: directory) != nil || !mount.process.isRunning }
-        #expect(mounted && mount.process.isRunning, "the drop folder did not come up: \(mount.standardError)")
-        return mount
+    private static func start(_ test: TestDevice, _ directory: String, _ extra: [String], _ transport: MountTransport) throws -> SpawnedProcess {
+        try transport.start(at: directory) { transportArguments in
+            try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
+                               ["inbox", "mount", TestDevice.bundleIdentifier, directory, "--foreground", "--settle", "5",
+                                "--root", test.root, "--device-secret", test.secretPath] + extra + transportArguments)
+        }
     }
 
     /// Kills the drop folder's process with SIGKILL, clears the stale mount, and starts it again.
@@ -34,13 +35,13 @@ final class DropFolder: @unchecked Sendable {
         mount.signal(SIGKILL)
         _ = mount.waitForExit(timeout: 10)
         _ = try CLI.run(executable: URL(fileURLWithPath: FUSEAvailability.executable("fusermount3") ?? "/bin/fusermount3"), ["-u", "-z", directory])
-        mount = try Self.start(test, directory, extra)
+        mount = try Self.start(test, directory, extra, transport)
     }
 
     deinit {
         _ = try? CLI.run(executable: URL(fileURLWithPath: FUSEAvailability.executable("fusermount3") ?? "/bin/fusermount3"), ["-u", "-z", directory])
         mount.signal(SIGTERM)
-        _ = mount.waitForExit(timeout: 10)
+        transport.expectEnded(mount)
     }
 
     func path(_ name: String) -> String { (directory as NSString).appendingPathComponent(name) }
@@ -71,11 +72,12 @@ private func shell(_ command: String) throws -> (status: Int32, stderr: String) 
 
 @Suite("Inbox drop folder (sandboxctl inbox mount)", .serialized, .enabled(if: FUSEAvailability.isAvailable, "needs /dev/fuse and fusermount3"))
 struct InboxDropMountTests {
-    @Test("cp, rsync --partial, Python's tempfile + os.replace and a setfattr annotation each deliver once, under the final name; nothing reads back")
-    func everydayWriters() throws {
+    @Test("cp, rsync --partial, Python's tempfile + os.replace and a setfattr annotation each deliver once, under the final name; nothing reads back",
+          arguments: MountTransport.testable)
+    func everydayWriters(over transport: MountTransport) throws {
         let test = try TestDevice()
         let container = try test.makeContainer()
-        let drop = try DropFolder(test)
+        let drop = try DropFolder(test, transport: transport)
         let source = test.path("report.pdf")
         try Data("a report".utf8).write(to: URL(fileURLWithPath: source))
         #expect(try shell("cp '\(source)' '\(drop.directory)/'").status == 0)

@@ -62,6 +62,49 @@ enum RingSwitch {
     }
 }
 
+extension MountTransport {
+    /// Starts a mount's process at `mountPoint` with `spawn`, which adds the arguments it is given (--no-io-uring over
+    /// /dev/fuse). Over io_uring the switch is on for the start, and the rings have carried a request before this
+    /// returns (the process logs at info level).
+    func start(at mountPoint: String, _ spawn: ([String]) throws -> SpawnedProcess) throws -> SpawnedProcess {
+        func start() throws -> SpawnedProcess {
+            let mount = try spawn(self == .devFuse ? ["--no-io-uring"] : [])
+            let mounted = eventually(timeout: 20) { MountPoint.mountedFileSystem(at: mountPoint) != nil || !mount.process.isRunning }
+            #expect(mounted && mount.process.isRunning, "the mount did not come up: \(mount.standardError)")
+            return mount
+        }
+        guard self == .ioUring else { return try start() }
+        return try RingSwitch.on {
+            let mount = try start()
+            // The rings register after INIT's reply; a stat waits for them, and the first request they carry is logged.
+            var info = stat()
+            let overRings = eventually(timeout: 20) {
+                stat(mountPoint, &info) == 0 && mount.standardError.contains("requests come over io_uring now") || !mount.process.isRunning
+            }
+            #expect(overRings && mount.process.isRunning, "the mount did not take requests over io_uring: \(mount.standardError)")
+            return mount
+        }
+    }
+
+    /// After SIGTERM to a mount's process. Over io_uring: it ends within 30 s, no ring thread stopped early, and its
+    /// count at unmount has on /dev/fuse only INIT's reply and the odd one (an INTERRUPT's; FORGETs get none).
+    func expectEnded(_ mount: SpawnedProcess) {
+        let exited = mount.waitForExit(timeout: 30) != nil
+        guard self == .ioUring else { return }
+        let log = mount.standardError
+        #expect(exited, "the mount did not end within 30 s of SIGTERM: \(log)")
+        guard exited else { return }
+        #expect(!log.contains("FUSE over io_uring: "), "a ring failed: \(log)")
+        guard let line = log.split(separator: "\n").last(where: { $0.contains("replies: ") }),
+              let counts = try? #/replies: (\d+) over io_uring, (\d+) over /dev/fuse/#.firstMatch(in: line),
+              let overRings = Int(counts.1), let overDevice = Int(counts.2) else {
+            Issue.record("the mount did not report its replies at unmount: \(log)")
+            return
+        }
+        #expect(overRings > 0 && overDevice <= 3, "replies: \(overRings) over io_uring, \(overDevice) over /dev/fuse")
+    }
+}
+
 /// A test device with a daemon, unlocked, and its container mounted with `sandboxctl mount --foreground`.
 final class MountedDevice: @unchecked Sendable {
     let test: TestDevice
@@ -82,27 +125,10 @@ final class MountedDevice: @unchecked Sendable {
         try Self.unlock(test)
         self.transport = transport
         let (test, mountPoint) = (test, mountPoint)
-        let start = {
-            let mount = try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
-                                           ["mount", TestDevice.bundleIdentifier, mountPoint, "--foreground", "--verbose",
-                                            "--root", test.root, "--device-secret", test.secretPath] + (transport == .devFuse ? ["--no-io-uring"] : []))
-            let mounted = eventually(timeout: 20) { MountPoint.mountedFileSystem(at: mountPoint) != nil || !mount.process.isRunning }
-            #expect(mounted && mount.process.isRunning, "the mount did not come up: \(mount.standardError)")
-            return mount
-        }
-        guard transport == .ioUring else {
-            mount = try start()
-            return
-        }
-        mount = try RingSwitch.on {
-            let mount = try start()
-            // The rings register after INIT's reply; a stat waits for them, and the first request they carry is logged.
-            var info = stat()
-            let overRings = eventually(timeout: 20) {
-                stat(mountPoint, &info) == 0 && mount.standardError.contains("requests come over io_uring now") || !mount.process.isRunning
-            }
-            #expect(overRings && mount.process.isRunning, "the mount did not take requests over io_uring: \(mount.standardError)")
-            return mount
+        mount = try transport.start(at: mountPoint) { transportArguments in
+            try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
+                               ["mount", TestDevice.bundleIdentifier, mountPoint, "--foreground", "--verbose",
+                                "--root", test.root, "--device-secret", test.secretPath] + transportArguments)
         }
     }
 
@@ -110,26 +136,9 @@ final class MountedDevice: @unchecked Sendable {
         // Unmounting first ends the mount cleanly even if a test left a descriptor open; then make sure it is gone.
         _ = try? CLI.run(executable: URL(fileURLWithPath: FUSEAvailability.executable("fusermount3") ?? "/bin/fusermount3"), ["-u", "-z", mountPoint])
         mount.signal(SIGTERM)
-        let exited = mount.waitForExit(timeout: 30) != nil
-        if transport == .ioUring {
-            #expect(exited, "the mount did not end within 30 s of SIGTERM: \(log)")
-            if exited { expectServedFromRings() }
-        }
+        transport.expectEnded(mount)
     }
 
-    /// Every request after the rings came up went over them: the mount's count at unmount has on /dev/fuse only INIT's
-    /// reply and the odd one (an INTERRUPT's; FORGETs get none), and no ring thread stopped early.
-    private func expectServedFromRings() {
-        let log = mount.standardError
-        #expect(!log.contains("FUSE over io_uring: "), "a ring failed: \(log)")
-        guard let line = log.split(separator: "\n").last(where: { $0.contains("replies: ") }),
-              let counts = try? #/replies: (\d+) over io_uring, (\d+) over /dev/fuse/#.firstMatch(in: line),
-              let overRings = Int(counts.1), let overDevice = Int(counts.2) else {
-            Issue.record("the mount did not report its replies at unmount: \(log)")
-            return
-        }
-        #expect(overRings > 0 && overDevice <= 3, "replies: \(overRings) over io_uring, \(overDevice) over /dev/fuse")
-    }
 
     /// A path inside the mount ("Documents/a.txt").
     func path(_ relative: String) -> String { (mountPoint as NSString).appendingPathComponent(relative) }

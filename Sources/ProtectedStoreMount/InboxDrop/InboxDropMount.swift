@@ -18,8 +18,9 @@ package final class InboxDropMount: @unchecked Sendable {
     }
 
     /// Recovers what an earlier drop folder left, mounts, calls `ready` once the folder is visible, serves requests, and
-    /// unmounts, delivering the files that were done and discarding the rest. Throws if mounting fails.
-    package func run(ready: () -> Void) throws {
+    /// unmounts, delivering the files that were done and discarding the rest. Throws if mounting fails. `overIOUring`
+    /// false keeps requests on /dev/fuse where FUSE over io_uring is on.
+    package func run(overIOUring: Bool = true, ready: () -> Void) throws {
         let container = fileSystem.container
         let recovered = try container.recoverAbandonedInboxDrops()
         if recovered.finished > 0 { logger.info("finished \(recovered.finished) delivery(ies) an earlier drop folder was stopped in") }
@@ -33,7 +34,8 @@ package final class InboxDropMount: @unchecked Sendable {
         let options = "default_permissions,nodev,nosuid,noexec,fsname=sandboxctl-inbox:\(container.bundleIdentifier),subtype=sandboxctl-inbox"
         defer { fileSystem.stop() }
         try FUSESession.serve(mountPoint: mountPoint, options: options, operations: Self.operations, context: Unmanaged.passUnretained(self).toOpaque(),
-                              what: "the Inbox of \(container.bundleIdentifier)", logger: logger, started: { _ in }, stopping: {}, ready: { ready() })
+                              what: "the Inbox of \(container.bundleIdentifier)", logger: logger, overIOUring: overIOUring,
+                              started: { _ in }, stopping: {}, ready: { ready() })
     }
 
     private static let operations: fuse_operations = {

@@ -218,6 +218,8 @@ struct InboxMountCommand: ParsableCommand {
             to $XDG_STATE_HOME/sandboxctl/logs/<keybag id>/inbox-<bundle>.log. Stop it with `fusermount3 -u DIR` or \
             SIGTERM. Exit status: 64 for a bad --from, --annotation or DIR (not empty, not a directory, inside the \
             device root); 1 for an unknown bundle, a missing DIR or one already mounted (busy).
+
+            Like `sandboxctl mount`, it takes its requests over FUSE's io_uring transport where root has turned it on             (/sys/module/fuse/parameters/enable_uring) before it starts; --no-io-uring keeps them on /dev/fuse.
             """
     )
 
@@ -237,6 +239,9 @@ struct InboxMountCommand: ParsableCommand {
 
     @Flag(help: "Also log every name and annotation refused.")
     var verbose = false
+
+    @Flag(name: .customLong("no-io-uring"), help: "Take requests over /dev/fuse even where FUSE over io_uring is on.")
+    var noIOUring = false
 
     @Flag(help: .private)
     var backgroundChild = false
@@ -264,6 +269,7 @@ struct InboxMountCommand: ParsableCommand {
                 if let sourceApplication { arguments += ["--from", sourceApplication] }
                 if let checkedAnnotation { arguments += ["--annotation", checkedAnnotation] }
                 if verbose { arguments.append("--verbose") }
+                if noIOUring { arguments.append("--no-io-uring") }
                 let started = try MountCommand.startDetached(arguments: arguments, root: root, logName: "inbox-\(bundleIdentifier).log")
                 print("Drop folder for \(bundleIdentifier)'s Inbox at \(mountPoint) (pid \(started.process), log \(started.log)).")
                 print("Stop it with: fusermount3 -u \(mountPoint)")
@@ -274,7 +280,7 @@ struct InboxMountCommand: ParsableCommand {
             let logger = Logger(label: "sandboxctl.inbox-mount")
             let fileSystem = InboxDropFileSystem(container: container, sourceApplication: sourceApplication, annotation: checkedAnnotation,
                                                  settleTime: settle, logger: logger)
-            try InboxDropMount(fileSystem: fileSystem, mountPoint: mountPoint, logger: logger).run {
+            try InboxDropMount(fileSystem: fileSystem, mountPoint: mountPoint, logger: logger).run(overIOUring: !noIOUring) {
                 guard backgroundChild else {
                     FileHandle.standardError.write(Data("Drop folder for \(bundleIdentifier)'s Inbox at \(mountPoint); Ctrl-C or `fusermount3 -u \(mountPoint)` to stop\n".utf8))
                     return

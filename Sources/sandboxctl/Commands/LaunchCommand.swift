@@ -29,7 +29,8 @@ struct LaunchCommand: ParsableCommand {
             foreground; its exit status is the program's. SIGINT, SIGTERM or SIGHUP to it, or `sandboxctl terminate \
             BUNDLE`, ends the program ('will terminate' to its observers, SIGTERM, then SIGKILL after \
             --terminate-timeout seconds). The mount lives as long as the program and is unmounted when it exits, \
-            however it exits.
+            however it exits. Like `sandboxctl mount`, it takes its requests over FUSE's io_uring transport where root \
+            has turned it on; --no-io-uring keeps them on /dev/fuse.
             """
     )
 
@@ -52,6 +53,9 @@ struct LaunchCommand: ParsableCommand {
 
     @Option(help: ArgumentHelp("Seconds between SIGTERM and SIGKILL when the program is ended.", valueName: "seconds"))
     var terminateTimeout: Double = 5
+
+    @Flag(name: .customLong("no-io-uring"), help: "Mount the container over /dev/fuse even where FUSE over io_uring is on.")
+    var noIOUring = false
 
     @Argument(parsing: .postTerminator, help: ArgumentHelp("The program and its arguments, after --.", valueName: "command"))
     var command: [String] = []
@@ -81,7 +85,7 @@ struct LaunchCommand: ParsableCommand {
             let app = try Sandbox(device: attached, container: container, slot: slot, bubblewrap: bubblewrap, command: command,
                                   environment: environment, shareNetwork: shareNetwork, readOnlyPaths: readOnlyPaths,
                                   terminateTimeout: terminateTimeout)
-            return try app.run()
+            return try app.run(overIOUring: !noIOUring)
         }
         if status != 0 { throw ExitCode(status) }
     }
@@ -165,8 +169,9 @@ final class Sandbox: @unchecked Sendable {
         }
     }
 
-    /// Mounts, runs the program to its end, unmounts; returns the program's exit status.
-    func run() throws -> Int32 {
+    /// Mounts (`overIOUring` false: over /dev/fuse even where FUSE over io_uring is on), runs the program to its end,
+    /// unmounts; returns the program's exit status.
+    func run(overIOUring: Bool) throws -> Int32 {
         let home = slot.homeMount
         try prepareMountPoint(home)
         defer { rmdir(home) }
@@ -177,7 +182,7 @@ final class Sandbox: @unchecked Sendable {
         nonisolated(unsafe) var mountFailure: (any Error)?
         let server = Thread {
             do {
-                try mount.run(unmountedBy: { unmount = $0 }, ready: { mounted.signal() })
+                try mount.run(overIOUring: overIOUring, unmountedBy: { unmount = $0 }, ready: { mounted.signal() })
             } catch {
                 mountFailure = error
                 mounted.signal()
