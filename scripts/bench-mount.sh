@@ -78,13 +78,15 @@ cleanup() {
 trap cleanup EXIT
 
 echo "Preparing in $work: tar of $tree ($(find "$tree" -type f | wc -l) files, $(du -sh "$tree" | cut -f1))"
-# ext4 without a journal skips the inodes freed in the last minute (six, while their inode-table block is unwritten)
-# when it allocates one, reading each one's inode-table block: after an rm -rf every create scans past thousands
-# (docs/PERFORMANCE.md, "What the disk rows measure").
+# ext4 without a journal avoids reusing the inodes freed in the last minute (six, while their inode-table block is
+# unwritten), looking each one's block up as it passes it: after an rm -rf every create scans past thousands
+# (docs/PERFORMANCE.md, "Reads straight into the ring, and what the disk rows measure").
 disk_note=""
-backing=$(findmnt -n -o SOURCE -T "$work")
-if [ "$(findmnt -n -o FSTYPE -T "$work")" = ext4 ] && [ "$(cat "/sys/fs/ext4/$(basename "$backing")/journal_task" 2>/dev/null)" = "<none>" ]; then
-    disk_note="Note: $under is on ext4 without a journal ($backing). Each file created there after removals scans past the inodes freed in the last minute, so tar -x, git clone and rm -rf measure that scan as much as the file systems, and vary from round to round for all three; --under /dev/shm measures without it."
+majmin=$(findmnt -n -o MAJ:MIN -T "$work" 2>/dev/null | head -n 1 | tr -d ' ') || majmin=""
+device=""
+if [ -n "$majmin" ] && [ -e "/sys/dev/block/$majmin" ]; then device=$(basename "$(readlink -f "/sys/dev/block/$majmin")"); fi
+if [ -n "$device" ] && [ "$(cat "/sys/fs/ext4/$device/journal_task" 2>/dev/null)" = "<none>" ]; then
+    disk_note="Note: $under is on ext4 without a journal ($device). Each file created there after removals scans past the inodes freed in the last minute, so tar -x and git clone measure that scan as much as the file systems, and vary from round to round for the plain folder, gocryptfs and the mount alike; --under /dev/shm measures without it."
     echo "$disk_note"
 fi
 tar -C "$(dirname "$tree")" -cf "$work/tree.tar" "$(basename "$tree")"

@@ -33,8 +33,8 @@ enum MountTransport: String, CustomStringConvertible, Sendable {
 
 /// The kernel's switch for FUSE over io_uring, turned on for one mount's start and set back after: the kernel reads it
 /// when a mount starts and when its rings register, and a connection keeps the transport it got. One start at a time.
-/// `MountedDevice` over /dev/fuse says so with --no-io-uring instead of turning it off; other mounts that start
-/// meanwhile (the drop folder, `launch`, other suites' `sandboxctl mount`) may take the rings, which they serve alike.
+/// `MountedDevice` and `DropFolder` over /dev/fuse say so with --no-io-uring instead of turning it off; other mounts
+/// that start meanwhile (`launch`, other suites' own `sandboxctl mount` calls) may take the rings, which they serve alike.
 enum RingSwitch {
     static let path = "/sys/module/fuse/parameters/enable_uring"
     private static let lock = NSLock()
@@ -138,7 +138,6 @@ final class MountedDevice: @unchecked Sendable {
         mount.signal(SIGTERM)
         transport.expectEnded(mount)
     }
-
 
     /// A path inside the mount ("Documents/a.txt").
     func path(_ relative: String) -> String { (mountPoint as NSString).appendingPathComponent(relative) }

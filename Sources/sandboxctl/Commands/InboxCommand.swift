@@ -219,7 +219,8 @@ struct InboxMountCommand: ParsableCommand {
             SIGTERM. Exit status: 64 for a bad --from, --annotation or DIR (not empty, not a directory, inside the \
             device root); 1 for an unknown bundle, a missing DIR or one already mounted (busy).
 
-            Like `sandboxctl mount`, it takes its requests over FUSE's io_uring transport where root has turned it on             (/sys/module/fuse/parameters/enable_uring) before it starts; --no-io-uring keeps them on /dev/fuse.
+            Like `sandboxctl mount`, it takes its requests over FUSE's io_uring transport where root has turned it on \
+            (/sys/module/fuse/parameters/enable_uring) before it starts; --no-io-uring keeps them on /dev/fuse.
             """
     )
 

@@ -29,8 +29,9 @@ struct LaunchCommand: ParsableCommand {
             foreground; its exit status is the program's. SIGINT, SIGTERM or SIGHUP to it, or `sandboxctl terminate \
             BUNDLE`, ends the program ('will terminate' to its observers, SIGTERM, then SIGKILL after \
             --terminate-timeout seconds). The mount lives as long as the program and is unmounted when it exits, \
-            however it exits. Like `sandboxctl mount`, it takes its requests over FUSE's io_uring transport where root \
-            has turned it on; --no-io-uring keeps them on /dev/fuse.
+            however it exits. Like `sandboxctl mount`, the mount takes its requests over FUSE's io_uring transport where \
+            root has turned it on (/sys/module/fuse/parameters/enable_uring) before it starts; --no-io-uring keeps them \
+            on /dev/fuse.
             """
     )
 
@@ -54,7 +55,7 @@ struct LaunchCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Seconds between SIGTERM and SIGKILL when the program is ended.", valueName: "seconds"))
     var terminateTimeout: Double = 5
 
-    @Flag(name: .customLong("no-io-uring"), help: "Mount the container over /dev/fuse even where FUSE over io_uring is on.")
+    @Flag(name: .customLong("no-io-uring"), help: "Take requests over /dev/fuse even where FUSE over io_uring is on.")
     var noIOUring = false
 
     @Argument(parsing: .postTerminator, help: ArgumentHelp("The program and its arguments, after --.", valueName: "command"))
