@@ -36,7 +36,7 @@ enum MountTransport: String, CustomStringConvertible, Sendable {
 /// `MountedDevice` and `DropFolder` over /dev/fuse say so with --no-io-uring instead of turning it off; other mounts
 /// that start meanwhile (`launch`, other suites' own `sandboxctl mount` calls) may take the rings, which they serve alike.
 enum RingSwitch {
-    static let path = "/sys/module/fuse/parameters/enable_uring"
+    static let path = FUSERings.enableKnob
     private static let lock = NSLock()
 
     static let problem: String? = {

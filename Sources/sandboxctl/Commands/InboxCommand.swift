@@ -241,8 +241,7 @@ struct InboxMountCommand: ParsableCommand {
     @Flag(help: "Also log every name and annotation refused.")
     var verbose = false
 
-    @Flag(name: .customLong("no-io-uring"), help: "Take requests over /dev/fuse even where FUSE over io_uring is on.")
-    var noIOUring = false
+    @OptionGroup var transport: TransportOptions
 
     @Flag(help: .private)
     var backgroundChild = false
@@ -270,7 +269,7 @@ struct InboxMountCommand: ParsableCommand {
                 if let sourceApplication { arguments += ["--from", sourceApplication] }
                 if let checkedAnnotation { arguments += ["--annotation", checkedAnnotation] }
                 if verbose { arguments.append("--verbose") }
-                if noIOUring { arguments.append("--no-io-uring") }
+                arguments += transport.arguments
                 let started = try MountCommand.startDetached(arguments: arguments, root: root, logName: "inbox-\(bundleIdentifier).log")
                 print("Drop folder for \(bundleIdentifier)'s Inbox at \(mountPoint) (pid \(started.process), log \(started.log)).")
                 print("Stop it with: fusermount3 -u \(mountPoint)")
@@ -281,7 +280,7 @@ struct InboxMountCommand: ParsableCommand {
             let logger = Logger(label: "sandboxctl.inbox-mount")
             let fileSystem = InboxDropFileSystem(container: container, sourceApplication: sourceApplication, annotation: checkedAnnotation,
                                                  settleTime: settle, logger: logger)
-            try InboxDropMount(fileSystem: fileSystem, mountPoint: mountPoint, logger: logger).run(overIOUring: !noIOUring) {
+            try InboxDropMount(fileSystem: fileSystem, mountPoint: mountPoint, logger: logger).run(overIOUring: transport.overIOUring) {
                 guard backgroundChild else {
                     FileHandle.standardError.write(Data("Drop folder for \(bundleIdentifier)'s Inbox at \(mountPoint); Ctrl-C or `fusermount3 -u \(mountPoint)` to stop\n".utf8))
                     return

@@ -55,8 +55,7 @@ struct LaunchCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Seconds between SIGTERM and SIGKILL when the program is ended.", valueName: "seconds"))
     var terminateTimeout: Double = 5
 
-    @Flag(name: .customLong("no-io-uring"), help: "Take requests over /dev/fuse even where FUSE over io_uring is on.")
-    var noIOUring = false
+    @OptionGroup var transport: TransportOptions
 
     @Argument(parsing: .postTerminator, help: ArgumentHelp("The program and its arguments, after --.", valueName: "command"))
     var command: [String] = []
@@ -86,7 +85,7 @@ struct LaunchCommand: ParsableCommand {
             let app = try Sandbox(device: attached, container: container, slot: slot, bubblewrap: bubblewrap, command: command,
                                   environment: environment, shareNetwork: shareNetwork, readOnlyPaths: readOnlyPaths,
                                   terminateTimeout: terminateTimeout)
-            return try app.run(overIOUring: !noIOUring)
+            return try app.run(overIOUring: transport.overIOUring)
         }
         if status != 0 { throw ExitCode(status) }
     }

@@ -44,8 +44,7 @@ struct MountCommand: ParsableCommand {
     @Flag(help: "Also log every refusal (data protection, Inbox rule, reserved names), not only errors.")
     var verbose = false
 
-    @Flag(name: .customLong("no-io-uring"), help: "Take requests over /dev/fuse even where FUSE over io_uring is on.")
-    var noIOUring = false
+    @OptionGroup var transport: TransportOptions
 
     /// Set on the background process this command starts: detach, then say "ready" on standard output once mounted.
     @Flag(help: .private)
@@ -69,7 +68,7 @@ struct MountCommand: ParsableCommand {
         if backgroundChild { setsid() }
         Self.bootstrapLogging(verbose: verbose)
         let mount = FUSEMount(container: container, mountPoint: mountPoint, logger: Logger(label: "sandboxctl.mount"))
-        try mount.run(overIOUring: !noIOUring) {
+        try mount.run(overIOUring: transport.overIOUring) {
             guard backgroundChild else {
                 FileHandle.standardError.write(Data("Serving \(container.bundleIdentifier) at \(mountPoint); Ctrl-C or `fusermount3 -u \(mountPoint)` to stop\n".utf8))
                 return
@@ -107,7 +106,7 @@ struct MountCommand: ParsableCommand {
         var arguments = ["mount", bundleIdentifier, mountPoint, "--background-child", "--root", root]
         if let secret = device.resolvedDeviceSecret { arguments += ["--device-secret", secret] }
         if verbose { arguments.append("--verbose") }
-        if noIOUring { arguments.append("--no-io-uring") }
+        arguments += transport.arguments
         let started = try Self.startDetached(arguments: arguments, root: root, logName: "mount-\(bundleIdentifier).log")
         print("Mounted \(bundleIdentifier) at \(mountPoint) (pid \(started.process), log \(started.log)).")
         print("Unmount with: fusermount3 -u \(mountPoint)")
