@@ -122,6 +122,44 @@ struct MountTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: mounted.path("Documents")) == ["Inbox"])
     }
 
+    @Test("folders made ahead and removed behind: each mkdir gets its mode and its own times, rm -rf leaves no stored folder, and unmount leaves nothing of the pool", arguments: MountTransport.testable)
+    func foldersMadeAheadAndRemovedBehind(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
+        let pools = { try FileManager.default.contentsOfDirectory(atPath: mounted.container.dataPath).filter { $0.hasPrefix(".sandboxctl-tmp-folders-") } }
+        #expect(try pools().count == 1, "the mount's pool")
+        let before = Date().addingTimeInterval(-1)
+        // More than the pool holds, so some are made ahead and some built in place while it refills.
+        for index in 0..<80 {
+            #expect(mkdir(mounted.path("Documents/f\(index)"), 0o750) == 0, "mkdir f\(index): \(String(cString: strerror(errno)))")
+        }
+        #expect(try run("/bin/mkdir", ["-p", mounted.path("Documents/f7/a/b/c")]).status == 0)
+        for index in 0..<80 {
+            let attributes = try FileManager.default.attributesOfItem(atPath: mounted.path("Documents/f\(index)"))
+            #expect((attributes[.posixPermissions] as? Int) == 0o750)
+            #expect(((attributes[.modificationDate] as? Date) ?? .distantPast) >= before, "f\(index) has the times of its mkdir")
+        }
+        // In a set-group-ID folder a new folder takes the group and the bit, as on ext4: it is built there, not taken.
+        #expect(chmod(mounted.path("Documents/f0"), 0o2770) == 0)
+        #expect(mkdir(mounted.path("Documents/f0/shared"), 0o750) == 0)
+        var shared = stat()
+        #expect(stat(mounted.path("Documents/f0/shared"), &shared) == 0 && shared.st_mode & S_ISGID != 0, "mode \(String(shared.st_mode, radix: 8))")
+        writeRaw(Array("inside".utf8), mounted.path("Documents/f7/a/b/c/note.txt"))
+        #expect(String(decoding: readRaw(mounted.path("Documents/f7/a/b/c/note.txt")), as: UTF8.self) == "inside")
+        #expect(try mounted.container.contents(atPath: "Documents/f7/a/b/c/note.txt") == Data("inside".utf8), "the library reads it beside the mount")
+
+        #expect(rmdir(mounted.path("Documents/f3")) == 0)
+        #expect(posixError(Int(rmdir(mounted.path("Documents/f7")))) == ENOTEMPTY, "a folder with items is not removed")
+        #expect(try run("/bin/rm", ["-rf"] + (0..<80).filter { $0 != 3 }.map { mounted.path("Documents/f\($0)") }).status == 0)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: mounted.path("Documents")) == ["Inbox"])
+        let storedDocuments = try mounted.container.storedPath("Documents")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: storedDocuments).filter { !$0.hasPrefix(".sandboxctl") }.count == 1, "only the Inbox is stored")
+        // The removed folders go once their removals are durable; at unmount the pool goes with the rest.
+        #expect(try run(FUSEAvailability.executable("fusermount3") ?? "/bin/fusermount3", ["-u", mounted.mountPoint]).status == 0)
+        #expect(mounted.mount.waitForExit(timeout: 30) != nil)
+        let left = try FileManager.default.subpathsOfDirectory(atPath: mounted.container.dataPath).filter { ($0 as NSString).lastPathComponent.hasPrefix(".sandboxctl-tmp-") }
+        #expect(left.isEmpty, "left after unmount: \(left)")
+    }
+
     @Test("a directory too large for one reply lists every entry once, with the plaintext sizes in its attributes", arguments: MountTransport.testable)
     func largeListing(transport: MountTransport) throws {
         let mounted = try MountedDevice(transport: transport)

@@ -165,7 +165,7 @@ struct PowerCutTests {
         #expect(report.statesChecked > 100)
     }
 
-    @Test("the mount's mkdir, rmdir and rename over an empty folder leave every folder listable with its items' names after any power cut")
+    @Test("the mount's mkdir (built in place and made ahead), rmdir (moved out, removed after) and rename over an empty folder leave every folder listable with its items' names after any power cut")
     func mountFolders() async throws {
         let long = String(repeating: "л", count: 80) + ".txt"
         let device = try ProtectedStoreTesting.TestDevice(defaultProtection: .none)
@@ -173,6 +173,10 @@ struct PowerCutTests {
         try device.container.write(Data("going".utf8), toPath: "Documents/gone/" + long)
         try device.container.createDirectory(atPath: "Documents/replaced")
         let view = ContainerFileSystem(container: device.container)
+        // Two folders ahead, made inside the calls that take them: "new" is built in place (none is ready yet),
+        // "inner" and "moving" are made ahead, and "gone" is removed in the pool.
+        view.makeFoldersAhead(size: 2, inBackground: false)
+        defer { view.stopMakingFoldersAhead() }
         let summary = try await device.everyPowerCut(maxStates: 400, seed: 11, during: {
             try view.createDirectory("/Documents/new", mode: 0o755)
             try view.createDirectory("/Documents/new/inner", mode: 0o700)
@@ -190,11 +194,20 @@ struct PowerCutTests {
                 }
             }
             try #require(rebooted.container.fileExists(atPath: "Documents/replaced"))
+            // A pool made after the reboot removes the one the power cut left, with whatever it held.
+            let root = rebooted.container.dataPath
+            let rebootedView = ContainerFileSystem(container: rebooted.container)
+            rebootedView.makeFoldersAhead(size: 2, inBackground: false)
+            try #require(try FileManager.default.contentsOfDirectory(atPath: root).filter { $0.hasPrefix(".sandboxctl-tmp-folders-") }.count == 1)
+            rebootedView.stopMakingFoldersAhead()
+            try #require(try FileManager.default.contentsOfDirectory(atPath: root).allSatisfy { !$0.hasPrefix(".sandboxctl-tmp-folders-") })
             // Like ext4's, the mount's name changes are durable once a folder is synced; the library's write syncs its folder.
             guard rebooted.powerCut?.operationHadReturned == true else { return }
             try #require(try rebooted.container.contents(atPath: "Documents/new/inner/" + long) == Data("new".utf8))
         })
         print("power cuts, the mount's folders: \(summary)")
+        let pools = try FileManager.default.contentsOfDirectory(atPath: device.container.dataPath).filter { $0.hasPrefix(".sandboxctl-tmp-folders-") }
+        #expect(pools.count == 1, "the pool's own folder, until it is closed: \(pools)")
         #expect(summary.statesChecked > 100)
     }
 

@@ -70,32 +70,54 @@ package final class OpenDirectory: @unchecked Sendable {
     }
 
     /// Creates the subdirectory `name` with its own IV (and whatever `prepare` adds, such as a class marker), built
-    /// under a temporary name and renamed into place, so no directory is ever seen without its IV.
-    package func makeSubdirectory(_ name: String, mode: mode_t, displayPath: String,
+    /// under a temporary name and renamed into place, so no directory is ever seen without its IV. With a `pool`, a
+    /// folder it made ahead (its IV already durable) is used when one is ready.
+    package func makeSubdirectory(_ name: String, mode: mode_t, displayPath: String, pool: FolderPool? = nil,
                                   prepare: (OpenDirectory) throws -> Void = { _ in }) throws {
         let target = try names.storedName(for: name)
         try names.recordLongName(target, in: descriptor, displayPath: displayPath)
-        let staging = FileLocation(directory: descriptor, name: "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)", displayPath: displayPath)
-        guard DurableIO.makeDirectory(staging.name, relativeTo: descriptor.rawValue, mode: 0o700) == 0 else {
-            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "create the directory")
+        let staging: FileLocation
+        let made: FolderPool.Folder?
+        // A set-group-ID parent gives a folder made in it its group and the bit (as ext4 does), which one made ahead has not.
+        let setsGroupID = Self.setsGroupID(descriptor)
+        if let pool, !setsGroupID, let folder = pool.take() {
+            staging = FileLocation(directory: pool.directory, name: folder.name, displayPath: displayPath)
+            made = folder
+        } else {
+            staging = FileLocation(directory: descriptor, name: "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)", displayPath: displayPath)
+            made = nil
+            guard DurableIO.makeDirectory(staging.name, relativeTo: descriptor.rawValue, mode: 0o700) == 0 else {
+                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "create the directory")
+            }
         }
         do {
             let fd = try staging.open(.readOnly, options: [.directory], doing: "open the new directory")
             let created = OpenDirectory(descriptor: fd, path: path.appending(name),
-                                        names: DirectoryNames(cipher: names.cipher, iv: Random.bytes(NameCipher.directoryIVBytes)), shared: shared)
-            try FileSystem.writeAtomically(created.names.iv, to: FileLocation(directory: fd, name: DirectoryNames.ivName, displayPath: displayPath), replacing: false)
+                                        names: DirectoryNames(cipher: names.cipher, iv: made?.iv ?? Random.bytes(NameCipher.directoryIVBytes)), shared: shared)
+            if made == nil {
+                try FileSystem.writeAtomically(created.names.iv, to: FileLocation(directory: fd, name: DirectoryNames.ivName, displayPath: displayPath), replacing: false)
+            } else if futimens(fd.rawValue, nil) != 0 {
+                // Made ahead: its times become those of this mkdir.
+                throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "set the new directory's times")
+            }
             try prepare(created)
-            if mode & 0o7777 != 0o700 {
+            let finalMode = mode & 0o7777 | (setsGroupID ? S_ISGID : 0)
+            if finalMode != 0o700 {
                 // Last, since a mode without the owner's write bit would keep the files above from being written.
-                guard fchmod(fd.rawValue, mode & 0o7777) == 0 else {
+                guard fchmod(fd.rawValue, finalMode) == 0 else {
                     throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "set the new directory's mode")
                 }
             }
             try staging.rename(to: FileLocation(directory: descriptor, name: target.entry, displayPath: displayPath), replacing: false)
         } catch {
-            Self.removeOwnEntry(staging.name, in: descriptor)
+            Self.removeOwnEntry(staging.name, in: made == nil ? descriptor : pool!.directory)
             throw error
         }
+    }
+
+    private static func setsGroupID(_ directory: FileDescriptor) -> Bool {
+        var info = stat()
+        return fstat(directory.rawValue, &info) != 0 || info.st_mode & S_ISGID != 0
     }
 
     /// Removes one of ProtectedStore's own entries: a file, or a directory a crash left half-built (which holds

@@ -24,6 +24,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
     private let logger: Logger
     private let invalidatorLock = NSLock()
     private var invalidator: (@Sendable (String) -> Void)?
+    private let poolLock = NSLock()
+    private var folderPool: FolderPool?
 
     private var device: Device { container.device }
     private var root: Int32 { container.directory.root.rawValue }
@@ -39,6 +41,22 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// front end is gone.
     package func setPageCacheInvalidator(_ invalidate: (@Sendable (String) -> Void)?) {
         invalidatorLock.withLock { invalidator = invalidate }
+    }
+
+    /// Has mkdir take folders made ahead, their IVs already durable (`FolderPool`), until `stopMakingFoldersAhead()`,
+    /// so it waits for no fsync. If no pool can be made (a read-only disk), every mkdir builds its folder, as without.
+    package func makeFoldersAhead(size: Int = 32, inBackground: Bool = true) {
+        do {
+            let pool = try FolderPool(root: container.directory.root, size: size, inBackground: inBackground)
+            poolLock.withLock { folderPool = pool }
+        } catch {
+            logger.info("folders are built as each mkdir asks, none ahead: \(error.localizedDescription)")
+        }
+    }
+
+    /// Removes the folders made ahead; mkdir builds each folder from now on.
+    package func stopMakingFoldersAhead() {
+        poolLock.withLock { folderPool.take() }?.close()
     }
 
     // MARK: Errors
@@ -279,8 +297,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         let inherited = try container.directoryClass(of: item.parent)
-        // Built aside with its IV and class marker, then renamed into place: never seen without either.
-        try item.parent.makeSubdirectory(item.name, mode: mode & 0o7777, displayPath: item.displayPath) { created in
+        // Built aside (or made ahead) with its IV, given its class marker, then renamed into place: never seen without either.
+        let pool = poolLock.withLock { folderPool }
+        try item.parent.makeSubdirectory(item.name, mode: mode & 0o7777, displayPath: item.displayPath, pool: pool) { created in
             if let inherited { try container.writeDirectoryClass(inherited, in: created, displayPath: item.displayPath) }
         }
     }
@@ -295,7 +314,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         // Every directory holds its IV, so a first rmdir fails unless the directory is not one of ours.
         if DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR) != 0 {
             guard Foundation.errno == ENOTEMPTY else { throw Errno(rawValue: Foundation.errno) }
-            try removeOwnFiles(in: item) {
+            try removeOwnFiles(in: item, pool: poolLock.withLock { folderPool }) {
                 DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR)
             }
         }
@@ -769,13 +788,16 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// Removes ProtectedStore's own files from a directory that holds nothing else, so that `removal` (an rmdir, or a
     /// rename over it) can succeed. The IV goes last, and comes back if the removal still fails (an entry created
-    /// meanwhile), so the directory's names stay readable.
-    private func removeOwnFiles(in item: ResolvedItem, then removal: () -> Int32) throws {
+    /// meanwhile), so the directory's names stay readable. With a `pool` (an rmdir), the directory is moved into it
+    /// instead, and removed there.
+    private func removeOwnFiles(in item: ResolvedItem, pool: FolderPool? = nil, then removal: () -> Int32) throws {
         guard let info = try? status(item), info.st_mode & S_IFMT == S_IFDIR else { throw Errno.directoryNotEmpty }
         let directory = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
         try withExtendedLifetime(directory) {
             let entries = try DirectoryNames.entries(in: try directory.reopened(), displayPath: item.displayPath)
             guard entries.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { throw Errno.directoryNotEmpty }
+            // An rmdir with a pool: moved out at once; the pool makes the items' removals durable and removes it after.
+            if let pool, pool.remove(item.entry, in: item.parent.descriptor) { return }
             // The items' removals durable first: a power cut must not keep an item and lose the IV or its long name.
             try DurableIO.synchronize(directory.descriptor, path: item.displayPath)
             for entry in entries where entry != DirectoryNames.ivName {
