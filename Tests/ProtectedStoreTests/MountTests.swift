@@ -160,6 +160,39 @@ struct MountTests {
         #expect(left.isEmpty, "left after unmount: \(left)")
     }
 
+    @Test("a pool of folders left by an ended mount is emptied and removed by the next; one still held is not; a folder in it holding an item of the user's is kept and reported")
+    func abandonedFolderPools() throws {
+        let device = try ProtectedStoreTesting.TestDevice(defaultProtection: .none)
+        let root = device.container.dataPath
+        let pools = { try FileManager.default.contentsOfDirectory(atPath: root).filter { $0.hasPrefix(".sandboxctl-tmp-folders-") }.sorted() }
+        let live = ContainerFileSystem(container: device.container)
+        live.makeFoldersAhead(size: 2, inBackground: false)
+        let held = try pools()
+        #expect(held.count == 1)
+        // Left by a mount that was killed: a folder made ahead (its IV only) and a removed one an item landed in.
+        let old = (root as NSString).appendingPathComponent(".sandboxctl-tmp-folders-0123456789abcdef")
+        for folder in ["ahead", "removed"] {
+            let path = (old as NSString).appendingPathComponent(".sandboxctl-tmp-\(folder)")
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+            writeRaw([UInt8](repeating: 7, count: 16), (path as NSString).appendingPathComponent(".sandboxctl-diriv"))
+        }
+        writeRaw(Array("keep me".utf8), (old as NSString).appendingPathComponent(".sandboxctl-tmp-removed/item"))
+        let logged = Locked<[String]>([])
+        let next = try FolderPool(root: device.container.directory.root, size: 2, inBackground: false) { problem in logged.withLock { $0.append(problem) } }
+        let afterSweep = try pools()
+        #expect(afterSweep.count == 3, "the live pool, the new one, and the old one with what it keeps: \(afterSweep)")
+        #expect(!FileManager.default.fileExists(atPath: (old as NSString).appendingPathComponent(".sandboxctl-tmp-ahead")))
+        #expect(readRaw((old as NSString).appendingPathComponent(".sandboxctl-tmp-removed/item")) == Array("keep me".utf8))
+        #expect(logged.withLock { $0 }.contains { $0.contains(".sandboxctl-tmp-folders-0123456789abcdef") && $0.contains("move what you need") })
+        next.close()
+        live.stopMakingFoldersAhead()
+        #expect(try pools() == [".sandboxctl-tmp-folders-0123456789abcdef"], "closed pools are gone")
+        // Once the item is moved out, the next pool removes the rest.
+        try FileManager.default.removeItem(atPath: (old as NSString).appendingPathComponent(".sandboxctl-tmp-removed/item"))
+        try FolderPool(root: device.container.directory.root, size: 2, inBackground: false).close()
+        #expect(try pools().isEmpty)
+    }
+
     @Test("a directory too large for one reply lists every entry once, with the plaintext sizes in its attributes", arguments: MountTransport.testable)
     func largeListing(transport: MountTransport) throws {
         let mounted = try MountedDevice(transport: transport)

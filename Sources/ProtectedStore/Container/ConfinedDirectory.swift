@@ -1,3 +1,4 @@
+import CSupport
 import Foundation
 import ProtectedStoreCore
 import SystemPackage
@@ -78,9 +79,10 @@ package final class OpenDirectory: @unchecked Sendable {
         try names.recordLongName(target, in: descriptor, displayPath: displayPath)
         let staging: FileLocation
         let made: FolderPool.Folder?
-        // A set-group-ID parent gives a folder made in it its group and the bit (as ext4 does), which one made ahead has not.
+        // A set-group-ID parent gives a folder made in it its group and the bit (as ext4 does), and a default ACL gives
+        // it that ACL: one made ahead has neither, so such a parent gets a folder built in it.
         let setsGroupID = Self.setsGroupID(descriptor)
-        if let pool, !setsGroupID, let folder = pool.take() {
+        if let pool, !setsGroupID, !Self.hasDefaultACL(descriptor), let folder = pool.take() {
             staging = FileLocation(directory: pool.directory, name: folder.name, displayPath: displayPath)
             made = folder
         } else {
@@ -118,6 +120,10 @@ package final class OpenDirectory: @unchecked Sendable {
     private static func setsGroupID(_ directory: FileDescriptor) -> Bool {
         var info = stat()
         return fstat(directory.rawValue, &info) != 0 || info.st_mode & S_ISGID != 0
+    }
+
+    private static func hasDefaultACL(_ directory: FileDescriptor) -> Bool {
+        fgetxattr(directory.rawValue, "system.posix_acl_default", nil, 0) > 0
     }
 
     /// Removes one of ProtectedStore's own entries: a file, or a directory a crash left half-built (which holds

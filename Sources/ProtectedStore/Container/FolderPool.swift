@@ -10,8 +10,9 @@ import SystemPackage
 /// cut at any point a folder in its place has its IV, as when it is built or removed in place.
 ///
 /// They wait in a hidden folder of this pool in the container's root (`.sandboxctl-tmp-folders-<random>`), held with
-/// an flock while the pool lives. `close()` removes it; a pool made later removes any whose flock is free (left by a
-/// process that ended without closing, or by a power cut).
+/// an flock while the pool lives. `close()` removes it; a pool made later empties and removes any whose flock is free
+/// (left by a process that ended without closing, or by a power cut). Only ProtectedStore's own files are ever
+/// removed here: a folder found holding anything else is kept, and reported.
 package final class FolderPool: @unchecked Sendable {
     /// A folder ready to be renamed into place: its name in the pool's folder, and the IV it holds.
     package struct Folder: Sendable {
@@ -27,6 +28,7 @@ package final class FolderPool: @unchecked Sendable {
     private let name: String
     private let size: Int
     private let inBackground: Bool
+    private let report: @Sendable (String) -> Void
     /// Guards everything below; signalled when the work in hand ends.
     private let condition = NSCondition()
     private var ready: [Folder] = []
@@ -38,28 +40,35 @@ package final class FolderPool: @unchecked Sendable {
     /// Makes the pool's folder in `root` (the container's stored root) after removing those left by earlier pools.
     /// It keeps up to `size` folders, refilling once half are taken. Its work runs on a background queue, or with
     /// `inBackground` false inside the call that hands it some (for tests, whose power cuts must see every write in
-    /// one order).
-    package init(root: FileDescriptor, size: Int = 32, inBackground: Bool = true) throws {
+    /// one order). `report` gets what went wrong in that work (a failed build, a removed folder that is kept).
+    package init(root: FileDescriptor, size: Int = 32, inBackground: Bool = true, report: @escaping @Sendable (String) -> Void = { _ in }) throws {
         precondition(size >= 2)
         self.root = root
         self.size = size
         self.inBackground = inBackground
-        Self.removeAbandoned(in: root)
+        self.report = report
+        Self.removeAbandoned(in: root, report: report)
+        // Made under another name and locked before it is given its own: no other pool ever sees it unlocked.
+        let building = "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)"
         name = "\(Self.prefix)\(Random.bytes(8).hex)"
-        guard DurableIO.makeDirectory(name, relativeTo: root.rawValue, mode: 0o700) == 0 else {
-            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: name, doing: "create the folder of folders made ahead")
+        guard DurableIO.makeDirectory(building, relativeTo: root.rawValue, mode: 0o700) == 0 else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: building, doing: "create the folder of folders made ahead")
         }
         do {
-            directory = try FileLocation(directory: root, name: name, displayPath: name).open(.readOnly, options: [.directory], doing: "open the folder of folders made ahead")
+            directory = try FileLocation(directory: root, name: building, displayPath: building).open(.readOnly, options: [.directory], doing: "open the folder of folders made ahead")
         } catch {
-            _ = DurableIO.unlink(name, relativeTo: root.rawValue, flags: AT_REMOVEDIR)
+            _ = DurableIO.unlink(building, relativeTo: root.rawValue, flags: AT_REMOVEDIR)
             throw error
         }
-        // Held until the descriptor closes: a later pool sees this one is in use.
-        _ = flock(directory.rawValue, LOCK_EX | LOCK_NB)
         // A set-group-ID bit inherited from the root would give the folders made here its group and the bit; a
         // folder made in place in an ordinary parent has neither.
-        fchmod(directory.rawValue, 0o700)
+        guard flock(directory.rawValue, LOCK_EX | LOCK_NB) == 0, fchmod(directory.rawValue, 0o700) == 0,
+              DurableIO.rename(building, relativeTo: root.rawValue, to: name, relativeTo: root.rawValue, replacing: false) == 0 else {
+            let failure = Errno(rawValue: Foundation.errno)
+            try? directory.close()
+            _ = DurableIO.unlink(building, relativeTo: root.rawValue, flags: AT_REMOVEDIR)
+            throw ProtectedStoreError.io(failure, path: building, doing: "lock and name the folder of folders made ahead")
+        }
     }
 
     deinit { close() }
@@ -72,24 +81,31 @@ package final class FolderPool: @unchecked Sendable {
     }
 
     /// Takes the folder `entry` of `parent`, which holds only ProtectedStore's own files, out of its parent and
-    /// removes it later, its items' removals made durable before its IV goes. False, with nothing changed, if it
-    /// can't be moved here (the caller removes it in place).
+    /// removes it later, its items' removals made durable before its IV goes. False if it can't be moved here, or if
+    /// an item appeared in it meanwhile (it is then moved back): the caller removes it in place.
     package func remove(_ entry: String, in parent: FileDescriptor) -> Bool {
         guard condition.withLock({ !closed }) else { return false }
         let parked = "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)"
         guard DurableIO.rename(entry, relativeTo: parent.rawValue, to: parked, relativeTo: directory.rawValue, replacing: false) == 0 else { return false }
-        // An item made in it beside the mount since the caller looked: back in place, so the rmdir fails as in place.
         guard holdsOnlyOwnFiles(parked) else {
-            _ = DurableIO.rename(parked, relativeTo: directory.rawValue, to: entry, relativeTo: parent.rawValue, replacing: false)
+            if DurableIO.rename(parked, relativeTo: directory.rawValue, to: entry, relativeTo: parent.rawValue, replacing: false) != 0 {
+                // The name was taken meanwhile: the folder stays here, kept as it is (finishRemoval reports it).
+                condition.withLock { removed.append(parked) }
+                startWork()
+            }
             return false
         }
+        // No write bits: a create through a descriptor opened before (another mount's cached folder) now fails,
+        // as it would in a removed folder, instead of landing here unseen.
+        _ = fchmodat(directory.rawValue, parked, 0o500, 0)
         condition.withLock { removed.append(parked) }
         startWork()
         return true
     }
 
     /// Finishes the removals handed over, then removes the ready folders and the pool's own. Later calls hand out
-    /// nothing and take nothing.
+    /// nothing and take nothing. Call it once no `take()` or `remove()` is under way and no folder taken is still
+    /// being put in place (the mount closes the pool after its request threads have ended).
     package func close() {
         let left: (removed: [String], ready: [Folder])? = condition.withLock {
             guard !closed else { return nil }
@@ -103,9 +119,11 @@ package final class FolderPool: @unchecked Sendable {
         }
         guard let left else { return }
         left.removed.forEach(finishRemoval)
-        for folder in left.ready { Self.removeTree(folder.name, in: directory) }
+        for folder in left.ready { Self.removeOwnFolder(folder.name, in: directory) }
         try? directory.close()
-        _ = DurableIO.unlink(name, relativeTo: root.rawValue, flags: AT_REMOVEDIR)
+        if DurableIO.unlink(name, relativeTo: root.rawValue, flags: AT_REMOVEDIR) != 0 && Foundation.errno == ENOTEMPTY {
+            report("\(name) in the container's stored root keeps folders that hold more than ProtectedStore's own files; look into them and move what you need back into the container")
+        }
     }
 
     private enum Job {
@@ -129,26 +147,32 @@ package final class FolderPool: @unchecked Sendable {
 
     private func work() {
         var building = true
-        while let job: Job = condition.withLock({
-            if closed { return nil }
-            if !removed.isEmpty { return .remove(removed.removeFirst()) }
-            return building && ready.count < size ? .build : nil
-        }) {
+        while true {
+            // Deciding to stop and saying so are one step: work handed over meanwhile starts a run of its own.
+            let job: Job? = condition.withLock {
+                if !closed {
+                    if !removed.isEmpty { return .remove(removed.removeFirst()) }
+                    if building && ready.count < size { return .build }
+                }
+                working = false
+                condition.broadcast()
+                return nil
+            }
             switch job {
+            case nil:
+                return
             case .remove(let parked):
                 finishRemoval(parked)
             case .build:
-                // A failure (a full disk, say) stops the refill: mkdirs build in place until the next, and report it.
-                if let folder = try? build() {
+                do {
+                    let folder = try build()
                     condition.withLock { ready.append(folder) }
-                } else {
+                } catch {
+                    // A full disk, say: mkdirs build in place until the next refill, and report their own errors.
+                    report("no folder made ahead: \(error.localizedDescription)")
                     building = false
                 }
             }
-        }
-        condition.withLock {
-            working = false
-            condition.broadcast()
         }
     }
 
@@ -165,19 +189,18 @@ package final class FolderPool: @unchecked Sendable {
             try FileSystem.writeAtomically(iv, to: FileLocation(directory: made, name: DirectoryNames.ivName, displayPath: name), replacing: false)
             return Folder(name: folderName, iv: iv)
         } catch {
-            Self.removeTree(folderName, in: directory)
+            Self.removeOwnFolder(folderName, in: directory)
             throw error
         }
     }
 
     /// The removals of a removed folder's items durable first, as an rmdir in place makes them: a power cut must not
-    /// keep an item and lose the IV its name needs. If that fails the folder stays, hidden, for a later pool.
-    /// An item found in it (made through a descriptor opened before the rmdir) keeps it too.
+    /// keep an item and lose the IV its name needs. Then its own files and itself go; one that holds anything else
+    /// (an item made through a descriptor opened before the rmdir) is kept, and reported.
     private func finishRemoval(_ parked: String) {
-        guard let folder = try? FileLocation(directory: directory, name: parked, displayPath: name).open(.readOnly, options: [.directory], doing: "open a removed folder") else { return }
-        let synchronized = (try? DurableIO.synchronize(folder, path: name)) != nil
-        try? folder.close()
-        if synchronized && holdsOnlyOwnFiles(parked) { Self.removeTree(parked, in: directory) }
+        if !Self.removeOwnFolder(parked, in: directory, synchronizingFirst: true) {
+            report("a removed folder in \(name) (\(parked), in the container's stored root) holds more than ProtectedStore's own files and is kept; move what you need out of it")
+        }
     }
 
     /// Whether the folder `parked` of the pool holds nothing but ProtectedStore's own files (its IV, class marker,
@@ -188,31 +211,44 @@ package final class FolderPool: @unchecked Sendable {
         return Self.entries(of: folder, displayPath: name).allSatisfy { $0.hasPrefix(ContainerPath.reservedPrefix) }
     }
 
-    /// Removes the pool folders in `root` that no live pool holds, with everything in them.
-    private static func removeAbandoned(in root: FileDescriptor) {
+    /// Empties and removes the pool folders in `root` that no live pool holds.
+    private static func removeAbandoned(in root: FileDescriptor, report: (String) -> Void) {
         for entry in entries(of: root, displayPath: "container root") where entry.hasPrefix(prefix) {
             guard let abandoned = try? FileLocation(directory: root, name: entry, displayPath: entry).open(.readOnly, options: [.directory], doing: "open an old folder of folders") else { continue }
-            let free = flock(abandoned.rawValue, LOCK_EX | LOCK_NB) == 0
-            if free { removeAll(in: abandoned, displayPath: entry) }
-            try? abandoned.close()
-            if free { _ = DurableIO.unlink(entry, relativeTo: root.rawValue, flags: AT_REMOVEDIR) }
+            defer { try? abandoned.close() }
+            guard flock(abandoned.rawValue, LOCK_EX | LOCK_NB) == 0 else { continue }
+            // Folders made ahead, and removed ones a mount ended before finishing: the same care as finishRemoval.
+            let kept = entries(of: abandoned, displayPath: entry).filter { !removeOwnFolder($0, in: abandoned, synchronizingFirst: true) }
+            if kept.isEmpty {
+                _ = DurableIO.unlink(entry, relativeTo: root.rawValue, flags: AT_REMOVEDIR)
+            } else {
+                report("\(entry) in the container's stored root keeps \(kept.count) folder(s) holding more than ProtectedStore's own files; move what you need out of them")
+            }
         }
     }
 
-    /// Removes every entry of `directory`, folders with what they hold. Best effort.
-    private static func removeAll(in directory: FileDescriptor, displayPath: String) {
-        for entry in entries(of: directory, displayPath: displayPath) { removeTree(entry, in: directory) }
-    }
-
-    /// Removes `entry` of `parent`: a file, or a folder with what it holds. Best effort.
-    private static func removeTree(_ entry: String, in parent: FileDescriptor) {
-        if DurableIO.unlink(entry, relativeTo: parent.rawValue) == 0 || Foundation.errno == ENOENT { return }
-        guard Foundation.errno == EISDIR || Foundation.errno == EPERM,
-              let folder = try? FileLocation(directory: parent, name: entry, displayPath: entry).open(.readOnly, options: [.directory], doing: "open a folder to remove") else { return }
-        fchmod(folder.rawValue, 0o700)
-        removeAll(in: folder, displayPath: entry)
-        try? folder.close()
-        _ = DurableIO.unlink(entry, relativeTo: parent.rawValue, flags: AT_REMOVEDIR)
+    /// Removes the folder `entry` of `parent` if it holds only ProtectedStore's own files: them first (after an
+    /// fsync of the folder, with `synchronizingFirst`), then the folder. False if it holds anything else, or the
+    /// fsync fails: it is then left as it is.
+    @discardableResult
+    private static func removeOwnFolder(_ entry: String, in parent: FileDescriptor, synchronizingFirst: Bool = false) -> Bool {
+        // Removed folders are left without write bits (remove(_:in:)).
+        _ = fchmodat(parent.rawValue, entry, 0o700, 0)
+        guard let folder = try? FileLocation(directory: parent, name: entry, displayPath: entry).open(.readOnly, options: [.directory], doing: "open a folder to remove") else {
+            var info = stat()
+            return fstatat(parent.rawValue, entry, &info, AT_SYMLINK_NOFOLLOW) != 0 && Foundation.errno == ENOENT
+        }
+        defer { try? folder.close() }
+        let items = entries(of: folder, displayPath: entry)
+        guard items.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { return false }
+        if synchronizingFirst {
+            guard (try? DurableIO.synchronize(folder, path: entry)) != nil else { return false }
+        }
+        // The IV last, as in place: a folder cut short keeps its IV while it holds anything else of ours.
+        for item in items.filter({ $0 != DirectoryNames.ivName }) + items.filter({ $0 == DirectoryNames.ivName }) {
+            _ = DurableIO.unlink(item, relativeTo: folder.rawValue)
+        }
+        return DurableIO.unlink(entry, relativeTo: parent.rawValue, flags: AT_REMOVEDIR) == 0 || Foundation.errno == ENOENT
     }
 
     /// The entries of `directory`, read through an open description of its own (a duplicate would move the

@@ -47,7 +47,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// so it waits for no fsync. If no pool can be made (a read-only disk), every mkdir builds its folder, as without.
     package func makeFoldersAhead(size: Int = 32, inBackground: Bool = true) {
         do {
-            let pool = try FolderPool(root: container.directory.root, size: size, inBackground: inBackground)
+            let pool = try FolderPool(root: container.directory.root, size: size, inBackground: inBackground) { [logger] problem in
+                logger.error("\(problem)")
+            }
             poolLock.withLock { folderPool = pool }
         } catch {
             logger.info("folders are built as each mkdir asks, none ahead: \(error.localizedDescription)")
