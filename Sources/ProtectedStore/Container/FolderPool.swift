@@ -80,27 +80,43 @@ package final class FolderPool: @unchecked Sendable {
         return folder
     }
 
-    /// Takes the folder `entry` of `parent`, which holds only ProtectedStore's own files, out of its parent and
-    /// removes it later, its items' removals made durable before its IV goes. False if it can't be moved here, or if
-    /// an item appeared in it meanwhile (it is then moved back): the caller removes it in place.
-    package func remove(_ entry: String, in parent: FileDescriptor) -> Bool {
-        guard condition.withLock({ !closed }) else { return false }
+    /// What `remove(_:in:)` did.
+    package enum Removal {
+        /// Moved here, to be removed: the rmdir is done.
+        case removed
+        /// It holds an item besides ProtectedStore's own files: put back (or, if its name was taken meanwhile, kept
+        /// here and reported), so the rmdir fails with ENOTEMPTY.
+        case holdsItems
+        /// Not moved: the caller removes it in place.
+        case notMoved
+    }
+
+    /// Takes the folder `entry` of `parent` out of its parent if it holds only ProtectedStore's own files, and
+    /// removes it later, its items' removals made durable before its IV goes.
+    package func remove(_ entry: String, in parent: FileDescriptor) -> Removal {
+        guard condition.withLock({ !closed }) else { return .notMoved }
         let parked = "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)"
-        guard DurableIO.rename(entry, relativeTo: parent.rawValue, to: parked, relativeTo: directory.rawValue, replacing: false) == 0 else { return false }
-        guard holdsOnlyOwnFiles(parked) else {
+        guard DurableIO.rename(entry, relativeTo: parent.rawValue, to: parked, relativeTo: directory.rawValue, replacing: false) == 0 else { return .notMoved }
+        // Looked into once moved, so nothing made in it by then is missed.
+        let items: [String]? = (try? FileLocation(directory: directory, name: parked, displayPath: name).open(.readOnly, options: [.directory], doing: "open a removed folder")).map { folder in
+            defer { try? folder.close() }
+            return Self.entries(of: folder, displayPath: name)
+        }
+        guard let items, items.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else {
             if DurableIO.rename(parked, relativeTo: directory.rawValue, to: entry, relativeTo: parent.rawValue, replacing: false) != 0 {
                 // The name was taken meanwhile: the folder stays here, kept as it is (finishRemoval reports it).
                 condition.withLock { removed.append(parked) }
                 startWork()
+                return .holdsItems
             }
-            return false
+            return items == nil ? .notMoved : .holdsItems
         }
         // No write bits: a create through a descriptor opened before (another mount's cached folder) now fails,
         // as it would in a removed folder, instead of landing here unseen.
         _ = fchmodat(directory.rawValue, parked, 0o500, 0)
         condition.withLock { removed.append(parked) }
         startWork()
-        return true
+        return .removed
     }
 
     /// Finishes the removals handed over, then removes the ready folders and the pool's own. Later calls hand out
@@ -201,14 +217,6 @@ package final class FolderPool: @unchecked Sendable {
         if !Self.removeOwnFolder(parked, in: directory, synchronizingFirst: true) {
             report("a removed folder in \(name) (\(parked), in the container's stored root) holds more than ProtectedStore's own files and is kept; move what you need out of it")
         }
-    }
-
-    /// Whether the folder `parked` of the pool holds nothing but ProtectedStore's own files (its IV, class marker,
-    /// long-name records).
-    private func holdsOnlyOwnFiles(_ parked: String) -> Bool {
-        guard let folder = try? FileLocation(directory: directory, name: parked, displayPath: name).open(.readOnly, options: [.directory], doing: "open a removed folder") else { return false }
-        defer { try? folder.close() }
-        return Self.entries(of: folder, displayPath: name).allSatisfy { $0.hasPrefix(ContainerPath.reservedPrefix) }
     }
 
     /// Empties and removes the pool folders in `root` that no live pool holds.

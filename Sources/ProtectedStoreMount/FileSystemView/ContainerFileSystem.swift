@@ -316,8 +316,16 @@ package final class ContainerFileSystem: @unchecked Sendable {
         // Every directory holds its IV, so a first rmdir fails unless the directory is not one of ours.
         if DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR) != 0 {
             guard Foundation.errno == ENOTEMPTY else { throw Errno(rawValue: Foundation.errno) }
-            try removeOwnFiles(in: item, pool: poolLock.withLock { folderPool }) {
-                DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR)
+            // With a pool the folder is moved out at once, and the pool makes its items' removals durable, then removes it.
+            switch poolLock.withLock({ folderPool })?.remove(item.entry, in: item.parent.descriptor) {
+            case .removed?:
+                break
+            case .holdsItems?:
+                throw Errno.directoryNotEmpty
+            case .notMoved?, nil:
+                try removeOwnFiles(in: item) {
+                    DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR)
+                }
             }
         }
         item.entryRemoved()
@@ -790,16 +798,13 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// Removes ProtectedStore's own files from a directory that holds nothing else, so that `removal` (an rmdir, or a
     /// rename over it) can succeed. The IV goes last, and comes back if the removal still fails (an entry created
-    /// meanwhile), so the directory's names stay readable. With a `pool` (an rmdir), the directory is moved into it
-    /// instead, and removed there.
-    private func removeOwnFiles(in item: ResolvedItem, pool: FolderPool? = nil, then removal: () -> Int32) throws {
+    /// meanwhile), so the directory's names stay readable.
+    private func removeOwnFiles(in item: ResolvedItem, then removal: () -> Int32) throws {
         guard let info = try? status(item), info.st_mode & S_IFMT == S_IFDIR else { throw Errno.directoryNotEmpty }
         let directory = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
         try withExtendedLifetime(directory) {
             let entries = try DirectoryNames.entries(in: try directory.reopened(), displayPath: item.displayPath)
             guard entries.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { throw Errno.directoryNotEmpty }
-            // An rmdir with a pool: moved out at once; the pool makes the items' removals durable and removes it after.
-            if let pool, pool.remove(item.entry, in: item.parent.descriptor) { return }
             // The items' removals durable first: a power cut must not keep an item and lose the IV or its long name.
             try DurableIO.synchronize(directory.descriptor, path: item.displayPath)
             for entry in entries where entry != DirectoryNames.ivName {
