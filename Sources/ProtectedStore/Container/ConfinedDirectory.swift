@@ -119,7 +119,7 @@ package final class OpenDirectory: @unchecked Sendable {
 
     private static func setsGroupID(_ directory: FileDescriptor) -> Bool {
         var info = stat()
-        return fstat(directory.rawValue, &info) != 0 || info.st_mode & S_ISGID != 0
+        return fstat(directory.rawValue, &info) == 0 && info.st_mode & S_ISGID != 0
     }
 
     private static func hasDefaultACL(_ directory: FileDescriptor) -> Bool {

@@ -1,3 +1,4 @@
+import CSupport
 import Dispatch
 import Foundation
 import ProtectedStoreCore
@@ -25,6 +26,8 @@ package final class FolderPool: @unchecked Sendable {
     /// The pool's folder; the ready folders and the removed ones are entries of it.
     package let directory: FileDescriptor
     private let root: FileDescriptor
+    /// Where the pool's folder is, for messages: the container's stored root, then its name.
+    private let place: String
     private let name: String
     private let size: Int
     private let inBackground: Bool
@@ -41,16 +44,17 @@ package final class FolderPool: @unchecked Sendable {
     /// It keeps up to `size` folders, refilling once half are taken. Its work runs on a background queue, or with
     /// `inBackground` false inside the call that hands it some (for tests, whose power cuts must see every write in
     /// one order). `report` gets what went wrong in that work (a failed build, a removed folder that is kept).
-    package init(root: FileDescriptor, size: Int = 32, inBackground: Bool = true, report: @escaping @Sendable (String) -> Void = { _ in }) throws {
+    package init(root: FileDescriptor, rootPath: String, size: Int = 32, inBackground: Bool = true, report: @escaping @Sendable (String) -> Void = { _ in }) throws {
         precondition(size >= 2)
         self.root = root
         self.size = size
         self.inBackground = inBackground
         self.report = report
-        Self.removeAbandoned(in: root, report: report)
+        Self.removeAbandoned(in: root, rootPath: rootPath, report: report)
         // Made under another name and locked before it is given its own: no other pool ever sees it unlocked.
         let building = "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)"
         name = "\(Self.prefix)\(Random.bytes(8).hex)"
+        place = (rootPath as NSString).appendingPathComponent(name)
         guard DurableIO.makeDirectory(building, relativeTo: root.rawValue, mode: 0o700) == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: building, doing: "create the folder of folders made ahead")
         }
@@ -60,11 +64,14 @@ package final class FolderPool: @unchecked Sendable {
             _ = DurableIO.unlink(building, relativeTo: root.rawValue, flags: AT_REMOVEDIR)
             throw error
         }
-        // A set-group-ID bit inherited from the root would give the folders made here its group and the bit; a
-        // folder made in place in an ordinary parent has neither.
+        // A set-group-ID bit or a default ACL inherited from the root would pass to the folders made here; a folder
+        // made in place in an ordinary parent has neither.
+        _ = fremovexattr(directory.rawValue, "system.posix_acl_default")
         guard flock(directory.rawValue, LOCK_EX | LOCK_NB) == 0, fchmod(directory.rawValue, 0o700) == 0,
               DurableIO.rename(building, relativeTo: root.rawValue, to: name, relativeTo: root.rawValue, replacing: false) == 0 else {
             let failure = Errno(rawValue: Foundation.errno)
+            // Closed here, so deinit's close() must not close it again.
+            closed = true
             try? directory.close()
             _ = DurableIO.unlink(building, relativeTo: root.rawValue, flags: AT_REMOVEDIR)
             throw ProtectedStoreError.io(failure, path: building, doing: "lock and name the folder of folders made ahead")
@@ -93,20 +100,16 @@ package final class FolderPool: @unchecked Sendable {
 
     /// Takes the folder `entry` of `parent` out of its parent if it holds only ProtectedStore's own files, and
     /// removes it later, its items' removals made durable before its IV goes.
-    package func remove(_ entry: String, in parent: FileDescriptor) -> Removal {
+    package func remove(_ entry: String, in parent: FileDescriptor, displayPath: String) -> Removal {
         guard condition.withLock({ !closed }) else { return .notMoved }
         let parked = "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)"
         guard DurableIO.rename(entry, relativeTo: parent.rawValue, to: parked, relativeTo: directory.rawValue, replacing: false) == 0 else { return .notMoved }
         // Looked into once moved, so nothing made in it by then is missed.
-        let items: [String]? = (try? FileLocation(directory: directory, name: parked, displayPath: name).open(.readOnly, options: [.directory], doing: "open a removed folder")).map { folder in
-            defer { try? folder.close() }
-            return Self.entries(of: folder, displayPath: name)
-        }
+        // A folder that can't be listed (no read or search bit for the mount) counts as holding items: it goes back.
+        let items = Self.entries(of: directory, name: parked)
         guard let items, items.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else {
             if DurableIO.rename(parked, relativeTo: directory.rawValue, to: entry, relativeTo: parent.rawValue, replacing: false) != 0 {
-                // The name was taken meanwhile: the folder stays here, kept as it is (finishRemoval reports it).
-                condition.withLock { removed.append(parked) }
-                startWork()
+                report("\(displayPath) was moved aside to be removed when an item appeared in it, and its name was taken before it could go back: it is kept, with its items, at \((place as NSString).appendingPathComponent(parked)); move that folder back into the container's stored tree by hand to reach them")
                 return .holdsItems
             }
             return items == nil ? .notMoved : .holdsItems
@@ -138,7 +141,7 @@ package final class FolderPool: @unchecked Sendable {
         for folder in left.ready { Self.removeOwnFolder(folder.name, in: directory) }
         try? directory.close()
         if DurableIO.unlink(name, relativeTo: root.rawValue, flags: AT_REMOVEDIR) != 0 && Foundation.errno == ENOTEMPTY {
-            report("\(name) in the container's stored root keeps folders that hold more than ProtectedStore's own files; look into them and move what you need back into the container")
+            report("\(place) is left with the removed folders that could not be finished (logged above); the next mount of this container tries them again")
         }
     }
 
@@ -167,7 +170,7 @@ package final class FolderPool: @unchecked Sendable {
             // Deciding to stop and saying so are one step: work handed over meanwhile starts a run of its own.
             let job: Job? = condition.withLock {
                 if !closed {
-                    if !removed.isEmpty { return .remove(removed.removeFirst()) }
+                    if let parked = removed.popLast() { return .remove(parked) }
                     if building && ready.count < size { return .build }
                 }
                 working = false
@@ -212,57 +215,65 @@ package final class FolderPool: @unchecked Sendable {
 
     /// The removals of a removed folder's items durable first, as an rmdir in place makes them: a power cut must not
     /// keep an item and lose the IV its name needs. Then its own files and itself go; one that holds anything else
-    /// (an item made through a descriptor opened before the rmdir) is kept, and reported.
+    /// (an item made through a descriptor opened before the rmdir, as root) is kept, and reported.
     private func finishRemoval(_ parked: String) {
-        if !Self.removeOwnFolder(parked, in: directory, synchronizingFirst: true) {
-            report("a removed folder in \(name) (\(parked), in the container's stored root) holds more than ProtectedStore's own files and is kept; move what you need out of it")
+        if let problem = Self.removeOwnFolder(parked, in: directory, synchronizingFirst: true) {
+            report("a removed folder could not be finished, and is kept as it is at \((place as NSString).appendingPathComponent(parked)): \(problem); the next mount of this container tries again")
         }
     }
 
     /// Empties and removes the pool folders in `root` that no live pool holds.
-    private static func removeAbandoned(in root: FileDescriptor, report: (String) -> Void) {
-        for entry in entries(of: root, displayPath: "container root") where entry.hasPrefix(prefix) {
+    private static func removeAbandoned(in root: FileDescriptor, rootPath: String, report: (String) -> Void) {
+        for entry in entries(of: root, name: ".") ?? [] where entry.hasPrefix(prefix) {
             guard let abandoned = try? FileLocation(directory: root, name: entry, displayPath: entry).open(.readOnly, options: [.directory], doing: "open an old folder of folders") else { continue }
             defer { try? abandoned.close() }
             guard flock(abandoned.rawValue, LOCK_EX | LOCK_NB) == 0 else { continue }
             // Folders made ahead, and removed ones a mount ended before finishing: the same care as finishRemoval.
-            let kept = entries(of: abandoned, displayPath: entry).filter { !removeOwnFolder($0, in: abandoned, synchronizingFirst: true) }
-            if kept.isEmpty {
-                _ = DurableIO.unlink(entry, relativeTo: root.rawValue, flags: AT_REMOVEDIR)
-            } else {
-                report("\(entry) in the container's stored root keeps \(kept.count) folder(s) holding more than ProtectedStore's own files; move what you need out of them")
+            var kept = 0
+            for folder in entries(of: abandoned, name: ".") ?? [] {
+                guard let problem = removeOwnFolder(folder, in: abandoned, synchronizingFirst: true) else { continue }
+                kept += 1
+                let path = ((rootPath as NSString).appendingPathComponent(entry) as NSString).appendingPathComponent(folder)
+                report("a removed folder left by an earlier mount is kept as it is at \(path): \(problem)")
             }
+            if kept == 0 { _ = DurableIO.unlink(entry, relativeTo: root.rawValue, flags: AT_REMOVEDIR) }
         }
     }
 
     /// Removes the folder `entry` of `parent` if it holds only ProtectedStore's own files: them first (after an
-    /// fsync of the folder, with `synchronizingFirst`), then the folder. False if it holds anything else, or the
-    /// fsync fails: it is then left as it is.
+    /// fsync of the folder, with `synchronizingFirst`), the IV last, then the folder. Nil once it is gone; else what
+    /// keeps it, and it is left as it is.
     @discardableResult
-    private static func removeOwnFolder(_ entry: String, in parent: FileDescriptor, synchronizingFirst: Bool = false) -> Bool {
-        // Removed folders are left without write bits (remove(_:in:)).
+    private static func removeOwnFolder(_ entry: String, in parent: FileDescriptor, synchronizingFirst: Bool = false) -> String? {
+        // Removed folders are left without write bits (remove(_:in:displayPath:)).
         _ = fchmodat(parent.rawValue, entry, 0o700, 0)
-        guard let folder = try? FileLocation(directory: parent, name: entry, displayPath: entry).open(.readOnly, options: [.directory], doing: "open a folder to remove") else {
+        let folder: FileDescriptor
+        do {
+            folder = try FileLocation(directory: parent, name: entry, displayPath: entry).open(.readOnly, options: [.directory], doing: "open a folder to remove")
+        } catch {
             var info = stat()
-            return fstatat(parent.rawValue, entry, &info, AT_SYMLINK_NOFOLLOW) != 0 && Foundation.errno == ENOENT
+            return fstatat(parent.rawValue, entry, &info, AT_SYMLINK_NOFOLLOW) != 0 && Foundation.errno == ENOENT ? nil : error.localizedDescription
         }
         defer { try? folder.close() }
-        let items = entries(of: folder, displayPath: entry)
-        guard items.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { return false }
+        guard let items = entries(of: folder, name: ".") else { return "it can't be listed" }
+        let others = items.filter { !$0.hasPrefix(ContainerPath.reservedPrefix) }
+        guard others.isEmpty else { return "it holds \(others.count) item(s) besides ProtectedStore's own files, made in it after its rmdir; the items are intact, their names encrypted with the folder's IV" }
         if synchronizingFirst {
-            guard (try? DurableIO.synchronize(folder, path: entry)) != nil else { return false }
+            do { try DurableIO.synchronize(folder, path: entry) } catch { return error.localizedDescription }
         }
-        // The IV last, as in place: a folder cut short keeps its IV while it holds anything else of ours.
+        // The IV last, as in place: a folder cut short keeps its IV while it holds anything else of ours. A folder of
+        // ours in it (one a crash left half-built) goes with what it holds.
         for item in items.filter({ $0 != DirectoryNames.ivName }) + items.filter({ $0 == DirectoryNames.ivName }) {
-            _ = DurableIO.unlink(item, relativeTo: folder.rawValue)
+            OpenDirectory.removeOwnEntry(item, in: folder)
         }
-        return DurableIO.unlink(entry, relativeTo: parent.rawValue, flags: AT_REMOVEDIR) == 0 || Foundation.errno == ENOENT
+        if DurableIO.unlink(entry, relativeTo: parent.rawValue, flags: AT_REMOVEDIR) == 0 || Foundation.errno == ENOENT { return nil }
+        return "rmdir: \(Errno(rawValue: Foundation.errno))"
     }
 
-    /// The entries of `directory`, read through an open description of its own (a duplicate would move the
-    /// descriptor's own read position).
-    private static func entries(of directory: FileDescriptor, displayPath: String) -> [String] {
-        guard let listing = try? FileLocation(directory: directory, name: ".", displayPath: displayPath).open(.readOnly, options: [.directory], doing: "list") else { return [] }
-        return (try? DirectoryNames.entries(in: listing, displayPath: displayPath)) ?? []
+    /// The entries of the folder `name` of `directory` ("." for itself), read through an open description of its
+    /// own (a duplicate would move the descriptor's own read position); nil if it can't be opened or read.
+    private static func entries(of directory: FileDescriptor, name: String) -> [String]? {
+        guard let listing = try? FileLocation(directory: directory, name: name, displayPath: name).open(.readOnly, options: [.directory], doing: "list") else { return nil }
+        return try? DirectoryNames.entries(in: listing, displayPath: name)
     }
 }

@@ -47,12 +47,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// so it waits for no fsync. If no pool can be made (a read-only disk), every mkdir builds its folder, as without.
     package func makeFoldersAhead(size: Int = 32, inBackground: Bool = true) {
         do {
-            let pool = try FolderPool(root: container.directory.root, size: size, inBackground: inBackground) { [logger] problem in
+            let pool = try FolderPool(root: container.directory.root, rootPath: container.dataPath, size: size, inBackground: inBackground) { [logger] problem in
                 logger.error("\(problem)")
             }
             poolLock.withLock { folderPool = pool }
         } catch {
-            logger.info("folders are built as each mkdir asks, none ahead: \(error.localizedDescription)")
+            logger.warning("folders are built as each mkdir asks, none ahead: \(error.localizedDescription)")
         }
     }
 
@@ -317,7 +317,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         if DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue, flags: AT_REMOVEDIR) != 0 {
             guard Foundation.errno == ENOTEMPTY else { throw Errno(rawValue: Foundation.errno) }
             // With a pool the folder is moved out at once, and the pool makes its items' removals durable, then removes it.
-            switch poolLock.withLock({ folderPool })?.remove(item.entry, in: item.parent.descriptor) {
+            switch poolLock.withLock({ folderPool })?.remove(item.entry, in: item.parent.descriptor, displayPath: item.displayPath) {
             case .removed?:
                 break
             case .holdsItems?:
