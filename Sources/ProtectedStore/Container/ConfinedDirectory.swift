@@ -80,9 +80,12 @@ package final class OpenDirectory: @unchecked Sendable {
         let staging: FileLocation
         let made: FolderPool.Folder?
         // A set-group-ID parent gives a folder made in it its group and the bit (as ext4 does), and a default ACL gives
-        // it that ACL: one made ahead has neither, so such a parent gets a folder built in it.
-        let setsGroupID = Self.setsGroupID(descriptor)
-        if let pool, !setsGroupID, !Self.hasDefaultACL(descriptor), let folder = pool.take() {
+        // it that ACL: one made ahead has neither, so such a parent gets a folder built in it, as does one on another
+        // file system than the pool (a rename can't cross).
+        var parent = stat()
+        let known = fstat(descriptor.rawValue, &parent) == 0
+        let setsGroupID = known && parent.st_mode & S_ISGID != 0
+        if let pool, known, !setsGroupID, parent.st_dev == pool.device, !Self.hasDefaultACL(descriptor), let folder = pool.take() {
             staging = FileLocation(directory: pool.directory, name: folder.name, displayPath: displayPath)
             made = folder
         } else {
@@ -115,11 +118,6 @@ package final class OpenDirectory: @unchecked Sendable {
             Self.removeOwnEntry(staging.name, in: made == nil ? descriptor : pool!.directory)
             throw error
         }
-    }
-
-    private static func setsGroupID(_ directory: FileDescriptor) -> Bool {
-        var info = stat()
-        return fstat(directory.rawValue, &info) == 0 && info.st_mode & S_ISGID != 0
     }
 
     private static func hasDefaultACL(_ directory: FileDescriptor) -> Bool {

@@ -25,6 +25,8 @@ package final class FolderPool: @unchecked Sendable {
 
     /// The pool's folder; the ready folders and the removed ones are entries of it.
     package let directory: FileDescriptor
+    /// The file system it is on: a folder can only be renamed in from, or out to, the same one.
+    package let device: dev_t
     private let root: FileDescriptor
     /// Where the pool's folder is, for messages: the container's stored root, then its name.
     private let place: String
@@ -67,7 +69,10 @@ package final class FolderPool: @unchecked Sendable {
         // A set-group-ID bit or a default ACL inherited from the root would pass to the folders made here; a folder
         // made in place in an ordinary parent has neither.
         _ = fremovexattr(directory.rawValue, "system.posix_acl_default")
-        guard flock(directory.rawValue, LOCK_EX | LOCK_NB) == 0, fchmod(directory.rawValue, 0o700) == 0,
+        var info = stat()
+        let known = fstat(directory.rawValue, &info) == 0
+        device = info.st_dev
+        guard known, flock(directory.rawValue, LOCK_EX | LOCK_NB) == 0, fchmod(directory.rawValue, 0o700) == 0,
               DurableIO.rename(building, relativeTo: root.rawValue, to: name, relativeTo: root.rawValue, replacing: false) == 0 else {
             let failure = Errno(rawValue: Foundation.errno)
             // Closed here, so deinit's close() must not close it again.
