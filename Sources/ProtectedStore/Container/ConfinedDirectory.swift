@@ -78,6 +78,7 @@ package final class OpenDirectory: @unchecked Sendable {
         let target = try names.storedName(for: name)
         try names.recordLongName(target, in: descriptor, displayPath: displayPath)
         let staging: FileLocation
+        let stagingParent: FileDescriptor
         let made: FolderPool.Folder?
         // A set-group-ID parent gives a folder made in it its group and the bit (as ext4 does), and a default ACL gives
         // it that ACL: one made ahead has neither, so such a parent gets a folder built in it, as does one on another
@@ -86,10 +87,12 @@ package final class OpenDirectory: @unchecked Sendable {
         let known = fstat(descriptor.rawValue, &parent) == 0
         let setsGroupID = known && parent.st_mode & S_ISGID != 0
         if let pool, known, !setsGroupID, parent.st_dev == pool.device, !Self.hasDefaultACL(descriptor), let folder = pool.take() {
-            staging = FileLocation(directory: pool.directory, name: folder.name, displayPath: displayPath)
+            stagingParent = pool.directory
+            staging = FileLocation(directory: stagingParent, name: folder.name, displayPath: displayPath)
             made = folder
         } else {
-            staging = FileLocation(directory: descriptor, name: "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)", displayPath: displayPath)
+            stagingParent = descriptor
+            staging = FileLocation(directory: stagingParent, name: "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)", displayPath: displayPath)
             made = nil
             guard DurableIO.makeDirectory(staging.name, relativeTo: descriptor.rawValue, mode: 0o700) == 0 else {
                 throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "create the directory")
@@ -115,13 +118,20 @@ package final class OpenDirectory: @unchecked Sendable {
             }
             try staging.rename(to: FileLocation(directory: descriptor, name: target.entry, displayPath: displayPath), replacing: false)
         } catch {
-            Self.removeOwnEntry(staging.name, in: made == nil ? descriptor : pool!.directory)
+            Self.removeOwnEntry(staging.name, in: stagingParent)
             throw error
         }
     }
 
     private static func hasDefaultACL(_ directory: FileDescriptor) -> Bool {
         fgetxattr(directory.rawValue, "system.posix_acl_default", nil, 0) > 0
+    }
+
+    /// Removes `entries` of `folder`, all ProtectedStore's own, its IV last: a removal cut short leaves the IV while
+    /// anything else of ours is left, so the folder's names stay readable.
+    package static func removeOwnEntries(_ entries: [String], of folder: FileDescriptor) {
+        for entry in entries where entry != DirectoryNames.ivName { removeOwnEntry(entry, in: folder) }
+        if entries.contains(DirectoryNames.ivName) { _ = DurableIO.unlink(DirectoryNames.ivName, relativeTo: folder.rawValue) }
     }
 
     /// Removes one of ProtectedStore's own entries: a file, or a directory a crash left half-built (which holds

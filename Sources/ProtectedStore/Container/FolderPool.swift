@@ -22,6 +22,8 @@ package final class FolderPool: @unchecked Sendable {
     }
 
     static let prefix = "\(FileSystem.temporaryPrefix)folders-"
+    /// Enough that a burst of mkdirs (a `git clone` makes a few hundred folders) seldom waits for a refill.
+    package static let defaultSize = 32
 
     /// The pool's folder; the ready folders and the removed ones are entries of it.
     package let directory: FileDescriptor
@@ -46,7 +48,7 @@ package final class FolderPool: @unchecked Sendable {
     /// It keeps up to `size` folders, refilling once half are taken. Its work runs on a background queue, or with
     /// `inBackground` false inside the call that hands it some (for tests, whose power cuts must see every write in
     /// one order). `report` gets what went wrong in that work (a failed build, a removed folder that is kept).
-    package init(root: FileDescriptor, rootPath: String, size: Int = 32, inBackground: Bool = true, report: @escaping @Sendable (String) -> Void = { _ in }) throws {
+    package init(root: FileDescriptor, rootPath: String, size: Int = defaultSize, inBackground: Bool = true, report: @escaping @Sendable (String) -> Void = { _ in }) throws {
         precondition(size >= 2)
         self.root = root
         self.size = size
@@ -266,11 +268,8 @@ package final class FolderPool: @unchecked Sendable {
         if synchronizingFirst {
             do { try DurableIO.synchronize(folder, path: entry) } catch { return error.localizedDescription }
         }
-        // The IV last, as in place: a folder cut short keeps its IV while it holds anything else of ours. A folder of
-        // ours in it (one a crash left half-built) goes with what it holds.
-        for item in items.filter({ $0 != DirectoryNames.ivName }) + items.filter({ $0 == DirectoryNames.ivName }) {
-            OpenDirectory.removeOwnEntry(item, in: folder)
-        }
+        // A folder of ours in it (one a crash left half-built) goes with what it holds.
+        OpenDirectory.removeOwnEntries(items, of: folder)
         if DurableIO.unlink(entry, relativeTo: parent.rawValue, flags: AT_REMOVEDIR) == 0 || Foundation.errno == ENOENT { return nil }
         return "rmdir: \(Errno(rawValue: Foundation.errno))"
     }

@@ -45,7 +45,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// Has mkdir take folders made ahead, their IVs already durable (`FolderPool`), until `stopMakingFoldersAhead()`,
     /// so it waits for no fsync. If no pool can be made (a read-only disk), every mkdir builds its folder, as without.
-    package func makeFoldersAhead(size: Int = 32, inBackground: Bool = true) {
+    package func makeFoldersAhead(size: Int = FolderPool.defaultSize, inBackground: Bool = true) {
         do {
             let pool = try FolderPool(root: container.directory.root, rootPath: container.dataPath, size: size, inBackground: inBackground) { [logger] problem in
                 logger.error("\(problem)")
@@ -807,10 +807,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
             guard entries.allSatisfy({ $0.hasPrefix(ContainerPath.reservedPrefix) }) else { throw Errno.directoryNotEmpty }
             // The items' removals durable first: a power cut must not keep an item and lose the IV or its long name.
             try DurableIO.synchronize(directory.descriptor, path: item.displayPath)
-            for entry in entries where entry != DirectoryNames.ivName {
-                OpenDirectory.removeOwnEntry(entry, in: directory.descriptor)
-            }
-            _ = DurableIO.unlink(DirectoryNames.ivName, relativeTo: directory.descriptor.rawValue)
+            OpenDirectory.removeOwnEntries(entries, of: directory.descriptor)
             guard removal() == 0 else {
                 let failure = Errno(rawValue: Foundation.errno)
                 try? directory.names.restoreIV(in: directory.descriptor, displayPath: item.displayPath)
