@@ -127,16 +127,17 @@ struct MountTests {
         let mounted = try MountedDevice(transport: transport)
         let pools = { try FileManager.default.contentsOfDirectory(atPath: mounted.container.dataPath).filter { $0.hasPrefix(".sandboxctl-tmp-folders-") } }
         #expect(try pools().count == 1, "the mount's pool")
-        // The first mkdir starts the refill; the folders it makes are two seconds old when the next ones take them.
+        // The pool fills when the mount starts; its folders are two seconds old when these mkdirs take them.
         #expect(mkdir(mounted.path("Documents/f0"), 0o750) == 0)
         Thread.sleep(forTimeInterval: 2)
         let before = Date().addingTimeInterval(-0.5)
         // More than the pool holds, so some are made ahead and some built in place while it refills.
-        for index in 1..<80 {
+        let count = FolderPool.defaultSize + 32
+        for index in 1..<count {
             #expect(mkdir(mounted.path("Documents/f\(index)"), 0o750) == 0, "mkdir f\(index): \(String(cString: strerror(errno)))")
         }
         #expect(try run("/bin/mkdir", ["-p", mounted.path("Documents/f7/a/b/c")]).status == 0)
-        for index in 0..<80 {
+        for index in 0..<count {
             let attributes = try FileManager.default.attributesOfItem(atPath: mounted.path("Documents/f\(index)"))
             #expect((attributes[.posixPermissions] as? Int) == 0o750)
             #expect(index == 0 || ((attributes[.modificationDate] as? Date) ?? .distantPast) >= before, "f\(index) has the times of its mkdir")
@@ -156,7 +157,7 @@ struct MountTests {
         writeRaw([UInt8](repeating: 1, count: 16), (halfBuilt as NSString).appendingPathComponent(".sandboxctl-diriv"))
         #expect(rmdir(mounted.path("Documents/f3")) == 0)
         #expect(posixError(Int(rmdir(mounted.path("Documents/f7")))) == ENOTEMPTY, "a folder with items is not removed")
-        #expect(try run("/bin/rm", ["-rf"] + (0..<80).filter { $0 != 3 }.map { mounted.path("Documents/f\($0)") }).status == 0)
+        #expect(try run("/bin/rm", ["-rf"] + (0..<count).filter { $0 != 3 }.map { mounted.path("Documents/f\($0)") }).status == 0)
         #expect(try FileManager.default.contentsOfDirectory(atPath: mounted.path("Documents")) == ["Inbox"])
         let storedDocuments = try mounted.container.storedPath("Documents")
         #expect(try FileManager.default.contentsOfDirectory(atPath: storedDocuments).filter { !$0.hasPrefix(".sandboxctl") }.count == 1, "only the Inbox is stored")
@@ -198,6 +199,69 @@ struct MountTests {
         try FileManager.default.removeItem(atPath: (old as NSString).appendingPathComponent(".sandboxctl-tmp-removed/item"))
         try FolderPool(root: device.container.directory.root, rootPath: root, size: 2, inBackground: false).close()
         #expect(try pools().isEmpty)
+    }
+
+    @Test("a pool in the background fills at once, removes a removed folder in a pause, and when closed while it waits finishes what it holds")
+    func folderPoolInTheBackground() throws {
+        let device = try ProtectedStoreTesting.TestDevice(defaultProtection: .none)
+        let root = device.container.dataPath
+        let stored = { (name: String) in (root as NSString).appendingPathComponent(name) }
+        let parent = device.container.directory.root
+        func makeOwnFolder(_ name: String) {
+            try? FileManager.default.createDirectory(atPath: stored(name), withIntermediateDirectories: false)
+            writeRaw([UInt8](repeating: 3, count: 16), (stored(name) as NSString).appendingPathComponent(".sandboxctl-diriv"))
+        }
+        func eventually(_ condition: () throws -> Bool) rethrows -> Bool {
+            for _ in 0..<200 {
+                if try condition() { return true }
+                Thread.sleep(forTimeInterval: 0.05)
+            }
+            return try condition()
+        }
+        let pool = try FolderPool(root: parent, rootPath: root, size: 16)
+        let poolFolder = try #require(try FileManager.default.contentsOfDirectory(atPath: root).first { $0.hasPrefix(".sandboxctl-tmp-folders-") })
+        let inPool = { (name: String) in ((stored(poolFolder) as NSString).appendingPathComponent(name) as NSString).appendingPathComponent(".sandboxctl-diriv") }
+        let poolIVs = { try FileManager.default.contentsOfDirectory(atPath: stored(poolFolder)).map { readRaw(inPool($0)) } }
+        // As a mkdir does: out of the pool, into place.
+        func takeIntoPlace(_ name: String) throws {
+            let taken = try #require(pool.take())
+            #expect(readRaw(inPool(taken.name)) == taken.iv)
+            #expect(rename((stored(poolFolder) as NSString).appendingPathComponent(taken.name), stored(name)) == 0)
+        }
+        #expect(try eventually { try poolIVs().count == 16 }, "filled without a take")
+
+        try takeIntoPlace("made-0")
+        makeOwnFolder("gone-in-a-pause")
+        #expect(pool.remove("gone-in-a-pause", in: parent, displayPath: "gone-in-a-pause") == .removed)
+        #expect(!FileManager.default.fileExists(atPath: stored("gone-in-a-pause")))
+        #expect(try eventually { let ivs = try poolIVs(); return ivs.count == 16 && !ivs.contains([UInt8](repeating: 3, count: 16)) },
+                "in a pause the removed folder goes and the taken one is made again")
+
+        // Taken down to a refill, with a removal parked: the worker waits for a pause, which close() cuts short.
+        for index in 1...8 { try takeIntoPlace("made-\(index)") }
+        makeOwnFolder("gone-at-close")
+        #expect(pool.remove("gone-at-close", in: parent, displayPath: "gone-at-close") == .removed)
+        pool.close()
+        #expect(try !FileManager.default.contentsOfDirectory(atPath: root).contains { $0.hasPrefix(".sandboxctl-tmp-folders-") }, "closing finished the removal and removed the pool")
+    }
+
+    @Test("a refill whose IV fsyncs fail hands out no folder, leaves none behind, and says what went wrong; the next one works")
+    func folderPoolFailedRefill() throws {
+        let device = try ProtectedStoreTesting.TestDevice(defaultProtection: .none)
+        let root = device.container.dataPath
+        let logged = Locked<[String]>([])
+        let pool = try FolderPool(root: device.container.directory.root, rootPath: root, size: 4, inBackground: false) { problem in logged.withLock { $0.append(problem) } }
+        defer { pool.close() }
+        let poolFolder = try #require(try FileManager.default.contentsOfDirectory(atPath: root).first { $0.hasPrefix(".sandboxctl-tmp-folders-") })
+        let rule = FaultInjection.install(FaultInjection.Rule(.synchronize, folder: root, pattern: "\(poolFolder)/*/.sandboxctl-diriv", errno: .ioError))
+        #expect(pool.take() == nil, "nothing was ready")
+        FaultInjection.remove(rule)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: (root as NSString).appendingPathComponent(poolFolder)).isEmpty, "the folders whose IV was not durable are gone")
+        let messages = logged.withLock { $0 }
+        #expect(messages.count == 1 && messages[0].contains("\(poolFolder)/.sandboxctl-tmp-") && messages[0].contains(".sandboxctl-diriv")
+                && messages[0].contains("fsync") && messages[0].contains("mkdirs build their folders in place"), "\(messages)")
+        #expect(pool.take() == nil, "the failed refill handed out nothing; this take starts the next")
+        #expect(pool.take() != nil)
     }
 
     @Test("a directory too large for one reply lists every entry once, with the plaintext sizes in its attributes", arguments: MountTransport.testable)

@@ -22,8 +22,9 @@ package final class FolderPool: @unchecked Sendable {
     }
 
     static let prefix = "\(FileSystem.temporaryPrefix)folders-"
-    /// Enough that a burst of mkdirs (a `git clone` makes a few hundred folders) seldom waits for a refill.
-    package static let defaultSize = 32
+    /// Enough that a burst of mkdirs as large as a `git clone`'s (about a hundred folders for this repository) takes
+    /// only folders built before it began.
+    package static let defaultSize = 128
 
     /// The pool's folder; the ready folders and the removed ones are entries of it.
     package let directory: FileDescriptor
@@ -36,18 +37,22 @@ package final class FolderPool: @unchecked Sendable {
     private let size: Int
     private let inBackground: Bool
     private let report: @Sendable (String) -> Void
-    /// Guards everything below; signalled when the work in hand ends.
+    /// Guards everything below; signalled when the work in hand ends, when the pool closes, and when work can't wait
+    /// for a pause any longer.
     private let condition = NSCondition()
     private var ready: [Folder] = []
     /// Removed folders renamed in here, still to be removed.
     private var removed: [String] = []
     private var working = false
+    /// When a folder was last taken or removed (a monotonic clock: a step of the wall clock must not hold work back).
+    private var lastUse: ContinuousClock.Instant?
     private var closed = false
 
     /// Makes the pool's folder in `root` (the container's stored root) after removing those left by earlier pools.
-    /// It keeps up to `size` folders, refilling once half are taken. Its work runs on a background queue, or with
-    /// `inBackground` false inside the call that hands it some (for tests, whose power cuts must see every write in
-    /// one order). `report` gets what went wrong in that work (a failed build, a removed folder that is kept).
+    /// It keeps up to `size` folders, filled at once and refilled once half are taken, in a pause (`quietPeriod`) or
+    /// when at most an eighth are left. Its work runs on a thread of its own, or with `inBackground` false inside the
+    /// call that hands it some, without waiting for a pause (for tests, whose power cuts must see every write in one
+    /// order). `report` gets what went wrong in that work (a failed build, a removed folder that is kept).
     package init(root: FileDescriptor, rootPath: String, size: Int = defaultSize, inBackground: Bool = true, report: @escaping @Sendable (String) -> Void = { _ in }) throws {
         precondition(size >= 2)
         self.root = root
@@ -83,13 +88,20 @@ package final class FolderPool: @unchecked Sendable {
             _ = DurableIO.unlink(building, relativeTo: root.rawValue, flags: AT_REMOVEDIR)
             throw ProtectedStoreError.io(failure, path: building, doing: "lock and name the folder of folders made ahead")
         }
+        // Filled while the mount is still quiet; inline, the first take fills it.
+        if inBackground { startWork() }
     }
 
     deinit { close() }
 
-    /// A ready folder, or nil while none is (the caller builds one in place). Starts a refill once half are taken.
+    /// A ready folder, or nil while none is (the caller builds one in place). Once half are taken a refill is due.
     package func take() -> Folder? {
-        let folder: Folder? = condition.withLock { closed ? nil : ready.popLast() }
+        let folder: Folder? = condition.withLock {
+            lastUse = .now
+            let folder = closed ? nil : ready.popLast()
+            if ready.count <= size / 8 { condition.broadcast() }
+            return folder
+        }
         startWork()
         return folder
     }
@@ -124,7 +136,11 @@ package final class FolderPool: @unchecked Sendable {
         // No write bits: a create through a descriptor opened before (another mount's cached folder) now fails,
         // as it would in a removed folder, instead of landing here unseen.
         _ = fchmodat(directory.rawValue, parked, 0o500, 0)
-        condition.withLock { removed.append(parked) }
+        condition.withLock {
+            lastUse = .now
+            removed.append(parked)
+            if removed.count >= Self.backlogLimit { condition.broadcast() }
+        }
         startWork()
         return .removed
     }
@@ -136,6 +152,7 @@ package final class FolderPool: @unchecked Sendable {
         let left: (removed: [String], ready: [Folder])? = condition.withLock {
             guard !closed else { return nil }
             closed = true
+            condition.broadcast()
             while working { condition.wait() }
             defer {
                 removed.removeAll()
@@ -144,8 +161,8 @@ package final class FolderPool: @unchecked Sendable {
             return (removed, ready)
         }
         guard let left else { return }
-        left.removed.forEach(finishRemoval)
-        for folder in left.ready { Self.removeOwnFolder(folder.name, in: directory) }
+        finishRemovals(left.removed)
+        Self.removeOwnFolders(left.ready.map(\.name), in: directory)
         try? directory.close()
         if DurableIO.unlink(name, relativeTo: root.rawValue, flags: AT_REMOVEDIR) != 0 && Foundation.errno == ENOTEMPTY {
             report("\(place) is left with the removed folders that could not be finished (logged above); the next mount of this container tries them again")
@@ -153,9 +170,20 @@ package final class FolderPool: @unchecked Sendable {
     }
 
     private enum Job {
-        case remove(String)
-        case build
+        case remove([String])
+        case build(count: Int)
     }
+
+    /// Folders are synced together, then changed together: on a quiet journaling file system the first fsync commits
+    /// what all of them need and the others find nothing left to commit. Bounded, as each holds a descriptor open (two
+    /// while it is built).
+    private static let batchLimit = 64
+    /// ext4 commits its journal at every fsync of a folder if anything changed since the last commit, so during a
+    /// burst of mkdirs or rmdirs (`tar -x`, `rm -rf`) each would be a commit of its own, beside the burst's work. The
+    /// pool waits for this long without a take or a removal before it syncs anything, unless `backlogLimit` removals
+    /// wait or at most an eighth of its folders are ready.
+    private static let quietPeriod: Duration = .milliseconds(50)
+    private static let backlogLimit = 1024
 
     private func startWork() {
         let starts: Bool = condition.withLock {
@@ -165,7 +193,11 @@ package final class FolderPool: @unchecked Sendable {
         }
         guard starts else { return }
         if inBackground {
-            DispatchQueue.global(qos: .utility).async { [self] in work() }
+            // A thread of its own, not one of Dispatch's shared ones: it may wait through a whole burst for a pause.
+            let thread = Thread { [self] in work() }
+            thread.name = "sandboxctl folder pool"
+            thread.qualityOfService = .utility
+            thread.start()
         } else {
             work()
         }
@@ -176,9 +208,20 @@ package final class FolderPool: @unchecked Sendable {
         while true {
             // Deciding to stop and saying so are one step: work handed over meanwhile starts a run of its own.
             let job: Job? = condition.withLock {
-                if !closed {
-                    if let parked = removed.popLast() { return .remove(parked) }
-                    if building && ready.count < size { return .build }
+                while !closed {
+                    let untilQuiet = lastUse.map { Self.quietPeriod - (ContinuousClock.now - $0) } ?? .zero
+                    let quiet = !inBackground || untilQuiet <= .zero
+                    if !removed.isEmpty && (quiet || removed.count >= Self.backlogLimit) {
+                        // Oldest first: under a long backlog none waits for ever.
+                        let batch = Array(removed.prefix(Self.batchLimit))
+                        removed.removeFirst(batch.count)
+                        return .remove(batch)
+                    }
+                    if building && ready.count < size && (quiet || ready.count <= size / 8) {
+                        return .build(count: min(size - ready.count, Self.batchLimit))
+                    }
+                    if removed.isEmpty && (!building || ready.count == size) { break }
+                    _ = condition.wait(until: Date(timeIntervalSinceNow: untilQuiet / .seconds(1)))
                 }
                 working = false
                 condition.broadcast()
@@ -187,45 +230,78 @@ package final class FolderPool: @unchecked Sendable {
             switch job {
             case nil:
                 return
-            case .remove(let parked):
-                finishRemoval(parked)
-            case .build:
-                do {
-                    let folder = try build()
-                    condition.withLock { ready.append(folder) }
-                } catch {
+            case .remove(let batch):
+                finishRemovals(batch)
+            case .build(let count):
+                let (built, failure) = build(count)
+                condition.withLock { ready.append(contentsOf: built) }
+                if let failure {
                     // A full disk, say: mkdirs build in place until the next refill, and report their own errors.
-                    report("no folder made ahead: \(error.localizedDescription)")
+                    report("no folder made ahead: \(failure.localizedDescription); mkdirs build their folders in place until the next refill")
                     building = false
                 }
             }
         }
     }
 
-    /// A folder with a new IV in the pool's folder, durable (FileSystem.writeAtomically syncs the IV, then the folder).
-    private func build() throws -> Folder {
+    /// Up to `count` folders with a new IV each in the pool's folder, durable: every IV written, then every IV synced,
+    /// then every folder (its IV's entry). The IV is written under its own name at once: a folder is renamed out of
+    /// here only once both syncs are done, and one a power cut leaves half-built here is removed with the pool.
+    /// Returns the folders made, and why the batch stopped short, if it did.
+    private func build(_ count: Int) -> (built: [Folder], failure: (any Error)?) {
+        var started: [(folder: Folder, directory: FileDescriptor, iv: FileDescriptor)] = []
+        var failure: (any Error)?
+        while started.count < count && failure == nil {
+            do { started.append(try startFolder()) } catch { failure = error }
+        }
+        // A folder leaves the batch at its first failed sync; the rest go on.
+        var durable: [Bool] = started.map { _ in true }
+        for (index, step) in started.enumerated() {
+            do { try DurableIO.synchronize(step.iv, path: ivPath(of: step.folder.name)) } catch { durable[index] = false; failure = failure ?? error }
+            try? step.iv.close()
+        }
+        for (index, step) in started.enumerated() where durable[index] {
+            do { try DurableIO.synchronize(step.directory, path: path(of: step.folder.name)) } catch { durable[index] = false; failure = failure ?? error }
+        }
+        for step in started { try? step.directory.close() }
+        let failed = started.indices.filter { !durable[$0] }.map { started[$0].folder.name }
+        if !failed.isEmpty { Self.removeOwnFolders(failed, in: directory) }
+        return (started.indices.filter { durable[$0] }.map { started[$0].folder }, failure)
+    }
+
+    /// A new folder in the pool's folder with a new IV written in it, neither synced yet; if that fails, nothing is left.
+    private func startFolder() throws -> (folder: Folder, directory: FileDescriptor, iv: FileDescriptor) {
         let folderName = "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)"
         guard DurableIO.makeDirectory(folderName, relativeTo: directory.rawValue, mode: 0o700) == 0 else {
-            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: name, doing: "create a folder ahead")
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: path(of: folderName), doing: "create a folder ahead")
         }
+        var descriptors: [FileDescriptor] = []
         do {
-            let made = try FileLocation(directory: directory, name: folderName, displayPath: name).open(.readOnly, options: [.directory], doing: "open a folder made ahead")
-            defer { try? made.close() }
+            let made = try FileLocation(directory: directory, name: folderName, displayPath: path(of: folderName)).open(.readOnly, options: [.directory], doing: "open a folder made ahead")
+            descriptors.append(made)
+            let ivFile = try FileLocation(directory: made, name: DirectoryNames.ivName, displayPath: ivPath(of: folderName))
+                .open(.writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite], doing: "create the IV of a folder made ahead")
+            descriptors.append(ivFile)
             let iv = Random.bytes(NameCipher.directoryIVBytes)
-            try FileSystem.writeAtomically(iv, to: FileLocation(directory: made, name: DirectoryNames.ivName, displayPath: name), replacing: false)
-            return Folder(name: folderName, iv: iv)
+            try iv.withUnsafeBytes { try DurableIO.write($0, at: 0, to: ivFile, path: ivPath(of: folderName)) }
+            return (Folder(name: folderName, iv: iv), made, ivFile)
         } catch {
-            Self.removeOwnFolder(folderName, in: directory)
+            for descriptor in descriptors { try? descriptor.close() }
+            Self.removeOwnFolders([folderName], in: directory)
             throw error
         }
     }
 
-    /// The removals of a removed folder's items durable first, as an rmdir in place makes them: a power cut must not
-    /// keep an item and lose the IV its name needs. Then its own files and itself go; one that holds anything else
+    /// Where a folder of the pool is, for messages.
+    private func path(of folder: String) -> String { (place as NSString).appendingPathComponent(folder) }
+    private func ivPath(of folder: String) -> String { (path(of: folder) as NSString).appendingPathComponent(DirectoryNames.ivName) }
+
+    /// The removals of removed folders' items durable first, as an rmdir in place makes them: a power cut must not
+    /// keep an item and lose the IV its name needs. Then their own files and they go; one that holds anything else
     /// (an item made through a descriptor opened before the rmdir, as root) is kept, and reported.
-    private func finishRemoval(_ parked: String) {
-        if let problem = Self.removeOwnFolder(parked, in: directory, synchronizingFirst: true) {
-            report("a removed folder could not be finished, and is kept as it is at \((place as NSString).appendingPathComponent(parked)): \(problem); the next mount of this container tries again")
+    private func finishRemovals(_ parked: [String]) {
+        for (entry, problem) in Self.removeOwnFolders(parked, in: directory, synchronizingFirst: true) {
+            report("a removed folder could not be finished, and is kept as it is at \(path(of: entry)): \(problem); the next mount of this container tries again")
         }
     }
 
@@ -235,43 +311,89 @@ package final class FolderPool: @unchecked Sendable {
             guard let abandoned = try? FileLocation(directory: root, name: entry, displayPath: entry).open(.readOnly, options: [.directory], doing: "open an old folder of folders") else { continue }
             defer { try? abandoned.close() }
             guard flock(abandoned.rawValue, LOCK_EX | LOCK_NB) == 0 else { continue }
-            // Folders made ahead, and removed ones a mount ended before finishing: the same care as finishRemoval.
-            var kept = 0
-            for folder in entries(of: abandoned, name: ".") ?? [] {
-                guard let problem = removeOwnFolder(folder, in: abandoned, synchronizingFirst: true) else { continue }
-                kept += 1
+            // Folders made ahead, and removed ones a mount ended before finishing: the same care as finishRemovals.
+            let kept = removeOwnFolders(entries(of: abandoned, name: ".") ?? [], in: abandoned, synchronizingFirst: true)
+            for (folder, problem) in kept {
                 let path = ((rootPath as NSString).appendingPathComponent(entry) as NSString).appendingPathComponent(folder)
                 report("a removed folder left by an earlier mount is kept as it is at \(path): \(problem)")
             }
-            if kept == 0 { _ = DurableIO.unlink(entry, relativeTo: root.rawValue, flags: AT_REMOVEDIR) }
+            if kept.isEmpty { _ = DurableIO.unlink(entry, relativeTo: root.rawValue, flags: AT_REMOVEDIR) }
         }
     }
 
-    /// Removes the folder `entry` of `parent` if it holds only ProtectedStore's own files: them first (after an
-    /// fsync of the folder, with `synchronizingFirst`), the IV last, then the folder. Nil once it is gone; else what
-    /// keeps it, and it is left as it is.
+    /// Removes those of the folders `entries` of `parent` that hold only ProtectedStore's own files: all are checked,
+    /// then (with `synchronizingFirst`) all synced, then each loses its own files, the IV last, and goes. Returns the
+    /// folders left as they are, each with what keeps it; one already gone is not among them.
     @discardableResult
-    private static func removeOwnFolder(_ entry: String, in parent: FileDescriptor, synchronizingFirst: Bool = false) -> String? {
-        // Removed folders are left without write bits (remove(_:in:displayPath:)).
-        _ = fchmodat(parent.rawValue, entry, 0o700, 0)
-        let folder: FileDescriptor
-        do {
-            folder = try FileLocation(directory: parent, name: entry, displayPath: entry).open(.readOnly, options: [.directory], doing: "open a folder to remove")
-        } catch {
-            var info = stat()
-            return fstatat(parent.rawValue, entry, &info, AT_SYMLINK_NOFOLLOW) != 0 && Foundation.errno == ENOENT ? nil : error.localizedDescription
+    private static func removeOwnFolders(_ entries: [String], in parent: FileDescriptor, synchronizingFirst: Bool = false) -> [(entry: String, problem: String)] {
+        var kept: [(entry: String, problem: String)] = []
+        for start in stride(from: 0, to: entries.count, by: batchLimit) {
+            var opened: [(entry: String, folder: FileDescriptor)] = []
+            for entry in entries[start..<min(start + batchLimit, entries.count)] {
+                // Removed folders are left without write bits (remove(_:in:displayPath:)).
+                _ = fchmodat(parent.rawValue, entry, 0o700, 0)
+                let folder: FileDescriptor
+                do {
+                    folder = try FileLocation(directory: parent, name: entry, displayPath: entry).open(.readOnly, options: [.directory], doing: "open a folder to remove")
+                } catch {
+                    var info = stat()
+                    if !(fstatat(parent.rawValue, entry, &info, AT_SYMLINK_NOFOLLOW) != 0 && Foundation.errno == ENOENT) { kept.append((entry, error.localizedDescription)) }
+                    continue
+                }
+                if case .kept(let problem) = look(into: folder) {
+                    try? folder.close()
+                    kept.append((entry, problem))
+                    continue
+                }
+                opened.append((entry, folder))
+            }
+            var synced: [(entry: String, folder: FileDescriptor)] = []
+            for candidate in opened {
+                if synchronizingFirst {
+                    do { try DurableIO.synchronize(candidate.folder, path: candidate.entry) } catch {
+                        try? candidate.folder.close()
+                        kept.append((candidate.entry, error.localizedDescription))
+                        continue
+                    }
+                }
+                synced.append(candidate)
+            }
+            for (entry, folder) in synced {
+                // Looked into again just before its IV goes: an item made in it since (a root mount's, through a
+                // descriptor opened before the rmdir) keeps it, IV and all.
+                switch look(into: folder) {
+                case .kept(let problem):
+                    try? folder.close()
+                    kept.append((entry, problem))
+                    continue
+                case .own(let items):
+                    // A folder of ours in it (one a crash left half-built) goes with what it holds.
+                    OpenDirectory.removeOwnEntries(items, of: folder)
+                }
+                let removed = DurableIO.unlink(entry, relativeTo: parent.rawValue, flags: AT_REMOVEDIR) == 0 || Foundation.errno == ENOENT
+                let failure = Errno(rawValue: Foundation.errno)
+                try? folder.close()
+                if !removed { kept.append((entry, "rmdir: \(failure)")) }
+            }
         }
-        defer { try? folder.close() }
-        guard let items = entries(of: folder, name: ".") else { return "it can't be listed" }
+        return kept
+    }
+
+    private enum Look {
+        /// Its items, all ProtectedStore's own.
+        case own([String])
+        /// Why it is kept as it is.
+        case kept(String)
+    }
+
+    /// What an open folder to be removed holds now.
+    private static func look(into folder: FileDescriptor) -> Look {
+        guard let items = entries(of: folder, name: ".") else { return .kept("it can't be listed") }
         let others = items.filter { !$0.hasPrefix(ContainerPath.reservedPrefix) }
-        guard others.isEmpty else { return "it holds \(others.count) item(s) besides ProtectedStore's own files, made in it after its rmdir; the items are intact, their names encrypted with the folder's IV" }
-        if synchronizingFirst {
-            do { try DurableIO.synchronize(folder, path: entry) } catch { return error.localizedDescription }
+        guard others.isEmpty else {
+            return .kept("it holds \(others.count) item(s) besides ProtectedStore's own files, made in it after its rmdir; the items are intact, their names encrypted with the folder's IV")
         }
-        // A folder of ours in it (one a crash left half-built) goes with what it holds.
-        OpenDirectory.removeOwnEntries(items, of: folder)
-        if DurableIO.unlink(entry, relativeTo: parent.rawValue, flags: AT_REMOVEDIR) == 0 || Foundation.errno == ENOENT { return nil }
-        return "rmdir: \(Errno(rawValue: Foundation.errno))"
+        return .own(items)
     }
 
     /// The entries of the folder `name` of `directory` ("." for itself), read through an open description of its
