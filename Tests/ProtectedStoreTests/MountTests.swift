@@ -221,20 +221,26 @@ struct MountTests {
         let pool = try FolderPool(root: parent, rootPath: root, size: 16)
         let poolFolder = try #require(try FileManager.default.contentsOfDirectory(atPath: root).first { $0.hasPrefix(".sandboxctl-tmp-folders-") })
         let inPool = { (name: String) in ((stored(poolFolder) as NSString).appendingPathComponent(name) as NSString).appendingPathComponent(".sandboxctl-diriv") }
-        let poolIVs = { try FileManager.default.contentsOfDirectory(atPath: stored(poolFolder)).map { readRaw(inPool($0)) } }
-        // As a mkdir does: out of the pool, into place.
+        // The worker may be building or removing one meanwhile: a folder without its IV reads as nil.
+        let poolIVs = { try FileManager.default.contentsOfDirectory(atPath: stored(poolFolder)).map { FileManager.default.contents(atPath: inPool($0)).map(Array.init) } }
+        // As a mkdir does: out of the pool, into place (once a refill under way has handed its folders out).
         func takeIntoPlace(_ name: String) throws {
-            let taken = try #require(pool.take())
-            #expect(readRaw(inPool(taken.name)) == taken.iv)
-            #expect(rename((stored(poolFolder) as NSString).appendingPathComponent(taken.name), stored(name)) == 0)
+            var taken = pool.take()
+            for _ in 0..<200 where taken == nil {
+                Thread.sleep(forTimeInterval: 0.05)
+                taken = pool.take()
+            }
+            let folder = try #require(taken)
+            #expect(readRaw(inPool(folder.name)) == folder.iv)
+            #expect(rename((stored(poolFolder) as NSString).appendingPathComponent(folder.name), stored(name)) == 0)
         }
-        #expect(try eventually { try poolIVs().count == 16 }, "filled without a take")
+        #expect(try eventually { let ivs = try poolIVs(); return ivs.count == 16 && !ivs.contains(nil) }, "filled without a take")
 
         try takeIntoPlace("made-0")
         makeOwnFolder("gone-in-a-pause")
         #expect(pool.remove("gone-in-a-pause", in: parent, displayPath: "gone-in-a-pause") == .removed)
         #expect(!FileManager.default.fileExists(atPath: stored("gone-in-a-pause")))
-        #expect(try eventually { let ivs = try poolIVs(); return ivs.count == 16 && !ivs.contains([UInt8](repeating: 3, count: 16)) },
+        #expect(try eventually { let ivs = try poolIVs(); return ivs.count == 16 && !ivs.contains(nil) && !ivs.contains([UInt8](repeating: 3, count: 16)) },
                 "in a pause the removed folder goes and the taken one is made again")
 
         // Taken down to a refill, with a removal parked: the worker waits for a pause, which close() cuts short.
