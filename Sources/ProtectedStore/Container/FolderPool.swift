@@ -321,9 +321,9 @@ package final class FolderPool: @unchecked Sendable {
         }
     }
 
-    /// Removes those of the folders `entries` of `parent` that hold only ProtectedStore's own files: all are checked,
-    /// then (with `synchronizingFirst`) all synced, then each loses its own files, the IV last, and goes. Returns the
-    /// folders left as they are, each with what keeps it; one already gone is not among them.
+    /// Removes those of the folders `entries` of `parent` that hold only ProtectedStore's own files: all are opened,
+    /// then (with `synchronizingFirst`) all synced, then each is looked into and, holding only those, loses them, the IV
+    /// last, and goes. Returns the folders left as they are, each with what keeps it; one already gone is not among them.
     @discardableResult
     private static func removeOwnFolders(_ entries: [String], in parent: FileDescriptor, synchronizingFirst: Bool = false) -> [(entry: String, problem: String)] {
         var kept: [(entry: String, problem: String)] = []
@@ -340,11 +340,6 @@ package final class FolderPool: @unchecked Sendable {
                     if !(fstatat(parent.rawValue, entry, &info, AT_SYMLINK_NOFOLLOW) != 0 && Foundation.errno == ENOENT) { kept.append((entry, error.localizedDescription)) }
                     continue
                 }
-                if case .kept(let problem) = look(into: folder) {
-                    try? folder.close()
-                    kept.append((entry, problem))
-                    continue
-                }
                 opened.append((entry, folder))
             }
             var synced: [(entry: String, folder: FileDescriptor)] = []
@@ -359,8 +354,8 @@ package final class FolderPool: @unchecked Sendable {
                 synced.append(candidate)
             }
             for (entry, folder) in synced {
-                // Looked into again just before its IV goes: an item made in it since (a root mount's, through a
-                // descriptor opened before the rmdir) keeps it, IV and all.
+                // Looked into after the sync, just before its IV goes: an item made in it since its rmdir (a root
+                // mount's, through a descriptor opened before) keeps it, IV and all.
                 switch look(into: folder) {
                 case .kept(let problem):
                     try? folder.close()
