@@ -67,7 +67,7 @@ docs: build-deps
 
 # The lock and event tests under ThreadSanitizer, in their own build folder (docs/SECURITY.md).
 test-tsan: deps
-	@./scripts/sanitized-suite.sh thread 'LockEventTests|ConcurrencyTests|DaemonProtocolTests|TestDeviceTests'
+	@./scripts/sanitized-suite.sh thread 'LockEventTests|ConcurrencyTests|DaemonProtocolTests|TestDeviceTests|WritesBehindTests'
 
 # The whole suite under AddressSanitizer (and UBSan on the C code), then under ThreadSanitizer; any report fails.
 test-asan-all: deps

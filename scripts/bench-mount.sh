@@ -2,8 +2,8 @@
 # Benchmarks `sandboxctl mount` against gocryptfs and the plain backing directory, in one run on this machine:
 # dd write and read of 1 GiB (bs=128k), extracting a tar of a source tree of thousands of small files, ls -lR, rm -rf,
 # git clone of a local repository (this one) and SQLite inserts, one transaction each (journal DELETE, synchronous FULL).
-# Prints a table of median times and the ratio of the mount to gocryptfs (below 1 is faster), writes the figures as
-# CSV, and draws a chart (PNG) when matplotlib is available.
+# Prints a table of median times, the ratio of the mount to gocryptfs (below 1 is faster) and the write throughput
+# against gocryptfs', writes the figures as CSV, and draws a chart (PNG) when matplotlib is available.
 #
 #   scripts/bench-mount.sh [--rounds N] [--size-mib N] [--tree DIR] [--under DIR] [--io-uring] [--csv FILE] [--chart FILE]
 #
@@ -210,6 +210,10 @@ for operation in "${operations[@]}"; do
     echo "$(label "$operation"),$plain,$gc,$ps,$ratio" >> "$csv_file"
 done
 [ -z "$disk_note" ] || echo "$disk_note"
+if [ -n "${samples[write,mount]:-}" ]; then
+    awk -v gc="$(echo "${samples[write,gocryptfs]}" | median)" -v ps="$(echo "${samples[write,mount]}" | median)" \
+        'BEGIN { if (ps > 0) printf "Write throughput: %.2f x gocryptfs'"'"' (target: at least 2 x).\n", gc / ps }'
+fi
 echo
 echo "All samples (ms): $(for key in "${!samples[@]}"; do printf '%s=[%s] ' "$key" "${samples[$key]% }"; done)"
 [ -n "$csv" ] && echo "CSV: $csv"

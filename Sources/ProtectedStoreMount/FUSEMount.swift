@@ -34,6 +34,8 @@ package final class FUSEMount: @unchecked Sendable {
         // A git clone or tar -x makes hundreds of folders: each then costs a rename instead of two fsyncs.
         fileSystem.makeFoldersAhead()
         defer { fileSystem.stopMakingFoldersAhead() }
+        // After the session: writes the mount accepted are stored before the process can end.
+        defer { fileSystem.closeOpenFiles() }
         try FUSESession.serve(mountPoint: mountPoint, options: options, operations: Self.operations, context: Unmanaged.passUnretained(self).toOpaque(),
                               what: container.bundleIdentifier, logger: logger, overIOUring: overIOUring, started: { [fileSystem, logger] handle in
             fileSystem.setPageCacheInvalidator { path in
@@ -154,7 +156,7 @@ package final class FUSEMount: @unchecked Sendable {
         }
         operations.access = { path, mode in serve("access", path) { try $0.checkAccess(try kernelString(path), mode: mode) } }
         operations.statfs = { path, info in serve("statfs", path) { info!.pointee = try $0.statistics() } }
-        operations.flush = { _, _ in 0 }
+        operations.flush = { path, file in serve("flush", path) { try $0.finishWrites(file!.pointee.fh) } }
         operations.release = { path, file in serve("release", path) { $0.release(file!.pointee.fh) } }
         operations.fsync = { path, _, file in serve("fsync", path) { try $0.synchronize(file!.pointee.fh) } }
         operations.setxattr = { path, name, value, size, flags in

@@ -368,6 +368,31 @@ struct MountTests {
         #expect(readString(unlinked) == "unlinked secret")
     }
 
+    @Test("large writes are answered before they are stored: a lock right after them keeps every byte, and the next write fails at once", arguments: MountTransport.testable)
+    func writesBehindAcrossLock(transport: MountTransport) throws {
+        let mounted = try MountedDevice(transport: transport)
+        let path = mounted.path("Documents/big.bin")
+        let fd = open(path, O_CREAT | O_WRONLY, 0o600)
+        #expect(fd >= 0)
+        defer { close(fd) }
+        let chunk = 2 * EncryptedFile.writeBehindThreshold
+        var expected: [UInt8] = []
+        for index in 0..<64 {
+            let data = pattern(chunk, seed: UInt8(index))
+            #expect(data.withUnsafeBytes { write(fd, $0.baseAddress, chunk) } == chunk)
+            expected += data
+        }
+        try mounted.lock()
+        #expect(posixError(pattern(chunk).withUnsafeBytes { write(fd, $0.baseAddress, chunk) }) == EPERM)
+        try mounted.unlock()
+        #expect(readRaw(path) == expected)
+        let reopened = open(path, O_WRONLY | O_APPEND)
+        #expect(reopened >= 0)
+        #expect(pattern(chunk).withUnsafeBytes { write(reopened, $0.baseAddress, chunk) } == chunk)
+        #expect(close(reopened) == 0)
+        #expect(readRaw(path) == expected + pattern(chunk))
+    }
+
     @Test("class A: a mapping made before the lock faults with SIGBUS after it, and maps again after unlock", arguments: MountTransport.testable)
     func classAMapping(transport: MountTransport) throws {
         let mounted = try MountedDevice(transport: transport)

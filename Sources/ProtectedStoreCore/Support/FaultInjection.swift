@@ -78,6 +78,18 @@ package enum FaultInjection {
         }
     }
 
+    /// Whether a write rule covers `descriptor`'s file: its writes are then stored before they are answered, so an
+    /// injected full disk fails the write that meets it, as a real one does.
+    package static func limitsWrites(_ descriptor: FileDescriptor) -> Bool {
+        guard active.load(ordering: .acquiring), let file = location(of: descriptor) else { return false }
+        return rules.withLock { state in
+            state.installed.contains { installed in
+                guard case .write = installed.rule.operation else { return false }
+                return installed.rule.covers(file)
+            }
+        }
+    }
+
     /// Throws the injected error if a rule fails reads of `descriptor`.
     package static func checkRead(_ descriptor: FileDescriptor, path: String) throws {
         try check(.read, descriptor, path: path, doing: "read (injected failure)")

@@ -497,11 +497,18 @@ package final class ContainerFileSystem: @unchecked Sendable {
         return try withKeyBroughtBack(file) { try file.read(into: buffer, at: offset) }
     }
 
-    /// Writes plaintext at `offset`, re-encrypting the blocks it touches.
+    /// Writes plaintext at `offset`, re-encrypting the blocks it touches. A large write is answered once it is
+    /// copied and checked (space reserved, key present) and stored in the background, so a program writing a big
+    /// file overlaps its next write with this one's encryption; `flush` and `fsync` wait for it and report a failure.
     package func write(_ number: UInt64, from buffer: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
         let handle = try table.handle(number)
         guard handle.isWritable else { throw Errno.badFileDescriptor }
-        try withKeyBroughtBack(handle.file.file) { try handle.file.file.write(from: buffer, at: offset) }
+        let file = handle.file.file
+        if buffer.count >= EncryptedFile.writeBehindThreshold {
+            try withKeyBroughtBack(file) { try file.writeBehind(from: buffer, at: offset) }
+        } else {
+            try withKeyBroughtBack(file) { try file.write(from: buffer, at: offset) }
+        }
         return buffer.count
     }
 
@@ -540,6 +547,24 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let file = try table.handle(number).file.file
         guard let found = try file.seek(to: whence == seekData ? .data : .hole, from: offset) else { throw Errno.noSuchAddressOrDevice }
         return Int(found)
+    }
+
+    /// flush, at every close(2) of a descriptor: the file's writes are stored, and a failure among them is reported.
+    package func finishWrites(_ number: UInt64) throws {
+        try table.handle(number).file.file.finishWrites()
+    }
+
+    /// Closes the files still open when the session ends (a lazy unmount with descriptors open, a signal), storing
+    /// the writes they accepted; a failure can no longer reach a program, so it is logged with the file's name.
+    package func closeOpenFiles() {
+        for open in table.removeAll() {
+            device.forget(open.file)
+            do {
+                try open.file.close()
+            } catch {
+                logger.error("\(open.paths.sorted().first ?? open.file.path), open when the mount ended: \(error.localizedDescription)")
+            }
+        }
     }
 
     /// fsync and fdatasync.

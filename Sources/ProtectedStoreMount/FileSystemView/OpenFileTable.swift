@@ -85,6 +85,18 @@ final class OpenFileTable: @unchecked Sendable {
     /// The open file for `identity`, if a descriptor has it.
     func openFile(_ identity: FileIdentity) -> OpenFile? { mutex.withLock { files[identity] } }
 
+    /// Empties the table (the session has ended, no request runs) and returns the files that were still open.
+    func removeAll() -> [OpenFile] {
+        mutex.withLock {
+            defer {
+                files.removeAll()
+                handles.removeAll()
+                directories.removeAll()
+            }
+            return Array(files.values)
+        }
+    }
+
     /// Drops a handle; when it was the last one on its file, runs `close` on the file. The kernel sends the release
     /// after close(2) has returned, so a program's next open of the file can race with it: that open waits until the
     /// close is done, and never reads a length record being written (which reads as damaged). Other files don't wait.
