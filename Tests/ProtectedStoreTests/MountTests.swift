@@ -368,7 +368,7 @@ struct MountTests {
         #expect(readString(unlinked) == "unlinked secret")
     }
 
-    @Test("large writes are answered before they are stored: a lock right after them keeps every byte, and the next write fails at once", arguments: MountTransport.testable)
+    @Test("large writes are answered before they are stored: times set after them stay, a lock right after them keeps every byte, and the next write fails at once", arguments: MountTransport.testable)
     func writesBehindAcrossLock(transport: MountTransport) throws {
         let mounted = try MountedDevice(transport: transport)
         let path = mounted.path("Documents/big.bin")
@@ -382,6 +382,19 @@ struct MountTests {
             #expect(data.withUnsafeBytes { write(fd, $0.baseAddress, chunk) } == chunk)
             expected += data
         }
+        // Times set while writes are queued stay (cp -p, rsync -t): the stored file is not written after them.
+        let stamped = mounted.path("Documents/stamped.bin")
+        let stampedFD = open(stamped, O_CREAT | O_WRONLY, 0o600)
+        #expect(stampedFD >= 0)
+        for index in 0..<64 {
+            #expect(pattern(chunk, seed: UInt8(index)).withUnsafeBytes { write(stampedFD, $0.baseAddress, chunk) } == chunk)
+        }
+        var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 0), timespec(tv_sec: 1_000_000_000, tv_nsec: 0)]
+        #expect(futimens(stampedFD, &times) == 0)
+        #expect(close(stampedFD) == 0)
+        let storedDate = try mounted.container.attributesOfItem(atPath: "Documents/stamped.bin")[.modificationDate] as? Date
+        #expect(storedDate == Date(timeIntervalSince1970: 1_000_000_000))
+
         try mounted.lock()
         #expect(posixError(pattern(chunk).withUnsafeBytes { write(fd, $0.baseAddress, chunk) }) == EPERM)
         try mounted.unlock()

@@ -343,33 +343,34 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Accepts a write to be stored in the background after this file's earlier ones, and returns once `buffer` is
     /// copied, so the caller's next write overlaps this one's encryption (the mount uses it for large writes).
-    /// Whatever would fail the write later fails it now, changing nothing: a closed or read-only handle, a discarded
-    /// key, a size past the format's limit. A write that needs new space is stored before this returns (so a full
-    /// disk fails it, as before) unless the disk has `roomBehind` free besides what the accepted writes will take
-    /// (and, under an injected full disk, always).
-    /// Storing can still fail (an I/O error, a damaged neighbour block, another program filling the last free
-    /// `roomBehind`, a user quota, which free space doesn't show); the next write, `finishWrites()`, `synchronize()`
-    /// or `close()` reports that once. Every other operation waits for the writes accepted before it, and
-    /// `discardKey()` stores them first.
+    /// Whatever would fail the write later fails it now, changing nothing: a size past the format's limit, and (by
+    /// storing the write before this returns, which fails it with the precise error) a closed, read-only or broken
+    /// handle, a discarded key, an injected full disk, or a disk with less than `roomBehind` free besides what the
+    /// accepted writes will take, so that a full disk fails the write that meets it. Storing can still fail (an
+    /// I/O error, a damaged neighbour block, another program taking the last free `roomBehind`, a user quota, which
+    /// free space doesn't show); the next write, `finishWrites()`, `synchronize()` or `close()` reports that once.
+    /// Every other operation waits for the writes accepted before it, and `discardKey()` stores them first.
     package func writeBehind(from buffer: UnsafeRawBufferPointer, at offset: Int64) throws {
         precondition(offset >= 0, "negative offset")
         guard buffer.count > 0 else { return }
-        if let failure = behind.takeFailure() { throw failure }
+        if behind.hasFailure {
+            // The writes queued before this one are dropped or stored before the failure is taken, never after it.
+            behind.waitUntilStored()
+            if let failure = behind.takeFailure() { throw failure }
+        }
         let end = offset + Int64(buffer.count)
+        try checkSize(end)
         let first = layout.blockIndex(containing: offset), last = layout.blockIndex(containing: end - 1)
-        let write = WritesBehind.copy(buffer, at: offset, storedBytes: storedBytes(first: first, last: last))
-        let accepted: Bool
-        do {
-            accepted = try acceptance.withLock {
-                // Closed, read-only or without its key: the write is stored now, which fails it with the precise error.
-                guard acceptsWritesBehind, !FaultInjection.limitsWrites(descriptor), hasRoomBehind(for: write.storedBytes) else { return false }
-                try checkSize(end)
-                if behind.accept(write) { DispatchQueue.global().async { self.storeWritesBehind() } }
-                return true
-            }
-        } catch {
-            WritesBehind.discard(write)
-            throw error
+        let storedBytes = storedBytes(first: first, last: last)
+        // Checked before the copy too, so a refused write neither copies plaintext nor waits for room in the budget.
+        guard acceptance.withLock({ acceptsWritesBehind }), !FaultInjection.limitsWrites(descriptor), hasRoomBehind(for: storedBytes) else {
+            return try write(from: buffer, at: offset)
+        }
+        let write = WritesBehind.copy(buffer, at: offset, storedBytes: storedBytes)
+        let accepted = acceptance.withLock {
+            guard acceptsWritesBehind else { return false }
+            if behind.accept(write) { DispatchQueue.global().async { self.storeWritesBehind() } }
+            return true
         }
         if !accepted {
             WritesBehind.discard(write)
@@ -377,15 +378,28 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
+    /// How many writes `writeBehind` has queued on this handle (tests check that their writes went behind).
+    package var writesQueuedBehind: UInt64 { behind.acceptedCount }
+
     /// Free space a write behind leaves at least, besides what all accepted writes will take. Reserving each write's
     /// space (fallocate) instead cost more than the overlap saved: 66 µs per 128 KiB on tmpfs, which zeroes the pages.
-    package static let roomBehind: Int64 = 256 << 20
+    private static let roomBehind: Int64 = 256 << 20
 
     private func hasRoomBehind(for storedBytes: Int64) -> Bool {
         var info = statvfs()
         guard fstatvfs(descriptor.rawValue, &info) == 0 else { return false }
         let free = Int64(info.f_bavail) * Int64(info.f_frsize)
         return free - WritesBehind.outstandingEverywhere - storedBytes >= Self.roomBehind
+    }
+
+    /// Waits until the writes accepted so far are stored, for calls on the stored file itself (fstat, futimens, fchmod)
+    /// that would otherwise see it before them, or be undone by them (a later write sets the modification time).
+    /// True when there were writes to wait for.
+    @discardableResult
+    package func waitForWritesBehind() -> Bool {
+        guard !behind.isSettled else { return false }
+        behind.waitUntilStored()
+        return true
     }
 
     /// Waits until the writes accepted so far are stored, and reports the first that could not be (once): close(2)'s flush.
@@ -522,40 +536,48 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Closes the descriptor and zeroes the per-file key. If an fsync made more blocks durable than the length record
     /// says, the record is brought up to date first (no fsync needed: it only claims what is already durable).
     public func close() throws {
-        try withWritesBehindStopped {
+        try withWritesBehindStopped(exclusively: true) {
             guard !isClosed else { return }
             if isWritable, failedWrite == nil, !fileKey.isDiscarded, record.synchronizedExtent < min(synchronizedExtent, record.extent) {
                 try? withKey { key in try store(record, key: key) }
             }
             isClosed = true
             fileKey.discard()
+            let failure = behind.takeFailure()
             try FileSystem.mappingErrno(path: path, doing: "close") { try descriptor.close() }
+            if let failure { throw failure }
         }
-        if let failure = behind.takeFailure() { throw failure }
     }
 
     /// Zeroes the per-file key now (the device is locking); the handle then fails every operation with a data-protection error.
     public func discardKey() {
-        // Writes accepted while the key was there are stored first. Under the lock, so a key being restored is
-        // either discarded too or installed after this returns.
-        withWritesBehindStopped { fileKey.discard() }
+        // Writes accepted while the key was there are stored first. Under the lock (shared, so a stream of reads
+        // can't hold it off), so a key being restored is either discarded too or installed after this returns.
+        withWritesBehindStopped(exclusively: false) { fileKey.discard() }
     }
 
-    /// Runs `body` under the exclusive lock once every accepted write is stored, with `writeBehind` accepting none.
-    private func withWritesBehindStopped(_ body: () throws -> Void) rethrows {
+    /// Runs `body` under the lock once every accepted write is stored, with `writeBehind` accepting none. It stops
+    /// accepting first: a writer faster than the job would otherwise keep the queue from ever emptying. Shared is
+    /// enough to exclude the job, which stores under the exclusive lock.
+    private func withWritesBehindStopped(exclusively: Bool, _ body: () throws -> Void) rethrows {
+        acceptance.withLock { acceptsWritesBehind = false }
         while true {
             behind.waitUntilStored()
-            let stopped = try lock.withWriteLock {
-                let settled = acceptance.withLock {
-                    guard behind.isSettled else { return false }
-                    acceptsWritesBehind = false
-                    return true
-                }
-                if settled { try body() }
-                return settled
-            }
+            let stopped = exclusively ? try lock.withWriteLock { try runIfSettled(body) } : try lock.withReadLock { try runIfSettled(body) }
             if stopped { return }
         }
+    }
+
+    /// Runs `body` if no accepted write is left to store; false if one came after `restoreKey` let writes in again
+    /// (a close racing another descriptor's key restore).
+    private func runIfSettled(_ body: () throws -> Void) rethrows -> Bool {
+        let settled = acceptance.withLock {
+            guard behind.isSettled else { return false }
+            acceptsWritesBehind = false
+            return true
+        }
+        if settled { try body() }
+        return settled
     }
 
     /// Whether the per-file key is still in memory (not discarded by a lock).
@@ -607,6 +629,7 @@ public final class EncryptedFile: @unchecked Sendable {
                 throw ProtectedStoreError.io(errno, path: path, doing: append.what)
             }
             failedWrite = error
+            acceptance.withLock { acceptsWritesBehind = false }
             throw error
         }
     }

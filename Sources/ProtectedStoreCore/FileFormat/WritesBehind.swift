@@ -15,7 +15,7 @@ final class WritesBehind: @unchecked Sendable {
     }
 
     /// Room for the copies of accepted writes in the whole process, so memory stays bounded however many files are
-    /// written at once; 16 MiB drains in tens of milliseconds, which is what a lock waits for at most.
+    /// written at once; 16 MiB drains in tens of milliseconds, which is about what a lock waits for them.
     private static let budget = Budget(limit: 16 << 20)
     private static let outstandingInProcess = Locked<Int64>(0)
 
@@ -49,6 +49,12 @@ final class WritesBehind: @unchecked Sendable {
     /// Whether every accepted write has been stored (or dropped).
     var isSettled: Bool { condition.withLock { finished == accepted } }
 
+    /// How many writes were ever accepted.
+    var acceptedCount: UInt64 { condition.withLock { accepted } }
+
+    /// Whether a failure waits to be reported.
+    var hasFailure: Bool { condition.withLock { failure != nil } }
+
     /// Queues `write`; true when no job is storing, so the caller must start one.
     func accept(_ write: Write) -> Bool {
         condition.withLock {
@@ -68,6 +74,11 @@ final class WritesBehind: @unchecked Sendable {
                 queueHead = 0
                 isStoring = false
                 return nil
+            }
+            // A writer that keeps ahead of the job never lets the queue empty: drop the stored half now and then.
+            if queueHead >= 1024 && queueHead * 2 >= queue.count {
+                queue.removeFirst(queueHead)
+                queueHead = 0
             }
             defer { queueHead += 1 }
             if failure != nil { droppedAfterFailure += 1 }

@@ -121,6 +121,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// fstat of an open file, with its plaintext size.
     package func attributes(ofHandle number: UInt64) throws -> stat {
         let handle = try table.handle(number)
+        handle.file.file.waitForWritesBehind()
         var info = try Self.status(of: handle.file.file.metadataDescriptor)
         info.st_size = off_t(handle.file.file.size)
         if isInInbox(handle.file) { info.st_mode &= ~0o222 }
@@ -147,6 +148,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
             if requested & 0o222 != 0 {
                 for path in currentPaths(of: open) { try container.refuseInboxChange(path, displayPath: display(path), doing: "made writable") }
             }
+            // A write stored after the chmod would clear the set-id bits it gave.
+            open.file.waitForWritesBehind()
             try Self.check(fchmod(open.file.metadataDescriptor.rawValue, requested))
             return
         }
@@ -161,8 +164,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         // fchmodat follows a symlink in the last place; the kernel never asks to chmod a link itself.
-        let type = try status(item).st_mode & S_IFMT
+        let info = try status(item)
+        let type = info.st_mode & S_IFMT
         guard type != S_IFLNK else { throw Errno.notSupported }
+        if type == S_IFREG { table.openFile(FileIdentity(info))?.file.waitForWritesBehind() }
         try Self.check(fchmodat(item.parent.descriptor.rawValue, item.entry, requested, 0))
         // Walks through a cached descriptor would not meet a search permission just taken away.
         if type == S_IFDIR { directories.removeAll() }
@@ -171,25 +176,39 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// Changes owner and group (-1 leaves one as it is); the kernel has checked the caller may.
     package func setOwner(user: uid_t, group: gid_t, of kernelPath: String?, handle: UInt64?) throws {
         if let handle {
-            return try Self.check(fchown(try table.handle(handle).file.file.metadataDescriptor.rawValue, user, group))
+            let file = try table.handle(handle).file.file
+            file.waitForWritesBehind()
+            return try Self.check(fchown(file.metadataDescriptor.rawValue, user, group))
         }
         let path = try containerPath(try required(kernelPath))
         guard !path.isRoot else { return try Self.check(fchown(root, user, group)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
+        waitForWritesBehind(of: item)
         try Self.check(fchownat(item.parent.descriptor.rawValue, item.entry, user, group, AT_SYMLINK_NOFOLLOW))
     }
 
     /// Sets access and modification times (UTIME_NOW and UTIME_OMIT as utimensat).
     package func setTimes(_ times: UnsafePointer<timespec>?, of kernelPath: String?, handle: UInt64?) throws {
         if let handle {
-            return try Self.check(futimens(try table.handle(handle).file.file.metadataDescriptor.rawValue, times))
+            // Otherwise a write stored after it would set the modification time it gave (cp -p, rsync -t).
+            let file = try table.handle(handle).file.file
+            file.waitForWritesBehind()
+            return try Self.check(futimens(file.metadataDescriptor.rawValue, times))
         }
         let path = try containerPath(try required(kernelPath))
         guard !path.isRoot else { return try Self.check(futimens(root, times)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
+        waitForWritesBehind(of: item)
         try Self.check(utimensat(item.parent.descriptor.rawValue, item.entry, times, AT_SYMLINK_NOFOLLOW))
+    }
+
+    /// Waits for the writes queued behind on `item`, if it is a file open through the mount.
+    private func waitForWritesBehind(of item: ResolvedItem) {
+        var info = stat()
+        guard fstatat(item.parent.descriptor.rawValue, item.entry, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_mode & S_IFMT == S_IFREG else { return }
+        table.openFile(FileIdentity(info))?.file.waitForWritesBehind()
     }
 
     /// File system statistics of the disk the container lives on.
@@ -273,6 +292,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// in the Inbox.
     private func showPlaintext(_ info: inout stat, observedAt observed: timespec, of location: FileLocation, inInbox: Bool) {
         if let open = table.openFile(FileIdentity(info)) {
+            // Times and size as they are once the writes queued before this call are stored.
+            if open.file.waitForWritesBehind() { _ = fstat(open.file.metadataDescriptor.rawValue, &info) }
             info.st_size = off_t(open.file.size)
         } else if let kept = sizes.size(of: info) {
             info.st_size = off_t(kept)
@@ -498,7 +519,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     }
 
     /// Writes plaintext at `offset`, re-encrypting the blocks it touches. A large write is answered once it is
-    /// copied and checked (space reserved, key present) and stored in the background, so a program writing a big
+    /// copied and checked (key present, room on the disk) and stored in the background, so a program writing a big
     /// file overlaps its next write with this one's encryption; `flush` and `fsync` wait for it and report a failure.
     package func write(_ number: UInt64, from buffer: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
         let handle = try table.handle(number)
@@ -557,13 +578,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// Closes the files still open when the session ends (a lazy unmount with descriptors open, a signal), storing
     /// the writes they accepted; a failure can no longer reach a program, so it is logged with the file's name.
     package func closeOpenFiles() {
-        for open in table.removeAll() {
-            device.forget(open.file)
-            do {
-                try open.file.close()
-            } catch {
-                logger.error("\(open.paths.sorted().first ?? open.file.path), open when the mount ended: \(error.localizedDescription)")
-            }
+        for (file, paths) in table.removeAll() {
+            closeReleased(file, shownAs: paths, when: "open when the mount ended")
         }
     }
 
@@ -574,9 +590,18 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// The last close of a descriptor; the file's key is zeroed when no descriptor has it any more.
     package func release(_ number: UInt64) {
-        table.release(number) { file in
-            device.forget(file)
-            try? file.close()
+        table.release(number) { file, paths in closeReleased(file, shownAs: paths, when: "closed") }
+    }
+
+    /// Closes a file no descriptor has any more. Its queued writes are stored while a lock can still reach it (a
+    /// lock discards the keys of the files it knows); a failure no program can hear of any more is logged.
+    private func closeReleased(_ file: EncryptedFile, shownAs paths: [String], when: String) {
+        var failures: [any Error] = []
+        do { try file.finishWrites() } catch { failures.append(error) }
+        device.forget(file)
+        do { try file.close() } catch { failures.append(error) }
+        for failure in failures {
+            logger.error("\(paths.sorted().first ?? file.path), \(when): \(failure.localizedDescription)")
         }
     }
 

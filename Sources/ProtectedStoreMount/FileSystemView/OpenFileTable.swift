@@ -85,32 +85,31 @@ final class OpenFileTable: @unchecked Sendable {
     /// The open file for `identity`, if a descriptor has it.
     func openFile(_ identity: FileIdentity) -> OpenFile? { mutex.withLock { files[identity] } }
 
-    /// Empties the table (the session has ended, no request runs) and returns the files that were still open.
-    func removeAll() -> [OpenFile] {
+    /// Forgets every open file (the session has ended, no request runs) and returns them with their names.
+    func removeAll() -> [(file: EncryptedFile, paths: [String])] {
         mutex.withLock {
             defer {
                 files.removeAll()
                 handles.removeAll()
-                directories.removeAll()
             }
-            return Array(files.values)
+            return files.values.map { ($0.file, Array($0.paths)) }
         }
     }
 
     /// Drops a handle; when it was the last one on its file, runs `close` on the file. The kernel sends the release
     /// after close(2) has returned, so a program's next open of the file can race with it: that open waits until the
     /// close is done, and never reads a length record being written (which reads as damaged). Other files don't wait.
-    func release(_ number: UInt64, close: (EncryptedFile) -> Void) {
-        let last: OpenFile? = mutex.withLock {
+    func release(_ number: UInt64, close: (EncryptedFile, [String]) -> Void) {
+        let closed: (file: OpenFile, paths: [String])? = mutex.withLock {
             guard let handle = handles.removeValue(forKey: number) else { return nil }
             handle.file.openCount -= 1
             guard handle.file.openCount == 0 else { return nil }
             files.removeValue(forKey: handle.file.identity)
             closing[handle.file.identity, default: 0] += 1
-            return handle.file
+            return (handle.file, Array(handle.file.paths))
         }
-        guard let last else { return }
-        close(last.file)
+        guard let (last, paths) = closed else { return }
+        close(last.file, paths)
         mutex.withLock {
             closing[last.identity] = closing[last.identity].flatMap { $0 > 1 ? $0 - 1 : nil }
             mutex.broadcast()
