@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
+@testable import ProtectedStoreMount
 import ProtectedStoreTesting
 import SystemPackage
 import Testing
@@ -91,6 +92,67 @@ struct WritesBehindTests {
         #expect(try test.device.readFile(at: path) == expected)
     }
 
+    @Test("through the mount's file system, each descriptor open when a write behind failed hears of it once, at its next write, flush or fsync; one opened later does not")
+    func failureToEveryDescriptor() async throws {
+        let device = try ProtectedStoreTesting.TestDevice(defaultProtection: .complete)
+        let original = pattern(1 << 20, seed: 9)
+        try device.container.write(Data(original), toPath: "Documents/shared.bin")
+        let view = ContainerFileSystem(container: device.container)
+        let writer = try view.open("/Documents/shared.bin", flags: O_RDWR), reader = try view.open("/Documents/shared.bin", flags: O_RDONLY)
+        let chunk = pattern(EncryptedFile.writeBehindThreshold, seed: 10)
+        try await device.failingReads(matching: "Documents/shared.bin") {
+            // Storing it reads the block it starts in, which fails.
+            #expect(try chunk.withUnsafeBytes { try view.write(writer, from: $0, at: 100) } == chunk.count)
+            let told = try #require(throws: ProtectedStoreError.self) { try view.finishWrites(writer) }
+            #expect(told.problem.contains("at offset 100, accepted earlier, was not stored"), "\(told.problem)")
+        }
+        try view.finishWrites(writer)
+        #expect(try chunk.withUnsafeBytes { try view.write(writer, from: $0, at: 512 * 1024) } == chunk.count)
+        #expect(throws: ProtectedStoreError.self) { try view.synchronize(reader) }
+        try view.synchronize(reader)
+        let later = try view.open("/Documents/shared.bin", flags: O_RDONLY)
+        try view.finishWrites(later)
+        for handle in [writer, reader, later] { view.release(handle) }
+        var expected = original
+        expected.replaceSubrange(512 * 1024..<512 * 1024 + chunk.count, with: chunk)
+        #expect(try device.container.contents(atPath: "Documents/shared.bin") == Data(expected))
+    }
+
+    @Test("power cuts while the mount stores large writes behind: the file always reads, and what an fsync covered is there")
+    func powerCuts() async throws {
+        let device = try ProtectedStoreTesting.TestDevice(defaultProtection: .complete)
+        let view = ContainerFileSystem(container: device.container)
+        let chunk = 3 * EncryptedFile.writeBehindThreshold
+        let first = pattern(chunk, seed: 11), second = pattern(chunk, seed: 12), third = pattern(chunk, seed: 13)
+        // The file and its first bytes are durable before the cuts begin.
+        let created = try view.create("/Documents/big.bin", mode: 0o600)
+        _ = try first.withUnsafeBytes { try view.write(created, from: $0, at: 0) }
+        try view.synchronize(created)
+        view.release(created)
+        let folder = try view.openDirectory("/Documents")
+        try view.synchronizeDirectory(folder)
+        view.releaseDirectory(folder)
+        let summary = try await device.everyPowerCut(maxStates: 300, seed: 14, during: {
+            let handle = try view.open("/Documents/big.bin", flags: O_RDWR)
+            _ = try second.withUnsafeBytes { try view.write(handle, from: $0, at: 100_000) }
+            try view.synchronize(handle)
+            _ = try third.withUnsafeBytes { try view.write(handle, from: $0, at: 300_000) }
+            try view.finishWrites(handle)
+            view.release(handle)
+        }, afterReboot: { rebooted in
+            try await rebooted.unlock()
+            // A torn write destroys the blocks it covers (FORMAT.md §4.6), so only the others are read: the first
+            // write's blocks before the second's, and once the fsync is past, the second's.
+            let handle = try rebooted.container.fileHandle(forReadingAtPath: "Documents/big.bin")
+            try #require([chunk, 100_000 + chunk, 300_000 + chunk].contains(Int(handle.size)), "\(handle.size) bytes")
+            try #require([UInt8](try handle.read(upToCount: 98_304, atOffset: 0)) == Array(first.prefix(98_304)))
+            guard rebooted.powerCut?.operationHadReturned == true else { return }
+            try #require([UInt8](try handle.read(upToCount: chunk, atOffset: 100_000)) == second)
+        })
+        print("power cuts, writes behind: \(summary)")
+        #expect(summary.statesChecked > 50)
+    }
+
     @Test("an injected full disk fails a write behind at once and changes nothing")
     func fullDiskAtOnce() throws {
         let test = try TestDevice()
@@ -115,40 +177,46 @@ struct WritesBehindTests {
         let test = try TestDevice()
         let path = test.path("locked-\(round)")
         let file = try EncryptedFile.create(at: path, protectionClass: .complete, keys: test.device)
-        let chunk = 128 * 1024
-        let returned = Locked(0), stoppedByLock = Locked(false)
+        let chunk = 128 * 1024, writers = 2, lap = 1024
+        // Per writer: how many of its chunks (every `writers`th, from its own) returned, and whether a failure stopped it.
+        let returned = Locked([Int](repeating: 0, count: writers)), stoppedByLock = Locked([Bool](repeating: false, count: writers))
         let done = DispatchSemaphore(value: 0)
-        // A writer that keeps going until the lock stops it: the lock must not wait for it to stop first.
-        Thread.detachNewThread {
-            let deadline = Date().addingTimeInterval(10)
-            var index = 0
-            while Date() < deadline {
-                let data = pattern(chunk, seed: UInt8(index % 251 + 1))
-                do {
-                    try data.withUnsafeBytes { try file.writeBehind(from: $0, at: Int64(index * chunk)) }
-                } catch {
-                    stoppedByLock.withLock { $0 = true }
-                    break
+        // Writers that keep the queue full until the lock stops them: the lock must not wait for them to stop first.
+        for writer in 0..<writers {
+            Thread.detachNewThread {
+                let deadline = Date().addingTimeInterval(10)
+                var written = 0
+                while Date() < deadline {
+                    let index = (written % lap) * writers + writer
+                    let data = pattern(chunk, seed: UInt8(index % 251 + 1))
+                    do {
+                        try data.withUnsafeBytes { try file.writeBehind(from: $0, at: Int64(index * chunk)) }
+                    } catch {
+                        stoppedByLock.withLock { $0[writer] = true }
+                        break
+                    }
+                    written += 1
+                    returned.withLock { $0[writer] = min(written, lap) }
                 }
-                index += 1
-                returned.withLock { $0 = index }
-                // Bounded disk use: start again at the beginning of the file now and then.
-                if index == 2048 { index = 0 }
+                done.signal()
             }
-            done.signal()
         }
         Thread.sleep(forTimeInterval: 0.005 * Double(round + 1))
+        let queuedBefore = file.writesQueuedBehind
         file.discardKey()
-        done.wait()
-        #expect(stoppedByLock.withLock { $0 }, "the discard waited for the writer to stop")
-        let count = min(returned.withLock { $0 }, 2048)
+        // Writes go behind only until the lock begins; waiting for writers that keep the queue full would let
+        // thousands more in (a count, not a time: 512 writes are 64 MiB).
+        #expect(file.writesQueuedBehind - queuedBefore < 512, "the discard kept accepting writes while it waited")
+        for _ in 0..<writers { done.wait() }
+        #expect(stoppedByLock.withLock { $0 } == [Bool](repeating: true, count: writers), "the discard waited for the writers to stop")
         #expect(!file.hasKey)
         #expect(throws: ProtectedStoreError.self) { try pattern(chunk).withUnsafeBytes { try file.writeBehind(from: $0, at: 0) } }
         try file.close()
         let reopened = try EncryptedFile.open(at: path, keys: test.device, writable: false)
-        #expect(reopened.size >= Int64(count * chunk))
-        for index in 0..<count {
-            #expect(try reopened.read(at: Int64(index * chunk), count: chunk) == pattern(chunk, seed: UInt8(index % 251 + 1)), "chunk \(index) of \(count)")
+        for (writer, count) in returned.withLock({ $0 }).enumerated() {
+            for index in (0..<count).map({ $0 * writers + writer }) {
+                #expect(try reopened.read(at: Int64(index * chunk), count: chunk) == pattern(chunk, seed: UInt8(index % 251 + 1)), "chunk \(index)")
+            }
         }
     }
 }

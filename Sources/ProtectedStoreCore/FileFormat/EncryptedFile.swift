@@ -408,6 +408,14 @@ public final class EncryptedFile: @unchecked Sendable {
         if let failure = behind.takeFailure() { throw failure }
     }
 
+    /// Takes the failure of a write behind not reported yet, once the writes queued before this call are stored or
+    /// dropped, so that the caller can tell every descriptor of its own; nil when there is none.
+    package func takeWritesBehindFailure() -> ProtectedStoreError? {
+        guard behind.hasFailure else { return nil }
+        behind.waitUntilStored()
+        return behind.takeFailure()
+    }
+
     /// The background job: stores the accepted writes in order until none is left.
     private func storeWritesBehind() {
         while let (write, drop) = behind.next() {

@@ -525,6 +525,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let handle = try table.handle(number)
         guard handle.isWritable else { throw Errno.badFileDescriptor }
         let file = handle.file.file
+        try reportFailureOfWritesBehind(number, of: file)
         if buffer.count >= EncryptedFile.writeBehindThreshold {
             try withKeyBroughtBack(file) { try file.writeBehind(from: buffer, at: offset) }
         } else {
@@ -572,7 +573,15 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// flush, at every close(2) of a descriptor: the file's writes are stored, and a failure among them is reported.
     package func finishWrites(_ number: UInt64) throws {
-        try table.handle(number).file.file.finishWrites()
+        let file = try table.handle(number).file.file
+        file.waitForWritesBehind()
+        try reportFailureOfWritesBehind(number, of: file)
+    }
+
+    /// Throws the latest write of `file` the mount answered and could not store, if descriptor `number` has not been
+    /// told of it yet: each descriptor open when it failed hears of it once (at its next write, flush or fsync).
+    private func reportFailureOfWritesBehind(_ number: UInt64, of file: EncryptedFile) throws {
+        if let failure = table.failureToReport(number, adding: file.takeWritesBehindFailure()) { throw failure }
     }
 
     /// Closes the files still open when the session ends (a lazy unmount with descriptors open, a signal), storing
@@ -585,7 +594,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// fsync and fdatasync.
     package func synchronize(_ number: UInt64) throws {
-        try table.handle(number).file.file.synchronize()
+        let file = try table.handle(number).file.file
+        file.waitForWritesBehind()
+        try reportFailureOfWritesBehind(number, of: file)
+        try file.synchronize()
     }
 
     /// The last close of a descriptor; the file's key is zeroed when no descriptor has it any more.

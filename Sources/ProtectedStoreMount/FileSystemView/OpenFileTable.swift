@@ -12,6 +12,10 @@ final class OpenFile: @unchecked Sendable {
     /// keeps a page cache per name of a hard-linked file. Empty once unlinked. Guarded by the table's lock.
     var paths: Set<String>
     var openCount = 1
+    /// Writes of the file the mount answered and could not store, counted and the latest kept, so each descriptor
+    /// open at the time is told once, as Linux tells every descriptor of a write-back error. Guarded by the table's lock.
+    var failuresOfWritesBehind = 0
+    var latestFailureOfWritesBehind: (any Error)?
 
     init(identity: FileIdentity, file: EncryptedFile, path: String) {
         self.identity = identity
@@ -24,6 +28,8 @@ final class OpenFile: @unchecked Sendable {
 struct OpenHandle {
     let file: OpenFile
     let isWritable: Bool
+    /// How many of its file's `failuresOfWritesBehind` this descriptor has been told of (or predate it).
+    var failuresReported: Int
 }
 
 /// The files open through the file system and the handles on them, under one lock.
@@ -52,7 +58,7 @@ final class OpenFileTable: @unchecked Sendable {
                 openFile = OpenFile(identity: identity, file: try open(), path: path)
                 files[identity] = openFile
             }
-            return addHandle(OpenHandle(file: openFile, isWritable: writable))
+            return addHandle(OpenHandle(file: openFile, isWritable: writable, failuresReported: openFile.failuresOfWritesBehind))
         }
     }
 
@@ -61,7 +67,7 @@ final class OpenFileTable: @unchecked Sendable {
         mutex.withLock {
             let openFile = OpenFile(identity: identity, file: file, path: path)
             files[identity] = openFile
-            return addHandle(OpenHandle(file: openFile, isWritable: true))
+            return addHandle(OpenHandle(file: openFile, isWritable: true, failuresReported: 0))
         }
     }
 
@@ -80,6 +86,22 @@ final class OpenFileTable: @unchecked Sendable {
     func handle(_ number: UInt64) throws -> OpenHandle {
         guard let handle = mutex.withLock({ handles[number] }) else { throw Errno.badFileDescriptor }
         return handle
+    }
+
+    /// Records `failure` (a write behind the file could not store, just taken from it) for every descriptor on the
+    /// file, and returns the latest one descriptor `number` has not been told of, marking it told.
+    func failureToReport(_ number: UInt64, adding failure: (any Error)?) -> (any Error)? {
+        mutex.withLock {
+            guard var handle = handles[number] else { return failure }
+            if let failure {
+                handle.file.failuresOfWritesBehind += 1
+                handle.file.latestFailureOfWritesBehind = failure
+            }
+            guard handle.failuresReported < handle.file.failuresOfWritesBehind else { return nil }
+            handle.failuresReported = handle.file.failuresOfWritesBehind
+            handles[number] = handle
+            return handle.file.latestFailureOfWritesBehind
+        }
     }
 
     /// The open file for `identity`, if a descriptor has it.
