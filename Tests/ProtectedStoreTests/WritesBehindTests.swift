@@ -58,7 +58,7 @@ struct WritesBehindTests {
         #expect(try EncryptedFile.open(at: path, keys: test.device, writable: false).readAll() == model)
     }
 
-    @Test("a write behind that can't be stored is reported once, with its offset, and no write after it is stored before that")
+    @Test("a write behind that can't be stored is reported once, with its offset, and the write queued after it is dropped, not stored over the gap")
     func failureReportedOnce() throws {
         let test = try TestDevice()
         let path = test.path("damaged-neighbour")
@@ -69,20 +69,14 @@ struct WritesBehindTests {
         let rule = FaultInjection.install(FaultInjection.Rule(.read, folder: (path as NSString).deletingLastPathComponent, pattern: "damaged-neighbour", errno: .ioError))
         let first = pattern(EncryptedFile.writeBehindThreshold, seed: 6), second = pattern(EncryptedFile.writeBehindThreshold * 2, seed: 7)
         try first.withUnsafeBytes { try file.writeBehind(from: $0, at: 100) }
-        var reports: [ProtectedStoreError] = []
-        do {
-            // Aligned, so it could be stored: it must not be, after the failure before it.
-            try second.withUnsafeBytes { try file.writeBehind(from: $0, at: 512 * 1024) }
-        } catch let error as ProtectedStoreError {
-            reports.append(error)
-        }
-        do { try file.finishWrites() } catch let error as ProtectedStoreError { reports.append(error) }
+        // Aligned, so it could be stored: it must not be, after the failure before it.
+        try second.withUnsafeBytes { try file.writeBehind(from: $0, at: 512 * 1024) }
+        let report = try #require(throws: ProtectedStoreError.self) { try file.finishWrites() }
         try file.finishWrites()
         FaultInjection.remove(rule)
-        #expect(reports.count == 1)
-        let report = try #require(reports.first)
         #expect(report.errno == .ioError && report.path == path)
         #expect(report.problem.contains("a write of \(first.count) bytes at offset 100, accepted earlier, was not stored"), "\(report.problem)")
+        #expect(report.problem.contains("the 1 write(s) accepted after it were not stored either"), "\(report.problem)")
         #expect(try file.readAll() == original)
         // Reported once, storing goes on.
         try second.withUnsafeBytes { try file.writeBehind(from: $0, at: 512 * 1024) }
@@ -92,7 +86,7 @@ struct WritesBehindTests {
         #expect(try test.device.readFile(at: path) == expected)
     }
 
-    @Test("through the mount's file system, each descriptor open when a write behind failed hears of it once, at its next write, flush or fsync; one opened later does not")
+    @Test("through the mount's file system, each descriptor open when a write behind failed hears of it once, at its next write, flush or fsync; one opened after it does not")
     func failureToEveryDescriptor() async throws {
         let device = try ProtectedStoreTesting.TestDevice(defaultProtection: .complete)
         let original = pattern(1 << 20, seed: 9)
@@ -103,14 +97,16 @@ struct WritesBehindTests {
         try await device.failingReads(matching: "Documents/shared.bin") {
             // Storing it reads the block it starts in, which fails.
             #expect(try chunk.withUnsafeBytes { try view.write(writer, from: $0, at: 100) } == chunk.count)
-            let told = try #require(throws: ProtectedStoreError.self) { try view.finishWrites(writer) }
-            #expect(told.problem.contains("at offset 100, accepted earlier, was not stored"), "\(told.problem)")
+            _ = try view.attributes(ofHandle: reader)  // waits for it, telling no one
         }
+        // Opened after the failure, before anyone heard of it: not told, as on Linux.
+        let later = try view.open("/Documents/shared.bin", flags: O_RDONLY)
+        let told = try #require(throws: ProtectedStoreError.self) { try view.finishWrites(writer) }
+        #expect(told.problem.contains("at offset 100, accepted earlier, was not stored"), "\(told.problem)")
         try view.finishWrites(writer)
         #expect(try chunk.withUnsafeBytes { try view.write(writer, from: $0, at: 512 * 1024) } == chunk.count)
         #expect(throws: ProtectedStoreError.self) { try view.synchronize(reader) }
         try view.synchronize(reader)
-        let later = try view.open("/Documents/shared.bin", flags: O_RDONLY)
         try view.finishWrites(later)
         for handle in [writer, reader, later] { view.release(handle) }
         var expected = original
@@ -177,18 +173,19 @@ struct WritesBehindTests {
         let test = try TestDevice()
         let path = test.path("locked-\(round)")
         let file = try EncryptedFile.create(at: path, protectionClass: .complete, keys: test.device)
-        let chunk = 128 * 1024, writers = 2, lap = 1024
+        let chunk = 128 * 1024, writers = 2, lap = 64
         // Per writer: how many of its chunks (every `writers`th, from its own) returned, and whether a failure stopped it.
         let returned = Locked([Int](repeating: 0, count: writers)), stoppedByLock = Locked([Bool](repeating: false, count: writers))
         let done = DispatchSemaphore(value: 0)
         // Writers that keep the queue full until the lock stops them: the lock must not wait for them to stop first.
+        let chunks = (0..<lap * writers).map { pattern(chunk, seed: UInt8($0 % 251 + 1)) }
         for writer in 0..<writers {
             Thread.detachNewThread {
                 let deadline = Date().addingTimeInterval(10)
                 var written = 0
                 while Date() < deadline {
                     let index = (written % lap) * writers + writer
-                    let data = pattern(chunk, seed: UInt8(index % 251 + 1))
+                    let data = chunks[index]
                     do {
                         try data.withUnsafeBytes { try file.writeBehind(from: $0, at: Int64(index * chunk)) }
                     } catch {
@@ -201,7 +198,7 @@ struct WritesBehindTests {
                 done.signal()
             }
         }
-        Thread.sleep(forTimeInterval: 0.005 * Double(round + 1))
+        while file.writesQueuedBehind < UInt64(20 * (round + 1)) { Thread.sleep(forTimeInterval: 0.001) }
         let queuedBefore = file.writesQueuedBehind
         file.discardKey()
         // Writes go behind only until the lock begins; waiting for writers that keep the queue full would let

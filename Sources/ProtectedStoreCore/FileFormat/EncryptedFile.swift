@@ -45,11 +45,14 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Writes accepted by `writeBehind` and not yet stored. Every other operation first waits for those before it,
     /// outside `lock`, which their storing takes.
     private let behind = WritesBehind()
-    /// Whether `writeBehind` may accept a write: the handle is writable, open and has its key. Accepting takes only
-    /// `acceptance`, not `lock`, so a write is accepted while the one before it is being stored; `discardKey()` and
-    /// `close()` clear it under both, once nothing waits to be stored, and `restoreKey` sets it again.
+    /// Whether `writeBehind` may accept a write: the handle is writable, open, unbroken and has its key. Accepting
+    /// takes only `acceptance`, not `lock`, so a write is accepted while the one before it is being stored.
+    /// `discardKey()` and `close()` clear it before they wait for the queue, a write failing part-way clears it, and
+    /// `restoreKey` sets it again.
     private var acceptsWritesBehind: Bool
     private let acceptance = NSLock()
+    /// How many failures of writes behind `finishWrites()` has reported (its caller counts as one reader). Guarded by `acceptance`.
+    private var failuresReportedToCaller = 0
     private var storedScratch: [UInt8] = []
 
     private init(path: String, descriptor: FileDescriptor, header: FileHeader, fileKey: SecureBytes, record: LengthRecord, isWritable: Bool) {
@@ -288,7 +291,6 @@ public final class EncryptedFile: @unchecked Sendable {
     public func write(from buffer: UnsafeRawBufferPointer, at offset: Int64) throws {
         precondition(offset >= 0, "negative offset")
         behind.waitUntilStored()
-        if let failure = behind.takeFailure() { throw failure }
         try store(buffer, at: offset)
     }
 
@@ -348,16 +350,12 @@ public final class EncryptedFile: @unchecked Sendable {
     /// handle, a discarded key, an injected full disk, or a disk with less than `roomBehind` free besides what the
     /// accepted writes will take, so that a full disk fails the write that meets it. Storing can still fail (an
     /// I/O error, a damaged neighbour block, another program taking the last free `roomBehind`, a user quota, which
-    /// free space doesn't show); the next write, `finishWrites()`, `synchronize()` or `close()` reports that once.
+    /// free space doesn't show); `finishWrites()` reports that once to this handle's caller, and
+    /// `failureOfWritesBehind(after:)` to each reader that counts its own (the mount's descriptors).
     /// Every other operation waits for the writes accepted before it, and `discardKey()` stores them first.
     package func writeBehind(from buffer: UnsafeRawBufferPointer, at offset: Int64) throws {
         precondition(offset >= 0, "negative offset")
         guard buffer.count > 0 else { return }
-        if behind.hasFailure {
-            // The writes queued before this one are dropped or stored before the failure is taken, never after it.
-            behind.waitUntilStored()
-            if let failure = behind.takeFailure() { throw failure }
-        }
         let end = offset + Int64(buffer.count)
         try checkSize(end)
         let first = layout.blockIndex(containing: offset), last = layout.blockIndex(containing: end - 1)
@@ -394,26 +392,24 @@ public final class EncryptedFile: @unchecked Sendable {
 
     /// Waits until the writes accepted so far are stored, for calls on the stored file itself (fstat, futimens, fchmod)
     /// that would otherwise see it before them, or be undone by them (a later write sets the modification time).
-    /// True when there were writes to wait for.
-    @discardableResult
-    package func waitForWritesBehind() -> Bool {
-        guard !behind.isSettled else { return false }
+    package func waitForWritesBehind() {
         behind.waitUntilStored()
-        return true
     }
 
-    /// Waits until the writes accepted so far are stored, and reports the first that could not be (once): close(2)'s flush.
+    /// Waits until the writes accepted so far are stored, and reports the latest that could not be, once, to this
+    /// handle's caller (a direct user of `writeBehind`; the mount counts per descriptor instead).
     package func finishWrites() throws {
         behind.waitUntilStored()
-        if let failure = behind.takeFailure() { throw failure }
+        if let failure = acceptance.withLock({ behind.failure(after: &failuresReportedToCaller) }) { throw failure }
     }
 
-    /// Takes the failure of a write behind not reported yet, once the writes queued before this call are stored or
-    /// dropped, so that the caller can tell every descriptor of its own; nil when there is none.
-    package func takeWritesBehindFailure() -> ProtectedStoreError? {
-        guard behind.hasFailure else { return nil }
-        behind.waitUntilStored()
-        return behind.takeFailure()
+    /// How many writes behind could not be stored so far; a reader samples it when it starts to count.
+    package var failuresOfWritesBehind: Int { behind.failureCount }
+
+    /// The latest write behind that could not be stored, if the reader has heard of only `seen` failures (then
+    /// updated); it does not wait for queued writes (`waitForWritesBehind()` first, for a flush or an fsync).
+    package func failureOfWritesBehind(after seen: inout Int) -> ProtectedStoreError? {
+        behind.failure(after: &seen)
     }
 
     /// The background job: stores the accepted writes in order until none is left.
@@ -519,7 +515,6 @@ public final class EncryptedFile: @unchecked Sendable {
     /// Flushes data and metadata to stable storage (fsync).
     public func synchronize() throws {
         behind.waitUntilStored()
-        if let failure = behind.takeFailure() { throw failure }
         try lock.withWriteLock {
             try checkOpen()
             try DurableIO.synchronizeContents(descriptor, path: path)
@@ -551,9 +546,7 @@ public final class EncryptedFile: @unchecked Sendable {
             }
             isClosed = true
             fileKey.discard()
-            let failure = behind.takeFailure()
             try FileSystem.mappingErrno(path: path, doing: "close") { try descriptor.close() }
-            if let failure { throw failure }
         }
     }
 
@@ -568,8 +561,9 @@ public final class EncryptedFile: @unchecked Sendable {
     /// accepting first: a writer faster than the job would otherwise keep the queue from ever emptying. Shared is
     /// enough to exclude the job, which stores under the exclusive lock.
     private func withWritesBehindStopped(exclusively: Bool, _ body: () throws -> Void) rethrows {
-        acceptance.withLock { acceptsWritesBehind = false }
         while true {
+            // On every pass: `restoreKey` may have let writes in again, and a fast writer would keep the queue full.
+            acceptance.withLock { acceptsWritesBehind = false }
             behind.waitUntilStored()
             let stopped = exclusively ? try lock.withWriteLock { try runIfSettled(body) } : try lock.withReadLock { try runIfSettled(body) }
             if stopped { return }

@@ -4,8 +4,8 @@ import Foundation
 /// The writes an open file has accepted but not yet stored (`EncryptedFile.writeBehind`), in the order they came.
 ///
 /// One background job at a time stores them, so a program's next write is copied in while the one before it is
-/// encrypted. A write that fails once accepted becomes the file's `failure`, and the writes after it are dropped
-/// rather than stored over the gap, until the failure is taken and reported.
+/// encrypted. A write that fails once accepted is counted and kept as the latest failure, and the writes after it are
+/// dropped rather than stored over the gap, until the failure is reported to someone.
 final class WritesBehind: @unchecked Sendable {
     struct Write {
         let bytes: UnsafeMutableRawBufferPointer
@@ -25,7 +25,9 @@ final class WritesBehind: @unchecked Sendable {
     private var accepted: UInt64 = 0
     private var finished: UInt64 = 0
     private var isStoring = false
-    private var failure: ProtectedStoreError?
+    private var failures = 0
+    private var latestFailure: ProtectedStoreError?
+    private var dropping = false
     private var droppedAfterFailure = 0
 
     /// A copy of `buffer`, once the process's budget has room for it (waits otherwise).
@@ -52,8 +54,8 @@ final class WritesBehind: @unchecked Sendable {
     /// How many writes were ever accepted.
     var acceptedCount: UInt64 { condition.withLock { accepted } }
 
-    /// Whether a failure waits to be reported.
-    var hasFailure: Bool { condition.withLock { failure != nil } }
+    /// How many accepted writes could not be stored, so far.
+    var failureCount: Int { condition.withLock { failures } }
 
     /// Queues `write`; true when no job is storing, so the caller must start one.
     func accept(_ write: Write) -> Bool {
@@ -81,26 +83,31 @@ final class WritesBehind: @unchecked Sendable {
                 queueHead = 0
             }
             defer { queueHead += 1 }
-            if failure != nil { droppedAfterFailure += 1 }
-            return (queue[queueHead], failure != nil)
+            if dropping { droppedAfterFailure += 1 }
+            return (queue[queueHead], dropping)
         }
     }
 
     /// Marks `write` done; `error` (if storing it failed) becomes the failure to report.
     func finish(_ write: Write, failedWith error: (any Error)?, path: String) {
+        let (count, offset, storedBytes) = (write.bytes.count, write.offset, write.storedBytes)
+        // Zeroed before anyone waiting hears it is done: a lock that waited for it finds no plaintext left.
+        Self.discard(write)
         condition.withLock {
             if let error {
                 let underlying = error as? ProtectedStoreError
-                failure = ProtectedStoreError(underlying?.kind ?? .io, path: path,
-                                              problem: "a write of \(write.bytes.count) bytes at offset \(write.offset), accepted earlier, was not stored (\(underlying?.problem ?? "\(error)"))",
-                                              remedy: "Write those bytes again; the file keeps what was stored before them",
-                                              errno: underlying?.errno ?? .ioError)
+                failures += 1
+                dropping = true
+                droppedAfterFailure = 0
+                latestFailure = ProtectedStoreError(underlying?.kind ?? .io, path: path,
+                                                    problem: "a write of \(count) bytes at offset \(offset), accepted earlier, was not stored (\(underlying?.problem ?? "\(error)"))",
+                                                    remedy: "Write those bytes again; the file keeps what was stored before them",
+                                                    errno: underlying?.errno ?? .ioError)
             }
             finished += 1
-            Self.outstandingInProcess.withLock { $0 -= write.storedBytes }
+            Self.outstandingInProcess.withLock { $0 -= storedBytes }
             condition.broadcast()
         }
-        Self.discard(write)
     }
 
     /// Waits until the writes accepted before this call are stored or dropped; later ones may still be queued.
@@ -111,16 +118,16 @@ final class WritesBehind: @unchecked Sendable {
         }
     }
 
-    /// The failure of a stored write, if one has not been reported yet; it is reported once, and storing resumes.
-    func takeFailure() -> ProtectedStoreError? {
+    /// The latest failure, for a reader that has heard of `seen` of them (and now of all): nil if none is new. Once
+    /// someone has heard, storing resumes.
+    func failure(after seen: inout Int) -> ProtectedStoreError? {
         condition.withLock {
-            guard let reported = failure else { return nil }
-            let dropped = droppedAfterFailure
-            failure = nil
-            droppedAfterFailure = 0
-            guard dropped > 0 else { return reported }
-            return ProtectedStoreError(reported.kind, path: reported.path, problem: "\(reported.problem); the \(dropped) write(s) accepted after it were not stored either",
-                                       remedy: reported.remedy, errno: reported.errno)
+            guard failures > seen, let latest = latestFailure else { return nil }
+            seen = failures
+            dropping = false
+            guard droppedAfterFailure > 0 else { return latest }
+            return ProtectedStoreError(latest.kind, path: latest.path, problem: "\(latest.problem); the \(droppedAfterFailure) write(s) accepted after it were not stored either",
+                                       remedy: latest.remedy, errno: latest.errno)
         }
     }
 

@@ -292,8 +292,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// in the Inbox.
     private func showPlaintext(_ info: inout stat, observedAt observed: timespec, of location: FileLocation, inInbox: Bool) {
         if let open = table.openFile(FileIdentity(info)) {
-            // Times and size as they are once the writes queued before this call are stored.
-            if open.file.waitForWritesBehind() { _ = fstat(open.file.metadataDescriptor.rawValue, &info) }
+            // Times and size as they are once the writes queued before this call are stored (the lstat above may
+            // predate the last of them).
+            open.file.waitForWritesBehind()
+            _ = fstat(open.file.metadataDescriptor.rawValue, &info)
             info.st_size = off_t(open.file.size)
         } else if let kept = sizes.size(of: info) {
             info.st_size = off_t(kept)
@@ -520,12 +522,13 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// Writes plaintext at `offset`, re-encrypting the blocks it touches. A large write is answered once it is
     /// copied and checked (key present, room on the disk) and stored in the background, so a program writing a big
-    /// file overlaps its next write with this one's encryption; `flush` and `fsync` wait for it and report a failure.
+    /// file overlaps its next write with this one's encryption; `flush` and `fsync` wait for it, and they and the next
+    /// write report a failure to store it.
     package func write(_ number: UInt64, from buffer: UnsafeRawBufferPointer, at offset: Int64) throws -> Int {
         let handle = try table.handle(number)
         guard handle.isWritable else { throw Errno.badFileDescriptor }
         let file = handle.file.file
-        try reportFailureOfWritesBehind(number, of: file)
+        try reportFailureOfWritesBehind(number)
         if buffer.count >= EncryptedFile.writeBehindThreshold {
             try withKeyBroughtBack(file) { try file.writeBehind(from: buffer, at: offset) }
         } else {
@@ -573,22 +576,25 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// flush, at every close(2) of a descriptor: the file's writes are stored, and a failure among them is reported.
     package func finishWrites(_ number: UInt64) throws {
-        let file = try table.handle(number).file.file
-        file.waitForWritesBehind()
-        try reportFailureOfWritesBehind(number, of: file)
+        try table.handle(number).file.file.waitForWritesBehind()
+        try reportFailureOfWritesBehind(number)
     }
 
-    /// Throws the latest write of `file` the mount answered and could not store, if descriptor `number` has not been
-    /// told of it yet: each descriptor open when it failed hears of it once (at its next write, flush or fsync).
-    private func reportFailureOfWritesBehind(_ number: UInt64, of file: EncryptedFile) throws {
-        if let failure = table.failureToReport(number, adding: file.takeWritesBehindFailure()) { throw failure }
+    /// Throws the failure of the latest write of the file the mount answered and could not store, if descriptor
+    /// `number` has not been told of it yet: each descriptor open when it failed hears of it once (at its next
+    /// write, flush or fsync).
+    private func reportFailureOfWritesBehind(_ number: UInt64) throws {
+        if let failure = table.failureToReport(number) { throw failure }
     }
 
     /// Closes the files still open when the session ends (a lazy unmount with descriptors open, a signal), storing
     /// the writes they accepted; a failure can no longer reach a program, so it is logged with the file's name.
     package func closeOpenFiles() {
-        for (file, paths) in table.removeAll() {
-            closeReleased(file, shownAs: paths, when: "open when the mount ended")
+        for (file, paths, heard) in table.removeAll() {
+            file.waitForWritesBehind()
+            var seen = heard
+            if let failure = file.failureOfWritesBehind(after: &seen) { logUnheard(failure, of: file, shownAs: paths) }
+            closeReleased(file, shownAs: paths)
         }
     }
 
@@ -596,25 +602,30 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package func synchronize(_ number: UInt64) throws {
         let file = try table.handle(number).file.file
         file.waitForWritesBehind()
-        try reportFailureOfWritesBehind(number, of: file)
+        try reportFailureOfWritesBehind(number)
         try file.synchronize()
     }
 
     /// The last close of a descriptor; the file's key is zeroed when no descriptor has it any more.
     package func release(_ number: UInt64) {
-        table.release(number) { file, paths in closeReleased(file, shownAs: paths, when: "closed") }
+        if let handle = try? table.handle(number) {
+            // A write the descriptor could not hear of any more (stored after its last flush: a shared mapping's).
+            handle.file.file.waitForWritesBehind()
+            if let failure = table.failureToReport(number) { logUnheard(failure, of: handle.file.file, shownAs: table.paths(of: handle.file)) }
+        }
+        table.release(number) { file, paths in closeReleased(file, shownAs: paths) }
     }
 
     /// Closes a file no descriptor has any more. Its queued writes are stored while a lock can still reach it (a
-    /// lock discards the keys of the files it knows); a failure no program can hear of any more is logged.
-    private func closeReleased(_ file: EncryptedFile, shownAs paths: [String], when: String) {
-        var failures: [any Error] = []
-        do { try file.finishWrites() } catch { failures.append(error) }
+    /// lock discards the keys of the files it knows).
+    private func closeReleased(_ file: EncryptedFile, shownAs paths: [String]) {
+        file.waitForWritesBehind()
         device.forget(file)
-        do { try file.close() } catch { failures.append(error) }
-        for failure in failures {
-            logger.error("\(paths.sorted().first ?? file.path), \(when): \(failure.localizedDescription)")
-        }
+        do { try file.close() } catch { logUnheard(error, of: file, shownAs: paths) }
+    }
+
+    private func logUnheard(_ failure: any Error, of file: EncryptedFile, shownAs paths: [String]) {
+        logger.error("\(paths.sorted().first ?? file.path), after its last flush: \(failure.localizedDescription)")
     }
 
     // MARK: Extended attributes

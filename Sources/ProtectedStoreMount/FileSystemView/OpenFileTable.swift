@@ -12,10 +12,6 @@ final class OpenFile: @unchecked Sendable {
     /// keeps a page cache per name of a hard-linked file. Empty once unlinked. Guarded by the table's lock.
     var paths: Set<String>
     var openCount = 1
-    /// Writes of the file the mount answered and could not store, counted and the latest kept, so each descriptor
-    /// open at the time is told once, as Linux tells every descriptor of a write-back error. Guarded by the table's lock.
-    var failuresOfWritesBehind = 0
-    var latestFailureOfWritesBehind: (any Error)?
 
     init(identity: FileIdentity, file: EncryptedFile, path: String) {
         self.identity = identity
@@ -28,7 +24,8 @@ final class OpenFile: @unchecked Sendable {
 struct OpenHandle {
     let file: OpenFile
     let isWritable: Bool
-    /// How many of its file's `failuresOfWritesBehind` this descriptor has been told of (or predate it).
+    /// How many of its file's failures of writes behind this descriptor has been told of (or predate it), so each
+    /// descriptor open when one happens hears of it once, as Linux tells every descriptor of a write-back error.
     var failuresReported: Int
 }
 
@@ -58,7 +55,7 @@ final class OpenFileTable: @unchecked Sendable {
                 openFile = OpenFile(identity: identity, file: try open(), path: path)
                 files[identity] = openFile
             }
-            return addHandle(OpenHandle(file: openFile, isWritable: writable, failuresReported: openFile.failuresOfWritesBehind))
+            return addHandle(OpenHandle(file: openFile, isWritable: writable, failuresReported: openFile.file.failuresOfWritesBehind))
         }
     }
 
@@ -88,33 +85,30 @@ final class OpenFileTable: @unchecked Sendable {
         return handle
     }
 
-    /// Records `failure` (a write behind the file could not store, just taken from it) for every descriptor on the
-    /// file, and returns the latest one descriptor `number` has not been told of, marking it told.
-    func failureToReport(_ number: UInt64, adding failure: (any Error)?) -> (any Error)? {
+    /// The latest write behind of its file that could not be stored, if descriptor `number` has not been told of it
+    /// (it is then).
+    func failureToReport(_ number: UInt64) -> ProtectedStoreError? {
         mutex.withLock {
-            guard var handle = handles[number] else { return failure }
-            if let failure {
-                handle.file.failuresOfWritesBehind += 1
-                handle.file.latestFailureOfWritesBehind = failure
-            }
-            guard handle.failuresReported < handle.file.failuresOfWritesBehind else { return nil }
-            handle.failuresReported = handle.file.failuresOfWritesBehind
+            guard var handle = handles[number] else { return nil }
+            let failure = handle.file.file.failureOfWritesBehind(after: &handle.failuresReported)
             handles[number] = handle
-            return handle.file.latestFailureOfWritesBehind
+            return failure
         }
     }
 
     /// The open file for `identity`, if a descriptor has it.
     func openFile(_ identity: FileIdentity) -> OpenFile? { mutex.withLock { files[identity] } }
 
-    /// Forgets every open file (the session has ended, no request runs) and returns them with their names.
-    func removeAll() -> [(file: EncryptedFile, paths: [String])] {
+    /// Forgets every open file (the session has ended, no request runs) and returns them with their names and the
+    /// fewest failures of writes behind any of their descriptors had heard of.
+    func removeAll() -> [(file: EncryptedFile, paths: [String], failuresReported: Int)] {
         mutex.withLock {
             defer {
                 files.removeAll()
                 handles.removeAll()
             }
-            return files.values.map { ($0.file, Array($0.paths)) }
+            let heard = Dictionary(handles.values.map { ($0.file.identity, $0.failuresReported) }, uniquingKeysWith: min)
+            return files.values.map { ($0.file, Array($0.paths), heard[$0.identity] ?? 0) }
         }
     }
 
