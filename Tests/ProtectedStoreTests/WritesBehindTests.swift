@@ -52,7 +52,8 @@ struct WritesBehindTests {
         }
         queued += file.writesQueuedBehind
         #expect(queued > 0, "no write went behind (less than 256 MiB free where the test runs?)")
-        try file.finishWrites()
+        file.waitForWritesBehind()
+        #expect(file.failuresOfWritesBehind == 0)
         #expect(try file.readAll() == model)
         try file.close()
         #expect(try EncryptedFile.open(at: path, keys: test.device, writable: false).readAll() == model)
@@ -71,8 +72,9 @@ struct WritesBehindTests {
         try first.withUnsafeBytes { try file.writeBehind(from: $0, at: 100) }
         // Aligned, so it could be stored: it must not be, after the failure before it.
         try second.withUnsafeBytes { try file.writeBehind(from: $0, at: 512 * 1024) }
-        let report = try #require(throws: ProtectedStoreError.self) { try file.finishWrites() }
-        try file.finishWrites()
+        var seen = 0
+        let report = try #require(throws: ProtectedStoreError.self) { try finishWrites(file, seen: &seen) }
+        try finishWrites(file, seen: &seen)
         FaultInjection.remove(rule)
         #expect(report.errno == .ioError && report.path == path)
         #expect(report.problem.contains("a write of \(first.count) bytes at offset 100, accepted earlier, was not stored"), "\(report.problem)")
@@ -156,14 +158,16 @@ struct WritesBehindTests {
         let file = try EncryptedFile.create(at: path, protectionClass: .complete, keys: test.device)
         let chunk = pattern(128 * 1024, seed: 8)
         try chunk.withUnsafeBytes { try file.writeBehind(from: $0, at: 0) }
-        try file.finishWrites()
+        file.waitForWritesBehind()
+        #expect(file.failuresOfWritesBehind == 0)
         let rule = FaultInjection.install(FaultInjection.Rule(.write(allowedBytes: 200 * 1024), folder: (path as NSString).deletingLastPathComponent, pattern: "full", errno: .noSpace))
         defer { FaultInjection.remove(rule) }
         // Under an injected full disk writes are stored before they return: the first fits, the second fails at once.
         try chunk.withUnsafeBytes { try file.writeBehind(from: $0, at: 128 * 1024) }
         let error = try #require(throws: ProtectedStoreError.self) { try chunk.withUnsafeBytes { try file.writeBehind(from: $0, at: 256 * 1024) } }
         #expect(error.errno == .noSpace)
-        try file.finishWrites()
+        file.waitForWritesBehind()
+        #expect(file.failuresOfWritesBehind == 0)
         #expect(file.size == 256 * 1024)
         #expect(try file.readAll() == chunk + chunk)
     }
@@ -215,5 +219,12 @@ struct WritesBehindTests {
                 #expect(try reopened.read(at: Int64(index * chunk), count: chunk) == pattern(chunk, seed: UInt8(index % 251 + 1)), "chunk \(index)")
             }
         }
+    }
+
+    /// What the mount's flush does for one descriptor, whose count of failures heard of is `seen`: waits for the
+    /// file's writes behind and reports a failure among them once.
+    private func finishWrites(_ file: EncryptedFile, seen: inout Int) throws {
+        file.waitForWritesBehind()
+        if let failure = file.failureOfWritesBehind(after: &seen) { throw failure }
     }
 }

@@ -51,8 +51,6 @@ public final class EncryptedFile: @unchecked Sendable {
     /// `restoreKey` sets it again.
     private var acceptsWritesBehind: Bool
     private let acceptance = NSLock()
-    /// How many failures of writes behind `finishWrites()` has reported (its caller counts as one reader). Guarded by `acceptance`.
-    private var failuresReportedToCaller = 0
     private var storedScratch: [UInt8] = []
 
     private init(path: String, descriptor: FileDescriptor, header: FileHeader, fileKey: SecureBytes, record: LengthRecord, isWritable: Bool) {
@@ -350,8 +348,8 @@ public final class EncryptedFile: @unchecked Sendable {
     /// handle, a discarded key, an injected full disk, or a disk with less than `roomBehind` free besides what the
     /// accepted writes will take, so that a full disk fails the write that meets it. Storing can still fail (an
     /// I/O error, a damaged neighbour block, another program taking the last free `roomBehind`, a user quota, which
-    /// free space doesn't show); `finishWrites()` reports that once to this handle's caller, and
-    /// `failureOfWritesBehind(after:)` to each reader that counts its own (the mount's descriptors).
+    /// free space doesn't show); `failureOfWritesBehind(after:)` reports that once to each reader that counts its own
+    /// (the mount's descriptors).
     /// Every other operation waits for the writes accepted before it, and `discardKey()` stores them first.
     package func writeBehind(from buffer: UnsafeRawBufferPointer, at offset: Int64) throws {
         precondition(offset >= 0, "negative offset")
@@ -376,6 +374,10 @@ public final class EncryptedFile: @unchecked Sendable {
         }
     }
 
+    /// Whether a write behind of any file of this process is still to be stored: when none is, calls by path need
+    /// not look for an open file to wait for.
+    package static var hasWritesBehindAnywhere: Bool { WritesBehind.outstandingEverywhere > 0 }
+
     /// How many writes `writeBehind` has queued on this handle (tests check that their writes went behind).
     package var writesQueuedBehind: UInt64 { behind.acceptedCount }
 
@@ -394,13 +396,6 @@ public final class EncryptedFile: @unchecked Sendable {
     /// that would otherwise see it before them, or be undone by them (a later write sets the modification time).
     package func waitForWritesBehind() {
         behind.waitUntilStored()
-    }
-
-    /// Waits until the writes accepted so far are stored, and reports the latest that could not be, once, to this
-    /// handle's caller (a direct user of `writeBehind`; the mount counts per descriptor instead).
-    package func finishWrites() throws {
-        behind.waitUntilStored()
-        if let failure = acceptance.withLock({ behind.failure(after: &failuresReportedToCaller) }) { throw failure }
     }
 
     /// How many writes behind could not be stored so far; a reader samples it when it starts to count.

@@ -204,8 +204,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try Self.check(utimensat(item.parent.descriptor.rawValue, item.entry, times, AT_SYMLINK_NOFOLLOW))
     }
 
-    /// Waits for the writes queued behind on `item`, if it is a file open through the mount.
+    /// Waits for the writes queued behind on `item`, if it is a file open through the mount (`tar -x` sets each
+    /// file's times by path: with nothing queued anywhere that costs no status).
     private func waitForWritesBehind(of item: ResolvedItem) {
+        guard EncryptedFile.hasWritesBehindAnywhere else { return }
         var info = stat()
         guard fstatat(item.parent.descriptor.rawValue, item.entry, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_mode & S_IFMT == S_IFREG else { return }
         table.openFile(FileIdentity(info))?.file.waitForWritesBehind()
@@ -529,10 +531,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
         guard handle.isWritable else { throw Errno.badFileDescriptor }
         let file = handle.file.file
         try reportFailureOfWritesBehind(number)
-        if buffer.count >= EncryptedFile.writeBehindThreshold {
-            try withKeyBroughtBack(file) { try file.writeBehind(from: buffer, at: offset) }
-        } else {
-            try withKeyBroughtBack(file) { try file.write(from: buffer, at: offset) }
+        try withKeyBroughtBack(file) {
+            if buffer.count >= EncryptedFile.writeBehindThreshold {
+                try file.writeBehind(from: buffer, at: offset)
+            } else {
+                try file.write(from: buffer, at: offset)
+            }
         }
         return buffer.count
     }
@@ -616,10 +620,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
         table.release(number) { file, paths in closeReleased(file, shownAs: paths) }
     }
 
-    /// Closes a file no descriptor has any more. Its queued writes are stored while a lock can still reach it (a
-    /// lock discards the keys of the files it knows).
+    /// Closes a file no descriptor has any more. The callers have waited for its queued writes, so they were stored
+    /// while a lock could still reach it (a lock discards the keys of the files it knows).
     private func closeReleased(_ file: EncryptedFile, shownAs paths: [String]) {
-        file.waitForWritesBehind()
         device.forget(file)
         do { try file.close() } catch { logUnheard(error, of: file, shownAs: paths) }
     }
