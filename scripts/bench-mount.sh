@@ -5,8 +5,11 @@
 # Prints a table of median times, the ratio of the mount to gocryptfs (below 1 is faster) and the write throughput
 # against gocryptfs', writes the figures as CSV, and draws a chart (PNG) when matplotlib is available.
 #
-#   scripts/bench-mount.sh [--rounds N] [--size-mib N] [--tree DIR] [--under DIR] [--io-uring] [--csv FILE] [--chart FILE]
+#   scripts/bench-mount.sh [--rounds N] [--size-mib N] [--tree DIR] [--under DIR] [--io-uring] [--sandboxctl BINARY]
+#                          [--csv FILE] [--chart FILE]
 #
+# The mount is `make release`'s sandboxctl unless --sandboxctl names another build (one linked with a newer
+# libsodium, say: README, "A faster cipher").
 # The mount takes its requests over /dev/fuse, as gocryptfs does. --io-uring (root, Linux 6.14+) turns on FUSE over
 # io_uring (/sys/module/fuse/parameters/enable_uring) for the mount's start and sets it back after: the mount then
 # answers each processor's requests on that processor (docs/FUSE-IO-URING.md); gocryptfs cannot use it.
@@ -24,6 +27,7 @@ under=/var/tmp
 csv=""
 chart=""
 io_uring=0
+sandboxctl=""
 knob=/sys/module/fuse/parameters/enable_uring
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -34,7 +38,8 @@ while [ $# -gt 0 ]; do
         --csv) csv="$2"; shift 2 ;;
         --chart) chart="$2"; shift 2 ;;
         --io-uring) io_uring=1; shift ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --sandboxctl) sandboxctl="$2"; shift 2 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -61,8 +66,11 @@ if ! command -v gocryptfs >/dev/null 2>&1; then
 fi
 [ -d "$tree" ] || { echo "error: $tree is not a directory (--tree)" >&2; exit 64; }
 
-make --no-print-directory release   # the build that ships (static Swift runtime), as make test scans it
-sandboxctl="$(swift build -c release --show-bin-path)/sandboxctl"
+if [ -z "${sandboxctl:-}" ]; then
+    make --no-print-directory release   # the build that ships (static Swift runtime), as make test scans it
+    sandboxctl="$(swift build -c release --show-bin-path)/sandboxctl"
+fi
+[ -x "$sandboxctl" ] || { echo "error: $sandboxctl is not an executable (--sandboxctl)" >&2; exit 64; }
 
 work=$(mktemp -d "$under/bench-mount.XXXXXX")
 daemon_pid=""
@@ -120,6 +128,17 @@ if [ "$io_uring" = 1 ]; then
 else
     "$sandboxctl" mount --no-io-uring com.example.bench "$work/ps-mnt" >/dev/null
 fi
+
+# Which cipher the mount seals new files with (FORMAT.md §4.1, header byte 8), read off a probe file's stored header.
+touch "$work/before-probe"
+sleep 0.01
+echo probe > "$work/ps-mnt/Documents/cipher-probe"
+probe=$(find "$work/ps-root" -type f -newer "$work/before-probe" -size +1k | head -1)
+case $(od -An -tu1 -j8 -N1 "$probe" | tr -d ' ') in
+    1) cipher=XChaCha20-Poly1305 ;; 2) cipher=AES-256-GCM ;; 3) cipher=AEGIS-256 ;; *) cipher="an unknown cipher" ;;
+esac
+rm "$work/ps-mnt/Documents/cipher-probe"
+echo "The mount seals new files with $cipher"
 
 # gocryptfs with its defaults (AES-256-GCM, encrypted names); a cheap scrypt only shortens its start.
 mkdir "$work/gc-cipher" "$work/gc-mnt" "$work/plain"

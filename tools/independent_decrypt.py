@@ -5,7 +5,7 @@ queue (keybag and device secret: version 1).
 
 Written only from docs/FORMAT.md, as a check that the specification is
 sufficient. Depends on PyNaCl (libsodium bindings), libsodium itself (through
-ctypes, for HChaCha20) and the standard library.
+ctypes, for HChaCha20 and AEGIS-256) and the standard library.
 
 Usage:
     python3 tools/independent_decrypt.py --root ROOT --device-secret SECRET_FILE \
@@ -95,33 +95,66 @@ def aead_open(key: bytes, nonce: bytes, sealed: bytes, ad: bytes, what: str) -> 
         raise FormatError(f"{what}: authentication failed") from None
 
 
-def hchacha20(key: bytes, seed: bytes) -> bytes:
-    """HChaCha20 (libsodium's crypto_core_hchacha20, which PyNaCl does not
-    wrap), through ctypes."""
+def libsodium():
+    """The system's libsodium through ctypes, for what PyNaCl does not wrap:
+    HChaCha20 and AEGIS-256."""
     global _libsodium
     if _libsodium is None:
-        name = ctypes.util.find_library("sodium")
+        name = os.environ.get("PROTECTEDSTORE_LIBSODIUM") or ctypes.util.find_library("sodium")
         if name is None:
-            raise FormatError("AES-256-GCM blocks need libsodium's HChaCha20 (apt-get install libsodium23)")
+            raise FormatError("AES-256-GCM and AEGIS-256 blocks need libsodium through ctypes (apt-get install libsodium23)")
         _libsodium = ctypes.CDLL(name)
+    return _libsodium
+
+
+def has_aegis256() -> bool:
+    """AEGIS-256 came with libsodium 1.0.19."""
+    try:
+        return hasattr(libsodium(), "crypto_aead_aegis256_decrypt")
+    except (FormatError, OSError):
+        return False
+
+
+def hchacha20(key: bytes, seed: bytes, constants: bytes) -> bytes:
     out = ctypes.create_string_buffer(32)
-    if _libsodium.crypto_core_hchacha20(out, seed, key, b"PSEF AES-GCM key") != 0:
+    if libsodium().crypto_core_hchacha20(out, seed, key, constants) != 0:
         raise FormatError("HChaCha20 failed")
     return out.raw
+
+
+def aegis256_decrypt(sealed: bytes, ad: bytes, nonce: bytes, key: bytes) -> bytes:
+    if not has_aegis256():
+        raise FormatError("unsupported format: AEGIS-256 blocks need libsodium 1.0.19 or later "
+                          "(set PROTECTEDSTORE_LIBSODIUM to its shared library)")
+    out = ctypes.create_string_buffer(max(1, len(sealed) - 32))
+    outlen = ctypes.c_ulonglong(0)
+    if libsodium().crypto_aead_aegis256_decrypt(out, ctypes.byref(outlen), None, sealed, ctypes.c_ulonglong(len(sealed)),
+                                                ad, ctypes.c_ulonglong(len(ad)), nonce, key) != 0:
+        raise nacl.exceptions.CryptoError("AEGIS-256 authentication failed")
+    return out.raw[:outlen.value]
 
 
 _libsodium = None
 
 
+def block_overhead(cipher: int) -> int:
+    """§4.3: the 24-byte nonce field, then a 16-byte tag, or 32 for AEGIS-256."""
+    return 24 + (32 if cipher == CIPHER_AEGIS256 else 16)
+
+
 def open_block(cipher: int, fk: bytes, blk: bytes, ad: bytes) -> bytes:
-    """§4.4: a block is nonce field (24) || ciphertext || tag (16). Cipher 1:
+    """§4.3: a block is nonce field (24) || ciphertext || tag. Cipher 1:
     XChaCha20-Poly1305 under FK with the field as nonce. Cipher 2: AES-256-GCM
     under HChaCha20(FK, field[0:16], constants "PSEF AES-GCM key") with nonce
-    field[12:24]."""
+    field[12:24]. Cipher 3: AEGIS-256 under HChaCha20(FK, 16 zero bytes,
+    constants "PSEF AEGIS-256 k") with nonce field || 8 zero bytes."""
     if cipher == CIPHER_XCHACHA20POLY1305:
         return sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(blk[24:], ad, blk[:24], fk)
-    block_key = hchacha20(fk, blk[:16])
-    return sodium.crypto_aead_aes256gcm_decrypt(blk[24:], ad, blk[12:24], block_key)
+    if cipher == CIPHER_AES256GCM:
+        block_key = hchacha20(fk, blk[:16], b"PSEF AES-GCM key")
+        return sodium.crypto_aead_aes256gcm_decrypt(blk[24:], ad, blk[12:24], block_key)
+    aegis_key = hchacha20(fk, bytes(16), b"PSEF AEGIS-256 k")
+    return aegis256_decrypt(blk[24:], ad, blk[:24] + bytes(8), aegis_key)
 
 
 def unwrap(key: bytes, wrapped: bytes, ad: bytes, what: str) -> bytes:
@@ -247,10 +280,10 @@ SECTOR = 512
 HEADER_SIZE = 512          # §4.1: header sector, bytes 0..<512
 RECORD_OFFSET = 512        # §4.2: length-record sector, bytes 512..<1024
 BODY_OFFSET = 1024         # §4.3: block 0
-BLOCK_OVERHEAD = 40        # 24-byte nonce + 16-byte tag
 FILE_VERSION = 2
 CIPHER_XCHACHA20POLY1305 = 1
 CIPHER_AES256GCM = 2
+CIPHER_AEGIS256 = 3
 FLAG_AWAITS_DEFAULT_CLASS = 0x01
 MAX_STALE_TAILS = 16
 
@@ -259,9 +292,9 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def lmax(B: int) -> int:
-    """§4.4: Lmax = (floor((2^63 - 1 - 1024) / (BS + 40)) - 1) * BS."""
-    return ((2**63 - 1 - BODY_OFFSET) // (B + BLOCK_OVERHEAD) - 1) * B
+def lmax(B: int, cipher: int) -> int:
+    """§4.4: Lmax = (floor((2^63 - 1 - 1024) / (BS + 24 + T)) - 1) * BS, T the cipher's tag size."""
+    return ((2**63 - 1 - BODY_OFFSET) // (B + block_overhead(cipher)) - 1) * B
 
 
 def check_header(hdr: bytes):
@@ -278,7 +311,7 @@ def check_header(hdr: bytes):
         raise FormatError(f"unknown header flags {flags:#04x}")
     if flags & FLAG_AWAITS_DEFAULT_CLASS and cid != 2:
         raise FormatError("'awaits its default class' flag set on a class other than B")
-    if hdr[8] not in (CIPHER_XCHACHA20POLY1305, CIPHER_AES256GCM):
+    if hdr[8] not in (CIPHER_XCHACHA20POLY1305, CIPHER_AES256GCM, CIPHER_AEGIS256):
         raise FormatError(f"unsupported format: cipher id {hdr[8]}")
     if hdr[9:12] != bytes(3):
         raise FormatError("reserved header bytes 9..<12 not zero")
@@ -290,7 +323,7 @@ def check_header(hdr: bytes):
     return cid, B
 
 
-def check_record_keyless(rec: bytes, B: int):
+def check_record_keyless(rec: bytes, B: int, cipher: int):
     """§4.2 checks that need no key. Returns (L, X, S, {block: valid bytes})."""
     if H(rec[0:264]) != rec[264:296]:
         raise FormatError("length record: checksum mismatch")
@@ -304,7 +337,7 @@ def check_record_keyless(rec: bytes, B: int):
     if rec[32 + 12 * n:224] != bytes(12 * (MAX_STALE_TAILS - n)):
         raise FormatError("length record: unused stale-tail entries not zero")
     L, X, S = u64(rec, 8), u64(rec, 16), u64(rec, 24)
-    lm = lmax(B)
+    lm = lmax(B, cipher)
     if L > lm:
         raise FormatError(f"length record: size {L} exceeds the largest size {lm}")
     if X > ceil_div(L, B):
@@ -366,9 +399,9 @@ def decrypt_file(path: str, kbid: bytes, keys: dict, pk_b: bytes, sink=None):
         if len(head) < BODY_OFFSET:
             raise FormatError(f"file too short for a length record ({size} bytes)")
         rec = head[RECORD_OFFSET:BODY_OFFSET]
-        L, X, S, tails = check_record_keyless(rec, B)
+        L, X, S, tails = check_record_keyless(rec, B, hdr[8])
         check_record_tag(rec, fk, fid)
-        SB = B + BLOCK_OVERHEAD
+        SB = B + block_overhead(hdr[8])
         synced = min(S, X)
         if size < BODY_OFFSET + synced * SB:
             raise FormatError(f"file was cut: {size} bytes, the synced extent needs "
@@ -393,7 +426,7 @@ def decrypt_file(path: str, kbid: bytes, keys: dict, pk_b: bytes, sink=None):
                 if blk == bytes(SB):
                     continue  # rule 3: a hole, zeros
                 raise FormatError(f"block {i}: authentication failed") from None
-            if len(pt) != B:  # cannot happen: the ciphertext is BS + 16 bytes
+            if len(pt) != B:  # cannot happen: the stored block is BS + overhead bytes
                 raise FormatError(f"block {i}: plaintext is {len(pt)} bytes, expected {B}")
             if i in tails:  # rule 4: stale tail
                 v = tails[i]

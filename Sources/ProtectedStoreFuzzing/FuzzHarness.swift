@@ -26,15 +26,15 @@ public enum FuzzHarness {
         if let old = try? Version1File.parseHeader(bytes, path: "fuzz") {
             _ = Version1Layout.plaintextSize(storedSize: Int64(bytes.count) * 97, blockSize: old.blockSize)
         }
-        let blockSize = (try? FileHeader.parse(bytes, path: "fuzz"))?.layout.blockSize ?? Int64(EncryptedFile.defaultBlockSize)
+        let layout = (try? FileHeader.parse(bytes, path: "fuzz"))?.layout ?? BlockLayout(blockSize: EncryptedFile.defaultBlockSize, cipher: .xChaCha20Poly1305)
         let start = Int(BlockLayout.recordOffset)
         guard bytes.count > start else { return }
         let sector = Array(bytes[start...].prefix(Int(BlockLayout.sectorSize)))
-        _ = LengthRecord.parse(sector[...], blockSize: Int(blockSize))
+        _ = LengthRecord.parse(sector[...], layout: layout)
         guard sector.count >= LengthRecord.checksumOffset else { return }
         let fields = Array(sector.prefix(LengthRecord.checksumOffset))
-        if let parsed = LengthRecord.parse((fields + Blake2b.hash(fields))[...], blockSize: Int(blockSize)) {
-            _ = BlockLayout(blockSize: Int(blockSize)).storedOffset(ofBlock: parsed.extent)
+        if let parsed = LengthRecord.parse((fields + Blake2b.hash(fields))[...], layout: layout) {
+            _ = layout.storedOffset(ofBlock: parsed.extent)
         }
     }
 

@@ -7,8 +7,11 @@ import Testing
 @Suite("Encrypted file format")
 struct FileFormatTests {
     static let blockSize = EncryptedFile.defaultBlockSize
-    /// Both ciphers where this CPU has AES-NI and PCLMUL; XChaCha20-Poly1305 alone elsewhere.
+    /// Every cipher libsodium has here: XChaCha20-Poly1305 always, AES-256-GCM with AES-NI and PCLMUL, AEGIS-256 from
+    /// libsodium 1.0.19 on.
     static let ciphers = FileHeader.Cipher.allCases.filter(\.isAvailable)
+    /// What a block of a file created without naming a cipher adds to its plaintext.
+    static let overhead = BlockLayout.overhead(.preferred)
 
     @Test("round trip", arguments: [0, 1, blockSize - 1, blockSize, blockSize + 1, 5 * blockSize + 17, 64 * blockSize + 3])
     func roundTrip(size: Int) throws {
@@ -17,7 +20,7 @@ struct FileFormatTests {
         let contents = pattern(size)
         try test.device.writeFile(contents, to: path, protection: .complete)
         #expect(try test.device.readFile(at: path) == contents)
-        let layout = BlockLayout(blockSize: Self.blockSize)
+        let layout = BlockLayout(blockSize: Self.blockSize, cipher: .preferred)
         #expect(readRaw(path).count == Int(layout.storedOffset(ofBlock: layout.blockCount(plaintextSize: Int64(size)))))
         // A fresh process sees the same bytes: reopen the device from disk.
         let reopened = try test.reopen()
@@ -28,18 +31,23 @@ struct FileFormatTests {
     @Test("block arithmetic: counts, offsets, and the largest size, whose every block offset fits a file offset")
     func layoutArithmetic() {
         for blockSize in [512, 4096, 1 << 20] {
-            let layout = BlockLayout(blockSize: blockSize)
-            #expect(layout.blockCount(plaintextSize: 0) == 0)
-            #expect(layout.blockCount(plaintextSize: 1) == 1)
-            #expect(layout.blockCount(plaintextSize: Int64(blockSize)) == 1)
-            #expect(layout.blockCount(plaintextSize: Int64(blockSize) + 1) == 2)
-            #expect(layout.storedOffset(ofBlock: 1) - layout.storedOffset(ofBlock: 0) == Int64(blockSize + BlockLayout.overhead))
-            let maximum = layout.maximumPlaintextSize
-            #expect(maximum > 1 << 62 && maximum % Int64(blockSize) == 0)
-            let (_, overflow) = Int64(blockSize + BlockLayout.overhead).multipliedReportingOverflow(by: layout.blockCount(plaintextSize: maximum) + 1)
-            #expect(!overflow)
-            #expect(layout.storedOffset(ofBlock: layout.blockCount(plaintextSize: maximum)) > 0)
+            for cipher in FileHeader.Cipher.allCases { layoutArithmetic(blockSize: blockSize, cipher: cipher) }
         }
+    }
+
+    private func layoutArithmetic(blockSize: Int, cipher: FileHeader.Cipher) {
+        let layout = BlockLayout(blockSize: blockSize, cipher: cipher)
+        let overhead = BlockLayout.overhead(cipher)
+        #expect(layout.blockCount(plaintextSize: 0) == 0)
+        #expect(layout.blockCount(plaintextSize: 1) == 1)
+        #expect(layout.blockCount(plaintextSize: Int64(blockSize)) == 1)
+        #expect(layout.blockCount(plaintextSize: Int64(blockSize) + 1) == 2)
+        #expect(layout.storedOffset(ofBlock: 1) - layout.storedOffset(ofBlock: 0) == Int64(blockSize + overhead))
+        let maximum = layout.maximumPlaintextSize
+        #expect(maximum > 1 << 62 && maximum % Int64(blockSize) == 0)
+        let (_, overflow) = Int64(blockSize + overhead).multipliedReportingOverflow(by: layout.blockCount(plaintextSize: maximum) + 1)
+        #expect(!overflow)
+        #expect(layout.storedOffset(ofBlock: layout.blockCount(plaintextSize: maximum)) > 0)
     }
 
     @Test("random writes, reads and truncations match an in-memory model", arguments: ciphers, [UInt64(1), 2, 3])
@@ -125,7 +133,7 @@ struct FileFormatTests {
         let path = test.path("parallel-damage")
         try test.device.writeFile(pattern(3 * 1_048_576), to: path, protection: .complete)
         var raw = readRaw(path)
-        raw[Int(BlockLayout.bodyOffset) + 700 * (Self.blockSize + BlockLayout.overhead) + 100] ^= 0x80
+        raw[Int(BlockLayout.bodyOffset) + 700 * (Self.blockSize + Self.overhead) + 100] ^= 0x80
         writeRaw(raw, path)
         let file = try EncryptedFile.open(at: path, keys: test.device, writable: false)
         var buffer = [UInt8](repeating: 0xAA, count: 3 * 1_048_576)
@@ -145,12 +153,14 @@ struct FileFormatTests {
             var flipped = original
             flipped[position] ^= 0x01
             writeRaw(flipped, path)
-            // The version (bytes 4–5) and the cipher id (byte 8) name a format this build does not read.
-            expectError([4, 5, 8].contains(position) ? .unsupportedFormat : .integrity) { try test.device.readFile(at: path) }
+            // The version (bytes 4–5) names a format this build does not read, and so does the cipher id (byte 8) unless
+            // it became another cipher this build can use, whose header then fails authentication.
+            let readable = position == 8 && FileHeader.Cipher(rawValue: flipped[8])?.isAvailable == true
+            expectError([4, 5, 8].contains(position) && !readable ? .unsupportedFormat : .integrity) { try test.device.readFile(at: path) }
         }
         let long = test.path("long")
         try test.device.writeFile(pattern(4 * Self.blockSize), to: long, protection: .complete)
-        for kept in [Int(BlockLayout.bodyOffset), Int(BlockLayout.bodyOffset) + 3 * (Self.blockSize + BlockLayout.overhead) + 100] {
+        for kept in [Int(BlockLayout.bodyOffset), Int(BlockLayout.bodyOffset) + 3 * (Self.blockSize + Self.overhead) + 100] {
             writeRaw(Array(readRaw(long)[0..<kept]), long)
             let error = expectError(.integrity) { try test.device.readFile(at: long) }
             #expect(error?.problem.contains("truncated") == true, "\(String(describing: error))")
@@ -169,7 +179,7 @@ struct FileFormatTests {
         #expect(try file.read(at: (1 << 40) - 5, count: 10) == [0, 0, 0, 0, 0])
         #expect(try file.read(at: 0, count: 5) == [7, 8, 9, 0, 0])
         try file.close()
-        #expect(readRaw(path).count == Int(BlockLayout.bodyOffset) + Self.blockSize + BlockLayout.overhead)
+        #expect(readRaw(path).count == Int(BlockLayout.bodyOffset) + Self.blockSize + Self.overhead)
         let reopened = try EncryptedFile.open(at: path, keys: test.device, writable: true)
         #expect(reopened.size == 1 << 40)
         try reopened.write([1], at: (1 << 40) + 4095)
@@ -261,7 +271,7 @@ struct FileFormatTests {
         let path = test.path("shrink")
         let file = try EncryptedFile.create(at: path, protectionClass: .complete, keys: test.device)
         try file.write(pattern(3 * Self.blockSize), at: 0)
-        let stored = Self.blockSize + BlockLayout.overhead
+        let stored = Self.blockSize + Self.overhead
         let block1 = readRaw(path)[Int(BlockLayout.bodyOffset) + stored..<Int(BlockLayout.bodyOffset) + 2 * stored]
         try file.truncate(to: Int64(Self.blockSize + 100))
         #expect(readRaw(path)[Int(BlockLayout.bodyOffset) + stored..<Int(BlockLayout.bodyOffset) + 2 * stored] == block1)
@@ -327,7 +337,7 @@ struct FileFormatTests {
                 #expect(error.kind == .integrity || error.kind == .unsupportedFormat, "byte \(position): \(error)")
                 #expect(error.path == path)
                 if position >= Int(BlockLayout.bodyOffset) {
-                    let block = (position - Int(BlockLayout.bodyOffset)) / (512 + BlockLayout.overhead)
+                    let block = (position - Int(BlockLayout.bodyOffset)) / (512 + BlockLayout.overhead(cipher))
                     #expect(error.problem.contains("block \(block) "), "byte \(position): \(error.problem)")
                 }
             }
@@ -341,7 +351,7 @@ struct FileFormatTests {
     @Test("blocks swapped, spliced from another file or cut off are detected; blocks appended past the length are ignored")
     func blockMovesDetected() throws {
         let test = try TestDevice()
-        let stored = 512 + BlockLayout.overhead
+        let stored = 512 + Self.overhead
         let body = Int(BlockLayout.bodyOffset)
         func make(_ name: String, seed: UInt8) throws -> (String, [UInt8]) {
             let path = test.path(name)
@@ -441,7 +451,7 @@ struct FileFormatTests {
         try file.close()
         let stored = readRaw(path)
         #expect(stored[8] == FileHeader.Cipher.aes256GCM.rawValue)
-        let layout = BlockLayout(blockSize: 512)
+        let layout = BlockLayout(blockSize: 512, cipher: .aes256GCM)
         let fields = (0..<8).map { index in
             let start = Int(layout.storedOffset(ofBlock: Int64(index)))
             return Array(stored[start..<start + BlockLayout.nonceBytes])
@@ -469,7 +479,24 @@ struct FileFormatTests {
         #expect(error?.problem.contains("block 2 ") == true, "\(String(describing: error))")
     }
 
-    @Test("a file keeps its cipher across writes, a class change and a reopen; both kinds read side by side")
+    @Test("a file of a cipher this build's libsodium can't use is refused as unsupported, saying why and what to do",
+          arguments: FileHeader.Cipher.allCases.filter { !$0.isAvailable })
+    func unavailableCipherRefused(cipher: FileHeader.Cipher) throws {
+        let test = try TestDevice()
+        let path = test.path("other-cipher")
+        try test.device.writeFile(pattern(100), to: path, protection: .complete)
+        var stored = readRaw(path)
+        stored[8] = cipher.rawValue
+        writeRaw(stored, path)
+        let error = expectError(.unsupportedFormat) { try test.device.readFile(at: path) }
+        #expect(error?.path == path)
+        #expect(error?.problem.contains("sealed with \(cipher.name)") == true, "\(String(describing: error))")
+        let (problem, remedy) = cipher.unavailability
+        #expect(error?.problem.contains(problem) == true && error?.remedy == remedy, "\(String(describing: error))")
+        #expect(cipher != .aegis256 || (problem.contains("1.0.19") && remedy.contains("A faster cipher")))
+    }
+
+    @Test("a file keeps its cipher across writes, a class change and a reopen; every kind reads side by side")
     func cipherKeptPerFile() throws {
         let test = try TestDevice()
         for cipher in Self.ciphers {
@@ -513,16 +540,16 @@ struct FileFormatTests {
         }
     }
 
-    @Test("an AES-256-GCM pass's block key and state are zeroed in their guarded slot when the pass ends",
-          .enabled(if: FileHeader.Cipher.aes256GCM.isAvailable, "this CPU lacks AES-NI or PCLMUL"))
-    func blockKeyZeroed() throws {
+    @Test("a pass's derived keys (AES-256-GCM's block key and state, AEGIS-256's key) are zeroed in their guarded slot when the pass ends",
+          arguments: ciphers.filter { $0 != .xChaCha20Poly1305 })
+    func blockKeyZeroed(cipher: FileHeader.Cipher) throws {
         let key = SecureBytes.random(count: FileHeader.fileKeyBytes)
         var fields = [UInt8](repeating: 0, count: BlockCipher.nonceFieldBytes)
-        fields.withUnsafeMutableBytes { BlockCipher.makeNonceFields(.aes256GCM, count: 1, into: $0) }
-        var sealed = [UInt8](repeating: 0, count: 512 + BlockCipher.tagBytes)
+        fields.withUnsafeMutableBytes { BlockCipher.makeNonceFields(cipher, count: 1, into: $0) }
+        var sealed = [UInt8](repeating: 0, count: 512 + cipher.tagBytes)
         var slot: UnsafeMutableRawPointer?
         try key.withUnsafeBytes { fileKey in
-            BlockCipher.with(.aes256GCM, fileKey: fileKey) { sealer in
+            BlockCipher.with(cipher, fileKey: fileKey) { sealer in
                 fields.withUnsafeBytes { field in
                     [UInt8](repeating: 1, count: 512).withUnsafeBytes { plaintext in
                         sealed.withUnsafeMutableBytes { sealer.seal(plaintext, nonceField: field, associatedData: UnsafeRawBufferPointer(start: nil, count: 0), into: $0) }
@@ -537,7 +564,7 @@ struct FileFormatTests {
         defer { GuardedScratch.shared.release(reused) }
         #expect(reused != slot, "the pass's own slot went back after the probe's")
         let bytes = UnsafeRawBufferPointer(start: reused, count: GuardedScratch.shared.slotSize)
-        #expect(bytes.allSatisfy { $0 == 0 }, "no byte of the block key or its AES state is left")
+        #expect(bytes.allSatisfy { $0 == 0 }, "no byte of a derived key or of the AES state is left")
         #expect(sealed.contains { $0 != 0 })
     }
 }

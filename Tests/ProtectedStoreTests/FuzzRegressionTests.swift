@@ -43,7 +43,7 @@ import Testing
                 continue
             }
             let header = try FileHeader.parse(bytes, path: name)
-            #expect(LengthRecord.parse(Array(bytes)[512..<1024], blockSize: header.blockSize) != nil, "\(name): its length record does not parse")
+            #expect(LengthRecord.parse(Array(bytes)[512..<1024], layout: header.layout) != nil, "\(name): its length record does not parse")
         }
         let hello = try #require(try Self.inputs("frame").first { $0.0.hasSuffix("/hello") })
         let decoded = try hello.1.withUnsafeBytes { try Frame.decode($0) }

@@ -13,6 +13,12 @@ enum Sodium {
         ensureInitialised()
         return crypto_aead_aes256gcm_is_available() == 1
     }()
+
+    /// AEGIS-256 is in libsodium from 1.0.19 on (Debian 12 ships 1.0.18); it needs no CPU feature.
+    static let isAEGIS256Available: Bool = ps_aegis256_is_available() == 1
+
+    /// The linked libsodium's version, for messages.
+    static var version: String { String(cString: sodium_version_string()) }
 }
 
 /// Random bytes from libsodium's CSPRNG (getrandom(2) underneath).

@@ -2,12 +2,9 @@
 /// and each block live on disk.
 ///
 /// The header and the length record have a 512-byte sector each, so writing one never touches the other; blocks follow at a fixed stride, each `nonce ‖ ciphertext ‖ tag` of exactly `blockSize` plaintext bytes,
-/// so writing one block never moves or re-encrypts another.
+/// so writing one block never moves or re-encrypts another. The tag's size, so the stride, depends on the cipher.
 package struct BlockLayout: Sendable {
     static let nonceBytes = BlockCipher.nonceFieldBytes
-    static let tagBytes = BlockCipher.tagBytes
-    /// Bytes a block adds to its plaintext.
-    package static let overhead = nonceBytes + tagBytes
     /// The unit a power cut can tear writes at; the header and the length record own one each.
     package static let sectorSize: Int64 = 512
     /// Where the length record's sector starts.
@@ -16,13 +13,16 @@ package struct BlockLayout: Sendable {
     package static let bodyOffset: Int64 = 2 * sectorSize
 
     package let blockSize: Int64
+    /// Bytes one block takes on disk.
+    package let storedBlockSize: Int64
 
-    package init(blockSize: Int) {
+    package init(blockSize: Int, cipher: FileHeader.Cipher) {
         self.blockSize = Int64(blockSize)
+        storedBlockSize = Int64(blockSize + Self.overhead(cipher))
     }
 
-    /// Bytes one block takes on disk.
-    var storedBlockSize: Int64 { blockSize + Int64(Self.overhead) }
+    /// Bytes a block adds to its plaintext: the nonce field and the tag.
+    package static func overhead(_ cipher: FileHeader.Cipher) -> Int { nonceBytes + cipher.tagBytes }
 
     /// Number of blocks that hold the bytes of a file of `plaintextSize` bytes (0 for an empty file).
     package func blockCount(plaintextSize: Int64) -> Int64 {

@@ -122,15 +122,15 @@ public final class EncryptedFile: @unchecked Sendable {
             let prefix = try readPrefix(descriptor, path: path)
             let header = try FileHeader.parse(prefix, path: path)
             guard header.cipher.isAvailable else {
-                throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with \(header.cipher.name), which libsodium can't use on this CPU (it needs AES-NI and PCLMUL)",
-                                          remedy: "Open it on a machine whose CPU has them (grep -w -e aes -e pclmulqdq /proc/cpuinfo), or copy it out there and back in")
+                let (problem, remedy) = header.cipher.unavailability
+                throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with \(header.cipher.name), but \(problem)", remedy: remedy)
             }
             let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
             let sector = recordSector(prefix)
             let authentic = try attributingKeyErrors(to: path) {
                 try fileKey.withUnsafeBytes { LengthRecord.authenticates(sector, fileID: header.fileID, key: $0) }
             }
-            guard authentic, let record = LengthRecord.parse(sector, blockSize: header.blockSize) else {
+            guard authentic, let record = LengthRecord.parse(sector, layout: header.layout) else {
                 fileKey.discard()
                 throw damagedRecordError(path: path)
             }
@@ -165,7 +165,7 @@ public final class EncryptedFile: @unchecked Sendable {
     package static func details(at location: FileLocation) throws -> (header: FileHeader, size: Int64) {
         let prefix = try location.readPrefix(count: Int(BlockLayout.bodyOffset), what: "file header")
         let header = try FileHeader.parse(prefix, path: location.displayPath)
-        guard let record = LengthRecord.parse(recordSector(prefix), blockSize: header.blockSize) else {
+        guard let record = LengthRecord.parse(recordSector(prefix), layout: header.layout) else {
             throw damagedRecordError(path: location.displayPath)
         }
         return (header, record.length)

@@ -10,10 +10,11 @@ package struct FileHeader: Sendable {
     static let authenticatedPrefixSize = 80
 
     /// The AEAD that seals a file's blocks (docs/FORMAT.md §4.3); key wraps and length records always use
-    /// XChaCha20-Poly1305. Readers take both; new files get `preferred`.
+    /// XChaCha20-Poly1305. Readers take each one libsodium has here; new files get `preferred`.
     package enum Cipher: UInt8, Sendable, CaseIterable {
         case xChaCha20Poly1305 = 1
         case aes256GCM = 2
+        case aegis256 = 3
     }
     static let minimumBlockSize = 512
     static let maximumBlockSize = 1 << 20
@@ -37,7 +38,7 @@ package struct FileHeader: Sendable {
     /// nonce (24) ‖ encrypted per-file key (32) ‖ tag (16).
     var wrappedFileKey: [UInt8]
 
-    package var layout: BlockLayout { BlockLayout(blockSize: blockSize) }
+    package var layout: BlockLayout { BlockLayout(blockSize: blockSize, cipher: cipher) }
 
     /// The prefix that the key wrap authenticates.
     var authenticatedPrefix: [UInt8] {

@@ -77,7 +77,7 @@ package struct LengthRecord: Sendable, Equatable {
 
     /// Parses a stored record without any key (for listings while locked): nil if its checksum or fields are wrong.
     /// `bytes` is the record's sector; past the record it must be zeros.
-    package static func parse(_ bytes: ArraySlice<UInt8>, blockSize: Int) -> LengthRecord? {
+    package static func parse(_ bytes: ArraySlice<UInt8>, layout: BlockLayout) -> LengthRecord? {
         guard bytes.count >= size, bytes.dropFirst(size).allSatisfy({ $0 == 0 }) else { return nil }
         let bytes = Array(bytes.prefix(size))
         guard Blake2b.hash(bytes[0..<checksumOffset]) == Array(bytes[checksumOffset...]) else { return nil }
@@ -86,14 +86,13 @@ package struct LengthRecord: Sendable, Equatable {
         let staleCount = Int(reader.uint8())
         guard reader.take(3) == [0, 0, 0], staleCount <= maximumStaleTails else { return nil }
         let length = reader.uint64(), extent = reader.uint64(), synchronized = reader.uint64()
-        let layout = BlockLayout(blockSize: blockSize)
         // Sizes no writer produces: beyond the format's maximum, or blocks beyond the last byte.
         guard length <= UInt64(layout.maximumPlaintextSize), extent <= UInt64(layout.blockCount(plaintextSize: Int64(length))),
               synchronized <= extent else { return nil }
         var tails: [StaleTail] = []
         for _ in 0..<staleCount {
             let block = reader.uint64(), valid = reader.uint32()
-            guard block < extent, valid < UInt32(blockSize), !tails.contains(where: { $0.block == Int64(block) }) else { return nil }
+            guard block < extent, valid < UInt32(layout.blockSize), !tails.contains(where: { $0.block == Int64(block) }) else { return nil }
             tails.append(StaleTail(block: Int64(block), validBytes: Int(valid)))
         }
         // The unused part of the table is zeros, so no byte of the record goes unchecked.

@@ -8,8 +8,10 @@ import SystemPackage
 package enum Version1Layout {
     package static let headerSize: Int64 = 148
     package static let version: UInt16 = 1
+    /// Bytes a block adds to its plaintext: a 24-byte nonce and XChaCha20-Poly1305's tag, the only cipher of version 1.
+    package static let overhead = AEAD.nonceBytes + AEAD.tagBytes
 
-    package static func stride(blockSize: Int) -> Int64 { Int64(blockSize + BlockLayout.overhead) }
+    package static func stride(blockSize: Int) -> Int64 { Int64(blockSize + overhead) }
 
     package static func offset(ofBlock index: Int64, blockSize: Int) -> Int64 { headerSize + index * stride(blockSize: blockSize) }
 
@@ -17,9 +19,9 @@ package enum Version1Layout {
     package static func plaintextSize(storedSize: Int64, blockSize: Int) -> Int64? {
         let stride = stride(blockSize: blockSize)
         let body = storedSize - headerSize
-        guard body >= Int64(BlockLayout.overhead) else { return nil }
+        guard body >= Int64(overhead) else { return nil }
         let blocks = (body + stride - 1) / stride
-        let last = body - (blocks - 1) * stride - Int64(BlockLayout.overhead)
+        let last = body - (blocks - 1) * stride - Int64(overhead)
         // Only a file's one block may be empty.
         guard last >= (blocks == 1 ? 0 : 1) else { return nil }
         return (blocks - 1) * Int64(blockSize) + last
@@ -37,8 +39,8 @@ package enum Version1Layout {
 
     /// Opens stored block `index` (nonce ‖ sealed) of a file; nil when it fails authentication.
     package static func openBlock(_ stored: [UInt8], index: Int64, isFinal: Bool, fileID: [UInt8], key: SecureBytes) throws -> [UInt8]? {
-        guard stored.count >= BlockLayout.overhead else { return nil }
-        var plaintext = [UInt8](repeating: 0, count: stored.count - BlockLayout.overhead)
+        guard stored.count >= overhead else { return nil }
+        var plaintext = [UInt8](repeating: 0, count: stored.count - overhead)
         let authentic = try key.withUnsafeBytes { k in
             associatedData(fileID: fileID, index: index, isFinal: isFinal).withUnsafeBytes { ad in
                 stored.withUnsafeBytes { s in
@@ -159,7 +161,7 @@ package final class Version1File {
 
     private func block(_ index: Int64) throws -> [UInt8] {
         let length = Int(max(0, min(Int64(blockSize), size - index * Int64(blockSize))))
-        var stored = [UInt8](repeating: 0, count: length + BlockLayout.overhead)
+        var stored = [UInt8](repeating: 0, count: length + Version1Layout.overhead)
         let read = try stored.withUnsafeMutableBytes {
             try descriptor.read(fromAbsoluteOffset: Version1Layout.offset(ofBlock: index, blockSize: blockSize), into: $0)
         }

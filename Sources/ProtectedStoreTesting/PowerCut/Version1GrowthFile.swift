@@ -87,7 +87,7 @@ package final class Version1GrowthFile: PlaintextReading {
 
     private func block(_ index: Int64) throws -> [UInt8] {
         let length = Int(max(0, min(Int64(blockSize), size - index * Int64(blockSize))))
-        var stored = [UInt8](repeating: 0, count: length + BlockLayout.overhead)
+        var stored = [UInt8](repeating: 0, count: length + Version1Layout.overhead)
         let read = try stored.withUnsafeMutableBytes {
             try descriptor.read(fromAbsoluteOffset: Version1Layout.offset(ofBlock: index, blockSize: blockSize), into: $0)
         }

@@ -15,7 +15,7 @@ struct CryptoBench: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "crypto",
         abstract: "Encrypted file throughput against the ciphers alone and against plain files.",
-        discussion: "Sequential writes and reads in 1 MiB calls through the file format on disk (page cache, no fsync), beside libsodium's XChaCha20-Poly1305 alone in memory on one core (the baseline of the targets), the cipher new files get on this CPU alone on one core, and plain files of the same size. MB/s are 10^6 bytes per second; each figure is the median of 5 rounds."
+        discussion: "Sequential writes and reads in 1 MiB calls through the file format on disk (page cache, no fsync), beside libsodium's XChaCha20-Poly1305 alone in memory on one core (the baseline of the targets), the cipher new files get here (it depends on the CPU and the linked libsodium) alone on one core, and plain files of the same size. MB/s are 10^6 bytes per second; each figure is the median of 5 rounds."
     )
 
     @Option(help: ArgumentHelp("Data size in MiB.", valueName: "n"))

@@ -164,7 +164,8 @@ struct NotesStoreTests {
         try device.container.write(Data(repeating: 0xD9, count: 8192), toPath: journal)
         let raw = URL(fileURLWithPath: try device.container.storedPath(journal))
         var bytes = try Data(contentsOf: raw)
-        bytes[bytes.count - (4096 + 40) - 1] ^= 0x01
+        // Block 0 starts after the header's and the length record's sectors (FORMAT.md §4.3), whatever the cipher.
+        bytes[1024 + 100] ^= 0x01
         try bytes.write(to: raw)
         store = try NotesStore(container: device.container)
         #expect(try store.notes() == [note])
