@@ -4,7 +4,7 @@ SWIFT ?= swift
 # A target whose recipe failed is not left looking finished.
 .DELETE_ON_ERROR:
 
-.PHONY: deps build-deps demo test test-tsan test-asan-all test-tsan-all bench fuzz verify release dist install uninstall deb docs
+.PHONY: deps build-deps demo test test-tsan test-aegis test-asan-all test-tsan-all bench fuzz verify release dist install uninstall deb docs
 
 # The build that ships: the Swift runtime linked in (no Swift toolchain needed where it is installed), no $ORIGIN
 # search path, bind-now. `make test` scans and packages this same binary.
@@ -26,11 +26,13 @@ demo: deps
 	@$$($(SWIFT) build --show-bin-path)/sandboxctl demo
 
 # The daemon memory tests scan the release build of sandboxctl, as it ships (docs/SECURITY.md); the packaging tests
-# install it, build the Debian package from it and run lintian on that. Then the lock tests under ThreadSanitizer, and
-# the documentation, so a broken link or an undocumented public symbol fails here too.
+# install it, build the Debian package from it and run lintian on that. Then the lock tests under ThreadSanitizer, the
+# file format's tests with AEGIS-256, and the documentation, so a broken link or an undocumented public symbol fails
+# here too.
 test: deps release
 	PROTECTEDSTORE_RELEASE_BIN="$(RELEASE_BIN)" $(SWIFT) test
 	@$(MAKE) --no-print-directory test-tsan
+	@$(MAKE) --no-print-directory test-aegis
 	@$(MAKE) --no-print-directory docs
 
 # The shipped binary and the argument parser's man-page generator, both release builds.
@@ -68,6 +70,10 @@ docs: build-deps
 # The lock and event tests under ThreadSanitizer, in their own build folder (docs/SECURITY.md).
 test-tsan: deps
 	@./scripts/sanitized-suite.sh thread 'LockEventTests|ConcurrencyTests|DaemonProtocolTests|TestDeviceTests|WritesBehindTests'
+
+# The file format's tests in a build with AEGIS-256 (libsodium 1.0.19 or later, fetched where the system's is older).
+test-aegis: deps
+	@./scripts/aegis-suite.sh
 
 # The whole suite under AddressSanitizer (and UBSan on the C code), then under ThreadSanitizer; any report fails.
 test-asan-all: deps

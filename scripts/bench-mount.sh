@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
         --csv) csv="$2"; shift 2 ;;
         --chart) chart="$2"; shift 2 ;;
         --io-uring) io_uring=1; shift ;;
-        --sandboxctl) sandboxctl="$2"; shift 2 ;;
+        --sandboxctl) sandboxctl=$(realpath -m "$2"); shift 2 ;;
         -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
@@ -133,9 +133,13 @@ fi
 touch "$work/before-probe"
 sleep 0.01
 echo probe > "$work/ps-mnt/Documents/cipher-probe"
-probe=$(find "$work/ps-root" -type f -newer "$work/before-probe" -size +1k | head -1)
+probe=$(find "$work/ps-root" -ignore_readdir_race -type f -newer "$work/before-probe" ! -name '.sandboxctl-*' \
+    -exec sh -c '[ "$(head -c 4 "$1")" = PSEF ]' sh {} \; -print)
+[ "$(wc -l <<<"$probe")" = 1 ] && [ -n "$probe" ] \
+    || { echo "error: expected one stored file for the cipher probe under $work/ps-root, found: ${probe:-none}" >&2; exit 1; }
 case $(od -An -tu1 -j8 -N1 "$probe" | tr -d ' ') in
-    1) cipher=XChaCha20-Poly1305 ;; 2) cipher=AES-256-GCM ;; 3) cipher=AEGIS-256 ;; *) cipher="an unknown cipher" ;;
+    1) cipher=XChaCha20-Poly1305 ;; 2) cipher=AES-256-GCM ;; 3) cipher=AEGIS-256 ;;
+    *) echo "error: $probe names no cipher this script knows (header byte 8)" >&2; exit 1 ;;
 esac
 rm "$work/ps-mnt/Documents/cipher-probe"
 echo "The mount seals new files with $cipher"

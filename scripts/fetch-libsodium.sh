@@ -17,7 +17,8 @@ packages=(
 )
 target=$PWD/.build-deps/libsodium
 
-if [ "$(dpkg --print-architecture 2>/dev/null || uname -m)" != amd64 ]; then
+architecture=$(dpkg --print-architecture 2>/dev/null || uname -m)
+if [ "$architecture" != amd64 ] && [ "$architecture" != x86_64 ]; then
     echo "error: only the amd64 package is pinned here; install libsodium 1.0.19 or later from your distribution instead" >&2
     exit 1
 fi
@@ -25,7 +26,9 @@ for tool in curl dpkg-deb sha256sum; do
     command -v "$tool" >/dev/null 2>&1 || { echo "error: $tool is missing (apt-get install curl dpkg coreutils)" >&2; exit 1; }
 done
 
-work=$(mktemp -d)
+# Staged beside the target, so the last step is a rename on one file system.
+mkdir -p "$(dirname "$target")"
+work=$(mktemp -d "$(dirname "$target")/.libsodium.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 for entry in "${packages[@]}"; do
     read -r package sha256 <<< "$entry"
@@ -49,8 +52,9 @@ mkdir -p "$work/staged/lib" "$work/staged/pkgconfig" "$work/staged/shared"
 cp -r "$work/root/usr/include" "$work/staged/include"
 cp "$work/root/usr/lib/x86_64-linux-gnu/libsodium.a" "$work/staged/lib/libsodium-static.a"
 cp "$work/root/usr/lib/x86_64-linux-gnu/libsodium.so.26" "$work/staged/shared/libsodium.so"
+# pcfiledir: the folder of this file, so the checkout can move.
 cat > "$work/staged/pkgconfig/libsodium.pc" <<EOF
-prefix=$target
+prefix=\${pcfiledir}/..
 libdir=\${prefix}/lib
 includedir=\${prefix}/include
 
@@ -60,8 +64,8 @@ Description: libsodium $version from Debian unstable, static, for ProtectedStore
 Libs: -L\${libdir} -lsodium-static
 Cflags: -I\${includedir}
 EOF
-mkdir -p "$(dirname "$target")"
-rm -rf "$target"
+# An earlier copy goes only once the new one is complete; a build that used it needs nothing of it at run time.
+[ -e "$target" ] && mv "$target" "$work/previous"
 mv "$work/staged" "$target"
 
 echo "libsodium ${version%-*} is in $target. Build with it (swift build, make) after:"

@@ -3,7 +3,7 @@
 #include <sodium.h>
 
 // AEGIS-256 came with libsodium 1.0.19; Debian 12 ships 1.0.18. These wrappers let the same Swift code build against
-// either: without it they report it unavailable and fail every call.
+// either: without it they report it unavailable and fail every call. Its key and nonce are 32 bytes in every version.
 #ifdef crypto_aead_aegis256_ABYTES
 #define PS_AEGIS256_TAGBYTES crypto_aead_aegis256_ABYTES
 static inline int ps_aegis256_is_available(void) { return 1; }
@@ -33,8 +33,4 @@ static inline int ps_aegis256_decrypt(unsigned char *m, const unsigned char *c, 
     return -1;
 }
 #endif
-// AEGIS-256's key and nonce are 32 bytes in every version that has it.
-#define PS_AEGIS256_KEYBYTES 32U
-#define PS_AEGIS256_NPUBBYTES 32U
-
 #endif

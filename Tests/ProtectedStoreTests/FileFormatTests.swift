@@ -154,9 +154,9 @@ struct FileFormatTests {
             flipped[position] ^= 0x01
             writeRaw(flipped, path)
             // The version (bytes 4–5) names a format this build does not read, and so does the cipher id (byte 8) unless
-            // it became another cipher this build can use, whose header then fails authentication.
-            let readable = position == 8 && FileHeader.Cipher(rawValue: flipped[8])?.isAvailable == true
-            expectError([4, 5, 8].contains(position) && !readable ? .unsupportedFormat : .integrity) { try test.device.readFile(at: path) }
+            // it became another cipher's, whose header then fails authentication.
+            let anotherCipher = position == 8 && FileHeader.Cipher(rawValue: flipped[8]) != nil
+            expectError([4, 5, 8].contains(position) && !anotherCipher ? .unsupportedFormat : .integrity) { try test.device.readFile(at: path) }
         }
         let long = test.path("long")
         try test.device.writeFile(pattern(4 * Self.blockSize), to: long, protection: .complete)
@@ -479,19 +479,40 @@ struct FileFormatTests {
         #expect(error?.problem.contains("block 2 ") == true, "\(String(describing: error))")
     }
 
-    @Test("a file of a cipher this build's libsodium can't use is refused as unsupported, saying why and what to do",
+    @Test("new files get the cipher this build was meant to have (scripts/aegis-suite.sh names it)",
+          .enabled(if: ProcessInfo.processInfo.environment["PROTECTEDSTORE_EXPECTED_CIPHER"] != nil, "no cipher is expected of this build"))
+    func expectedCipher() throws {
+        let test = try TestDevice()
+        let path = test.path("expected")
+        try test.device.writeFile(pattern(5000), to: path, protection: .complete)
+        let stored = try FileHeader.parse(readRaw(path), path: path)
+        #expect(stored.cipher.name == ProcessInfo.processInfo.environment["PROTECTEDSTORE_EXPECTED_CIPHER"], "libsodium \(Sodium.version)")
+        #expect(try test.device.readFile(at: path) == pattern(5000))
+    }
+
+    @Test("a file of a cipher this build's libsodium can't use is refused as unsupported, saying why and what to do; a cipher id changed to it is damage",
           arguments: FileHeader.Cipher.allCases.filter { !$0.isAvailable })
     func unavailableCipherRefused(cipher: FileHeader.Cipher) throws {
         let test = try TestDevice()
         let path = test.path("other-cipher")
         try test.device.writeFile(pattern(100), to: path, protection: .complete)
         var stored = readRaw(path)
-        stored[8] = cipher.rawValue
+        let tampered = test.path("tampered")
+        writeRaw(stored.enumerated().map { $0.offset == 8 ? cipher.rawValue : $0.element }, tampered)
+        expectError(.integrity) { try test.device.readFile(at: tampered) }
+
+        // A header sealed for that cipher, as a build with it would write: its key wrap authenticates the cipher id.
+        let header = try FileHeader.parse(stored, path: path)
+        let fileKey = try header.unwrapFileKey(keys: test.device, path: path)
+        defer { fileKey.discard() }
+        let resealed = try FileHeader.sealing(fileKey: fileKey, fileID: header.fileID, protectionClass: header.protectionClass, cipher: cipher,
+                                              blockSize: Int(header.layout.blockSize), keys: test.device)
+        stored.replaceSubrange(0..<Int(BlockLayout.sectorSize), with: resealed.serialized)
         writeRaw(stored, path)
         let error = expectError(.unsupportedFormat) { try test.device.readFile(at: path) }
         #expect(error?.path == path)
         #expect(error?.problem.contains("sealed with \(cipher.name)") == true, "\(String(describing: error))")
-        let (problem, remedy) = cipher.unavailability
+        let (problem, remedy) = try #require(cipher.unavailability)
         #expect(error?.problem.contains(problem) == true && error?.remedy == remedy, "\(String(describing: error))")
         #expect(cipher != .aegis256 || (problem.contains("1.0.19") && remedy.contains("A faster cipher")))
     }

@@ -101,7 +101,7 @@ package final class BlockCipher {
             precondition(result == 0 && Int(written) == output.count)
         case .aegis256:
             let key = aegisKey()
-            let result = withAEGISNonce(nonceField) { nonce in
+            let result = Self.withAEGISNonce(nonceField) { nonce in
                 ps_aegis256_encrypt(output.baseAddress!.assumingMemoryBound(to: UInt8.self),
                                     plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(plaintext.count),
                                     associatedData.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(associatedData.count),
@@ -120,7 +120,7 @@ package final class BlockCipher {
         case .xChaCha20Poly1305:
             return AEAD.open(sealed, key: fileKey, nonce: nonceField, associatedData: associatedData, into: output)
         case .aes256GCM:
-            guard sealed.count >= cipher.tagBytes, output.count == sealed.count - cipher.tagBytes, let target = output.baseAddress else { return false }
+            guard let target = Self.target(output, fitting: sealed, tagBytes: cipher.tagBytes) else { return false }
             let state = blockState(for: nonceField)
             var written: UInt64 = 0
             let result = crypto_aead_aes256gcm_decrypt_afternm(
@@ -135,9 +135,9 @@ package final class BlockCipher {
             }
             return true
         case .aegis256:
-            guard sealed.count >= cipher.tagBytes, output.count == sealed.count - cipher.tagBytes, let target = output.baseAddress else { return false }
+            guard let target = Self.target(output, fitting: sealed, tagBytes: cipher.tagBytes) else { return false }
             let key = aegisKey()
-            let result = withAEGISNonce(nonceField) { nonce in
+            let result = Self.withAEGISNonce(nonceField) { nonce in
                 ps_aegis256_decrypt(target.assumingMemoryBound(to: UInt8.self),
                                     sealed.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(sealed.count),
                                     associatedData.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(associatedData.count),
@@ -187,8 +187,17 @@ package final class BlockCipher {
         return UnsafePointer(key)
     }
 
+    /// Where `open` decrypts to, if `output` holds exactly `sealed`'s plaintext; else nil, with `output` zeroed.
+    private static func target(_ output: UnsafeMutableRawBufferPointer, fitting sealed: UnsafeRawBufferPointer, tagBytes: Int) -> UnsafeMutableRawPointer? {
+        guard sealed.count >= tagBytes, output.count == sealed.count - tagBytes, let target = output.baseAddress else {
+            if let base = output.baseAddress { sodium_memzero(base, output.count) }
+            return nil
+        }
+        return target
+    }
+
     /// Runs `body` with AEGIS-256's 32-byte nonce: the 24-byte field, then 8 zero bytes.
-    private func withAEGISNonce(_ nonceField: UnsafeRawBufferPointer, _ body: (UnsafePointer<UInt8>) -> Int32) -> Int32 {
+    private static func withAEGISNonce(_ nonceField: UnsafeRawBufferPointer, _ body: (UnsafePointer<UInt8>) -> Int32) -> Int32 {
         var nonce: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
         return withUnsafeMutableBytes(of: &nonce) { bytes in
             bytes.copyMemory(from: nonceField)

@@ -121,11 +121,13 @@ public final class EncryptedFile: @unchecked Sendable {
         do {
             let prefix = try readPrefix(descriptor, path: path)
             let header = try FileHeader.parse(prefix, path: path)
-            guard header.cipher.isAvailable else {
-                let (problem, remedy) = header.cipher.unavailability
-                throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with \(header.cipher.name), but \(problem)", remedy: remedy)
-            }
             let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
+            // After the unwrap, which authenticates the cipher id: a tampered id is damage, not a reason to rebuild.
+            if !header.cipher.isAvailable, let reason = header.cipher.unavailability {
+                fileKey.discard()
+                throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with \(header.cipher.name), but \(reason.problem)",
+                                          remedy: reason.remedy)
+            }
             let sector = recordSector(prefix)
             let authentic = try attributingKeyErrors(to: path) {
                 try fileKey.withUnsafeBytes { LengthRecord.authenticates(sector, fileID: header.fileID, key: $0) }

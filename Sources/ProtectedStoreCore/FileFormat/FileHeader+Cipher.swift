@@ -33,11 +33,11 @@ extension FileHeader.Cipher {
         }
     }
 
-    /// Why a file of this cipher can't be opened in this process, for the error that refuses it.
-    var unavailability: (problem: String, remedy: String) {
+    /// Why a file of this cipher can't be opened in this process, for the error that refuses it; nil where it always can.
+    var unavailability: (problem: String, remedy: String)? {
         switch self {
         case .xChaCha20Poly1305:
-            ("", "")
+            nil
         case .aes256GCM:
             ("libsodium can't use it on this CPU (it needs AES-NI and PCLMUL)",
              "Open it on a machine whose CPU has them (grep -w -e aes -e pclmulqdq /proc/cpuinfo), or copy it out there and back in")
