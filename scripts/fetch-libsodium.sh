@@ -22,6 +22,11 @@ if [ "$architecture" != amd64 ] && [ "$architecture" != x86_64 ]; then
     echo "error: only the amd64 package is pinned here; install libsodium 1.0.19 or later from your distribution instead" >&2
     exit 1
 fi
+if [ "$(cat "$target/VERSION" 2>/dev/null)" = "$version" ]; then
+    echo "libsodium $version is in $target already (checked when it was fetched). Build with it after:"
+    echo "    export PKG_CONFIG_PATH=$target/pkgconfig"
+    exit 0
+fi
 for tool in curl dpkg-deb sha256sum; do
     command -v "$tool" >/dev/null 2>&1 || { echo "error: $tool is missing (apt-get install curl dpkg coreutils)" >&2; exit 1; }
 done
@@ -64,6 +69,7 @@ Description: libsodium $version from Debian unstable, static, for ProtectedStore
 Libs: -L\${libdir} -lsodium-static
 Cflags: -I\${includedir}
 EOF
+echo "$version" > "$work/staged/VERSION"
 # An earlier copy goes only once the new one is complete; a build that used it needs nothing of it at run time.
 [ -e "$target" ] && mv "$target" "$work/previous"
 mv "$work/staged" "$target"

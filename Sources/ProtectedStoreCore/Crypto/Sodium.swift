@@ -14,8 +14,12 @@ enum Sodium {
         return crypto_aead_aes256gcm_is_available() == 1
     }()
 
-    /// AEGIS-256 is in libsodium from 1.0.19 on (Debian 12 ships 1.0.18); it needs no CPU feature.
-    static let isAEGIS256Available: Bool = ps_aegis256_is_available() == 1
+    /// AEGIS-256 is in libsodium from 1.0.19 on (Debian 12 ships 1.0.18); it needs no CPU feature, but picks its AES-NI
+    /// code only once libsodium is initialised, which every use of it follows from here.
+    static let isAEGIS256Available: Bool = {
+        ensureInitialised()
+        return ps_aegis256_is_available() == 1
+    }()
 
     /// The linked libsodium's version, for messages.
     static var version: String { String(cString: sodium_version_string()) }
