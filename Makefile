@@ -67,9 +67,12 @@ deb: .build/dist/VERSION
 docs: build-deps
 	@./scripts/docs.sh
 
-# The lock and event tests under ThreadSanitizer, in their own build folder (docs/SECURITY.md).
+# The lock and event tests under ThreadSanitizer, in their own build folder (docs/SECURITY.md). The writes-behind tests
+# run in a process of their own: beside the others, that process hung at times in the Swift runtime's generic-metadata
+# initialisation (every waiting thread in swift_getCanonicalPrespecializedGenericMetadata, none holding it), alone never.
 test-tsan: deps
-	@./scripts/sanitized-suite.sh thread 'LockEventTests|ConcurrencyTests|DaemonProtocolTests|TestDeviceTests|WritesBehindTests'
+	@./scripts/sanitized-suite.sh thread 'LockEventTests|ConcurrencyTests|DaemonProtocolTests|TestDeviceTests'
+	@./scripts/sanitized-suite.sh thread 'WritesBehindTests'
 
 # The file format's tests in a build with AEGIS-256 (libsodium 1.0.19 or later, fetched where the system's is older).
 test-aegis: deps

@@ -34,11 +34,14 @@ esac
 what="the whole suite"
 [ -n "$filter" ] && what="the tests matching '$filter'"
 mkdir -p "$scratch"
-log="$scratch/suite.log"
+log="$scratch/suite${filter:+-$(tr -c 'A-Za-z0-9\n' '-' <<<"${filter%%|*}")}.log"
+# A run that hangs fails after this long instead of holding CI forever: 30 minutes for the whole suite, 10 for a part.
+limit=${SANITIZED_SUITE_TIMEOUT:-$([ -n "$filter" ] && echo 600 || echo 1800)}
 start=$(date +%s)
 # To a file, not a pipe: a program a crashed test left running would hold a pipe open and the run would never end.
-"$swift" test "${flags[@]}" --scratch-path "$scratch" > "$log" 2>&1
+timeout --kill-after=10 "$limit" "$swift" test "${flags[@]}" --scratch-path "$scratch" > "$log" 2>&1
 status=$?
+[ "$status" -eq 124 ] && echo "error: $what did not end within $limit s under the $kind sanitizer; killed (see $log)"
 # What a test that died under the sanitizer left running (daemons, mounts) goes now.
 pkill -f "$PWD/$scratch/" 2>/dev/null
 grep -E "^(✘|✔ Test run|✘ Test run)|ERROR: AddressSanitizer|WARNING: ThreadSanitizer|runtime error:|^error:" "$log" | cut -c1-300 | head -60
