@@ -52,7 +52,6 @@ done
 # Headers and the static archive only, under a name no shared library has: other packages' -L/usr/lib/... come
 # first on the link line, where -lsodium would find the system's libsodium.so. The programs built need nothing of
 # this at run time.
-rm -rf "$work/staged"
 mkdir -p "$work/staged/lib" "$work/staged/pkgconfig" "$work/staged/shared"
 cp -r "$work/root/usr/include" "$work/staged/include"
 cp "$work/root/usr/lib/x86_64-linux-gnu/libsodium.a" "$work/staged/lib/libsodium-static.a"

@@ -10,16 +10,7 @@ struct InteropTests {
     static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().appendingPathComponent("tools/independent_decrypt.py").path
 
-    static let pyNaClAvailable: Bool = {
-        let probe = Process()
-        probe.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        probe.arguments = ["python3", "-c", "import nacl.bindings"]
-        probe.standardOutput = FileHandle.nullDevice
-        probe.standardError = FileHandle.nullDevice
-        guard (try? probe.run()) != nil else { return false }
-        probe.waitUntilExit()
-        return probe.terminationStatus == 0
-    }()
+    static let pyNaClAvailable = pythonSucceeds("import nacl.bindings")
 
     /// The libsodium the decryptor loads for AEGIS-256 when the system's predates it: the shared library
     /// scripts/fetch-libsodium.sh puts beside the static one this build may be linked with.
@@ -33,18 +24,22 @@ struct InteropTests {
     }
 
     /// Whether the decryptor can open AEGIS-256 blocks (its libsodium is 1.0.19 or later).
-    static let decryptorHasAEGIS256: Bool = {
+    static let decryptorHasAEGIS256 = pythonSucceeds(
+        "import sys; sys.path.insert(0, sys.argv[1]); import independent_decrypt; sys.exit(0 if independent_decrypt.has_aegis256() else 1)",
+        URL(fileURLWithPath: script).deletingLastPathComponent().path)
+
+    /// Whether `python3 -c code arguments…` exits with 0, in the decryptor's environment.
+    static func pythonSucceeds(_ code: String, _ arguments: String...) -> Bool {
         let probe = Process()
         probe.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        probe.arguments = ["python3", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import independent_decrypt; sys.exit(0 if independent_decrypt.has_aegis256() else 1)",
-                           URL(fileURLWithPath: script).deletingLastPathComponent().path]
+        probe.arguments = ["python3", "-c", code] + arguments
         probe.environment = environment
         probe.standardOutput = FileHandle.nullDevice
         probe.standardError = FileHandle.nullDevice
         guard (try? probe.run()) != nil else { return false }
         probe.waitUntilExit()
         return probe.terminationStatus == 0
-    }()
+    }
 
     static func decrypt(root: String, secret: String, passcode: String, out: String, files: [String]) throws -> (Int32, String) {
         try run(["--root", root, "--device-secret", secret, "--out", out] + files, passcode: passcode)

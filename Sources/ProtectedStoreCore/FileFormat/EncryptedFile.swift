@@ -123,7 +123,7 @@ public final class EncryptedFile: @unchecked Sendable {
             let header = try FileHeader.parse(prefix, path: path)
             let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
             // After the unwrap, which authenticates the cipher id: a tampered id is damage, not a reason to rebuild.
-            if !header.cipher.isAvailable, let reason = header.cipher.unavailability {
+            if let reason = header.cipher.unavailability {
                 fileKey.discard()
                 throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with \(header.cipher.name), but \(reason.problem)",
                                           remedy: reason.remedy)

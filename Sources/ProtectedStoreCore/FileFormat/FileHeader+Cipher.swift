@@ -33,17 +33,18 @@ extension FileHeader.Cipher {
         }
     }
 
-    /// Why a file of this cipher can't be opened in this process, for the error that refuses it; nil where it always can.
+    /// Why a file of this cipher can't be opened in this process, for the error that refuses it; nil where it can.
     var unavailability: (problem: String, remedy: String)? {
+        guard !isAvailable else { return nil }
         switch self {
         case .xChaCha20Poly1305:
-            nil
+            return nil
         case .aes256GCM:
-            ("libsodium can't use it on this CPU (it needs AES-NI and PCLMUL)",
-             "Open it on a machine whose CPU has them (grep -w -e aes -e pclmulqdq /proc/cpuinfo), or copy it out there and back in")
+            return ("libsodium can't use it on this CPU (it needs AES-NI and PCLMUL)",
+                    "Open it on a machine whose CPU has them (grep -w -e aes -e pclmulqdq /proc/cpuinfo), or copy it out there and back in")
         case .aegis256:
-            ("this program's libsodium \(Sodium.version) lacks it (AEGIS-256 came with libsodium 1.0.19)",
-             "Open it with a build linked with libsodium 1.0.19 or later (README, \"A faster cipher\"), or copy it out there and back in")
+            return ("this program's libsodium \(Sodium.version) lacks it (AEGIS-256 came with libsodium 1.0.19)",
+                    "Open it with a build linked with libsodium 1.0.19 or later (README, \"A faster cipher\"), or copy it out there and back in")
         }
     }
 
