@@ -245,6 +245,60 @@ struct KeybagTests {
         #expect(throws: SecureBytes.Discarded.self) { try key.withUnsafeBytes { _ in } }
     }
 
+    @Test("a discard is not held off by uses that keep overlapping: a use begun after it throws, and it ends")
+    func discardBeatsOverlappingUses() throws {
+        // Two readers hand the key over to each other: each leaves only once the other has begun its next use, so
+        // some use is always in flight. glibc's rwlock lets such readers in ahead of a waiting discard for ever.
+        final class Relay: @unchecked Sendable {
+            let mutex = NSCondition()
+            var uses = [0, 0]
+            var stopped = [false, false]
+            var givenUp = false
+        }
+        let key = SecureBytes.random(count: 32)
+        let relay = Relay()
+        let readers = DispatchGroup()
+        for me in 0..<2 {
+            let other = 1 - me
+            readers.enter()
+            Thread.detachNewThread {
+                defer { readers.leave() }
+                while true {
+                    do {
+                        try key.withUnsafeBytes { _ in
+                            relay.mutex.lock()
+                            defer { relay.mutex.unlock() }
+                            relay.uses[me] += 1
+                            relay.mutex.broadcast()
+                            let seen = relay.uses[other]
+                            while relay.uses[other] == seen, !relay.stopped[other], !relay.givenUp { relay.mutex.wait() }
+                        }
+                    } catch {
+                        relay.mutex.withLock { relay.stopped[me] = true; relay.mutex.broadcast() }
+                        return
+                    }
+                    if relay.mutex.withLock({ relay.givenUp }) { return }
+                }
+            }
+        }
+        // Both readers in their relay before the discard begins.
+        relay.mutex.withLock { while relay.uses.min()! < 2 { relay.mutex.wait() } }
+        let discarded = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            key.discard()
+            discarded.signal()
+        }
+        // A failure detector, not a timing: the discard waits for one use at most, which ends within microseconds.
+        let ended = discarded.wait(timeout: .now() + 30) == .success
+        relay.mutex.withLock { relay.givenUp = true; relay.mutex.broadcast() }
+        readers.wait()
+        #expect(ended, "the discard was still waiting after 30 s while uses kept overlapping")
+        if !ended { discarded.wait() }
+        #expect(key.isDiscarded)
+        // The reader whose turn it was when the discard began was turned away (the other may see the end first).
+        #expect(relay.mutex.withLock { relay.stopped.contains(true) }, "a use begun after the discard must throw")
+    }
+
     @Test("passcodes are read as one line into guarded memory")
     func passcodeFromStream() throws {
         func passcode(from input: String) throws -> Passcode {

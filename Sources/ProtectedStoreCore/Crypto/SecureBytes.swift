@@ -1,4 +1,5 @@
 import CSodium
+import Synchronization
 
 /// Secret bytes (keys, passcodes) in libsodium's guarded memory: guard pages around, mlocked, zeroed when discarded or freed.
 /// Up to 64 bytes take a slot of a shared guarded region (`GuardedScratch.smallSecrets`), larger ones a
@@ -13,6 +14,9 @@ public final class SecureBytes: @unchecked Sendable {
     // Readers are the crypto calls; the writer is `discard()`, so a lock never zeroes a key mid-operation.
     private let lock = ReadWriteLock()
     private var discarded = false
+    // Set before `discard()` waits for the uses in flight; uses that begin after it throw at once. glibc's rwlock
+    // prefers readers, so without it a stream of overlapping reads could hold a device lock's discard off for ever.
+    private let discardRequested = Atomic<Bool>(false)
 
     /// Allocates `count` zeroed bytes of guarded memory.
     init(count: Int) {
@@ -56,19 +60,21 @@ public final class SecureBytes: @unchecked Sendable {
 
     deinit { Self.deallocate(storage, count: count) }
 
-    /// Whether `discard()` has zeroed this secret.
-    public var isDiscarded: Bool { lock.withReadLock { discarded } }
+    /// Whether `discard()` has zeroed this secret or is waiting to.
+    public var isDiscarded: Bool { discardRequested.load(ordering: .acquiring) }
 
-    /// Runs `body` with the secret bytes; throws `SecureBytes.Discarded` once the secret was discarded.
+    /// Runs `body` with the secret bytes; throws `SecureBytes.Discarded` once `discard()` was called.
     public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
-        try lock.withReadLock {
+        if discardRequested.load(ordering: .acquiring) { throw Discarded() }
+        return try lock.withReadLock {
             if discarded { throw Discarded() }
             return try body(UnsafeRawBufferPointer(start: storage, count: count))
         }
     }
 
-    /// Zeroes the secret now, waiting for operations in flight; later uses throw `Discarded`.
+    /// Zeroes the secret now, waiting for operations in flight; uses that begin from now on throw `Discarded`.
     public func discard() {
+        discardRequested.store(true, ordering: .releasing)
         lock.withWriteLock {
             sodium_memzero(storage, count)
             discarded = true
