@@ -1,6 +1,7 @@
 import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
+@testable import ProtectedStoreMount
 import Testing
 
 @Suite("containers")
@@ -97,6 +98,53 @@ struct ContainerTests {
         let listed = try container.contentsOfDirectory(atPath: "Documents").first { $0.name == "plain.txt" }
         #expect(listed?.protectionClass == nil && listed?.problem != nil, "listing shows the problem instead of failing")
         #expect(readRaw(try container.storedPath("Documents/plain.txt")) == Array("plain text, not ours".utf8))
+    }
+
+    @Test("a file a power cut left with no bytes (created, never synced) reads as empty, lists with its folder's class and takes writes, as on ext4")
+    func emptyAfterPowerCut() async throws {
+        let test = try TestDevice()
+        let container = try test.makeContainer()
+        try container.createDirectory(atPath: "Documents/open", attributes: [.protectionKey: FileProtectionType.none])
+        func emptied(_ path: String, data: String = "lost in the cut") throws {
+            try container.write(Data(data.utf8), toPath: path, options: .completeFileProtectionUnlessOpen)
+            #expect(truncate(try container.storedPath(path), 0) == 0)
+        }
+        try emptied("Documents/notes.txt")
+        let listed = try container.itemInfo(atPath: "Documents/notes.txt")
+        #expect(listed.problem == nil && listed.size == 0)
+        #expect(listed.protectionClass == .complete, "the class a new file there takes (the container's default)")
+        #expect(try container.contents(atPath: "Documents/notes.txt") == Data())
+        #expect(try container.itemInfo(atPath: "Documents/notes.txt").protectionClass == .complete, "opening gave it that class")
+        try emptied("Documents/open/log")
+        let handle = try container.fileHandle(forUpdatingAtPath: "Documents/open/log")
+        try handle.write(contentsOf: Data("after".utf8), atOffset: 0)
+        try handle.close()
+        #expect(try container.contents(atPath: "Documents/open/log") == Data("after".utf8))
+        #expect(try container.itemInfo(atPath: "Documents/open/log").protectionClass == ProtectionClass.none, "its folder's class")
+        // Through the mount's view: size 0, reads nothing, takes writes.
+        let view = ContainerFileSystem(container: container)
+        try emptied("Documents/viewed.txt")
+        #expect(try view.attributes(of: "/Documents/viewed.txt").st_size == 0)
+        let number = try view.open("/Documents/viewed.txt", flags: O_RDWR)
+        var buffer = [UInt8](repeating: 0, count: 16)
+        #expect(try buffer.withUnsafeMutableBytes { try view.read(number, into: $0, at: 0) } == 0)
+        #expect(try Array("mounted".utf8).withUnsafeBytes { try view.write(number, from: $0, at: 0) } == 7)
+        try view.synchronize(number)
+        view.release(number)
+        #expect(try container.contents(atPath: "Documents/viewed.txt") == Data("mounted".utf8))
+
+        // Locked, a class A folder's empty file can't be given its header: denied as any class A file is, and untouched.
+        try emptied("Documents/locked.txt")
+        await test.device.lock()
+        expectDenied(writing: false) { try container.contents(atPath: "Documents/locked.txt") }
+        #expect(readRaw(try container.storedPath("Documents/locked.txt")).isEmpty)
+        try test.device.unlock(passcode: try Passcode(TestDevice.passcode))
+        #expect(try container.contents(atPath: "Documents/locked.txt") == Data())
+
+        // A file with a few bytes that are not a header is damage, not a lost create.
+        writeRaw([1, 2, 3], try container.storedPath("Documents/short.txt"))
+        expectCocoaError(.integrity) { try container.contents(atPath: "Documents/short.txt") }
+        #expect(readRaw(try container.storedPath("Documents/short.txt")) == [1, 2, 3])
     }
 
     @Test("random-access handles: read and write at offsets, truncate, synchronize, close")

@@ -332,6 +332,12 @@ extension Container {
     /// The class of a new item in `parent`: the directory's if set, else the container default.
     package func inheritedClass(in parent: OpenDirectory) throws -> ProtectionClass { try directoryClass(of: parent) ?? defaultClass }
 
+    /// Opens the stored file of `item`. One a power cut left with no bytes (created, never synced) opens as an empty
+    /// file of the class a new file there would take, as ext4 shows it empty.
+    package func openStoredFile(_ item: ResolvedItem, writable: Bool) throws -> EncryptedFile {
+        try EncryptedFile.open(at: item.location, keys: device, writable: writable, classIfEmpty: { try self.inheritedClass(in: item.parent) })
+    }
+
     // MARK: Helpers
 
     func writeWholeFile(_ data: Data, to item: ResolvedItem, protectionClass: ProtectionClass, replacing: Bool) throws {
@@ -384,7 +390,8 @@ extension Container {
         case S_IFREG:
             type = .typeRegular
             let file = Self.fileDetails(at: location)
-            protection = file.header?.protectionClass.fileProtectionType
+            // No header and no problem: a file a power cut left empty, which takes that class when first opened.
+            protection = (file.header?.protectionClass ?? (file.problem == nil ? try? inheritedClass(in: opened) : nil))?.fileProtectionType
             size = file.size
             problem = file.problem
         case S_IFDIR:

@@ -26,12 +26,12 @@ public final class ProtectedFileHandle: @unchecked Sendable {
 
     /// Opens an existing file; one delivered to the Inbox while locked first takes its directory's class if the device is unlocked.
     convenience init(opening item: ResolvedItem, writable: Bool, container: Container) throws {
-        var file = try EncryptedFile.open(at: item.location, keys: container.device, writable: writable)
+        var file = try container.openStoredFile(item, writable: writable)
         if file.awaitsDefaultClass, container.device.state == .unlocked {
             try? file.close()
             // Adopting can fail (a lock meanwhile, a read-only file system); the file then opens as it is, class B.
             try? container.adoptDefaultClass(item)
-            file = try EncryptedFile.open(at: item.location, keys: container.device, writable: writable)
+            file = try container.openStoredFile(item, writable: writable)
         }
         try self.init(file: file, path: item.displayPath, container: container)
     }

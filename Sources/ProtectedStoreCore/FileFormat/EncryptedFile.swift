@@ -94,12 +94,9 @@ public final class EncryptedFile: @unchecked Sendable {
             fileKey.discard()
             throw error
         }
-        let empty = LengthRecord(length: 0, extent: 0, synchronizedExtent: 0)
-        let file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, record: empty, isWritable: true)
+        let file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, record: .empty, isWritable: true)
         do {
-            // The header sector and the length record's sector, in one write.
-            let sealed = try file.withKey { empty.sealed(fileID: header.fileID, key: $0) }
-            try file.writeStored(header.serialized + sealed + [UInt8](repeating: 0, count: Int(BlockLayout.sectorSize) - sealed.count), at: 0)
+            try file.writeFirstSectors()
         } catch {
             // The handle owns the descriptor now: close through it, so nothing closes the number twice.
             try? file.close()
@@ -109,17 +106,32 @@ public final class EncryptedFile: @unchecked Sendable {
         return file
     }
 
+    /// The header sector and the length record's sector, in one write.
+    private func writeFirstSectors() throws {
+        let sealed = try withKey { record.sealed(fileID: header.fileID, key: $0) }
+        try writeStored(header.serialized + sealed + [UInt8](repeating: 0, count: Int(BlockLayout.sectorSize) - sealed.count), at: 0)
+    }
+
     /// Opens an existing encrypted file, unwrapping its per-file key with the class key.
     public static func open(at path: String, keys: any ClassKeyProviding, writable: Bool) throws -> EncryptedFile {
         try open(at: FileLocation(path: path), keys: keys, writable: writable)
     }
 
-    package static func open(at location: FileLocation, keys: any ClassKeyProviding, writable: Bool) throws -> EncryptedFile {
+    /// Opens an existing encrypted file. A stored file with no bytes at all is one whose creation a power cut undid
+    /// before its header was durable (ext4 can keep the name of a file created and never synced, and none of its
+    /// bytes); with `classIfEmpty` it is given a fresh header of that class and opens as the empty file ext4 would show.
+    package static func open(at location: FileLocation, keys: any ClassKeyProviding, writable: Bool,
+                             classIfEmpty: (() throws -> ProtectionClass)? = nil) throws -> EncryptedFile {
         let path = location.displayPath
         let descriptor = try location.openRegularFile(writable ? .readWrite : .readOnly, doing: "open the encrypted file")
         let file: EncryptedFile
         do {
             let prefix = try readPrefix(descriptor, path: path)
+            if prefix.isEmpty, let classIfEmpty {
+                try? descriptor.close()
+                try writeHeader(intoEmpty: location, protectionClass: try classIfEmpty(), keys: keys)
+                return try open(at: location, keys: keys, writable: writable)
+            }
             let header = try FileHeader.parse(prefix, path: path)
             let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
             // After the unwrap, which authenticates the cipher id: a tampered id is damage, not a reason to rebuild.
@@ -151,6 +163,28 @@ public final class EncryptedFile: @unchecked Sendable {
         return file
     }
 
+    /// Gives a stored file that is still empty the header and length record of a new empty file of `protectionClass`.
+    /// Under an exclusive `flock`, so two openers don't both write one (each with a key of its own); the second finds
+    /// the bytes there and leaves them. Not synced: a power cut now only leaves the empty file again.
+    private static func writeHeader(intoEmpty location: FileLocation, protectionClass: ProtectionClass, keys: any ClassKeyProviding) throws {
+        let path = location.displayPath
+        let descriptor = try location.openRegularFile(.readWrite, doing: "give the empty stored file a header")
+        defer { try? descriptor.close() }
+        guard flock(descriptor.rawValue, LOCK_EX) == 0 else {
+            throw ProtectedStoreError(.io, path: path, problem: "could not lock the empty stored file to give it a header (\(Errno(rawValue: errno)))",
+                                      remedy: "Try again; if it persists, remove the file (it holds nothing)")
+        }
+        guard try FileSystem.fileSize(descriptor, path: path) == 0 else { return }
+        let (header, fileKey) = try attributingKeyErrors(to: path) {
+            try FileHeader.new(protectionClass: protectionClass, flags: [], cipher: .preferred, blockSize: defaultBlockSize, keys: keys)
+        }
+        // The handle owns the key and zeroes it at close; its descriptor is a second one, closed by it.
+        let second = try location.openRegularFile(.readWrite, doing: "give the empty stored file a header")
+        let file = EncryptedFile(path: path, descriptor: second, header: header, fileKey: fileKey, record: .empty, isWritable: true)
+        defer { try? file.close() }
+        try file.writeFirstSectors()
+    }
+
     /// Reads only the header, to learn a file's class without any key.
     public static func protectionClass(ofFileAt path: String) throws -> ProtectionClass {
         try header(at: FileLocation(path: path)).protectionClass
@@ -163,9 +197,11 @@ public final class EncryptedFile: @unchecked Sendable {
     }
 
     /// The header and the plaintext size, read without any key (for listings before first unlock): the length record's
-    /// checksum is checked here, its tag when the file is opened.
-    package static func details(at location: FileLocation) throws -> (header: FileHeader, size: Int64) {
+    /// checksum is checked here, its tag when the file is opened. No header for a stored file with no bytes, which
+    /// opens as an empty file (see `open`).
+    package static func details(at location: FileLocation) throws -> (header: FileHeader?, size: Int64) {
         let prefix = try location.readPrefix(count: Int(BlockLayout.bodyOffset), what: "file header")
+        if prefix.isEmpty { return (nil, 0) }
         let header = try FileHeader.parse(prefix, path: location.displayPath)
         guard let record = LengthRecord.parse(recordSector(prefix), layout: header.layout) else {
             throw damagedRecordError(path: location.displayPath)

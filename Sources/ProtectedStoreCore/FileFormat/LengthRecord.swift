@@ -37,6 +37,9 @@ package struct LengthRecord: Sendable, Equatable {
         self.staleTails = staleTails
     }
 
+    /// A new file's record: nothing stored.
+    package static let empty = LengthRecord(length: 0, extent: 0, synchronizedExtent: 0)
+
     /// The stored fields, before the nonce, tag and checksum.
     private var fields: [UInt8] {
         var writer = ByteWriter(capacity: Self.fieldsSize)

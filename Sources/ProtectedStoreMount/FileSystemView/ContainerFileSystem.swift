@@ -770,9 +770,9 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// Opens the stored file for writing when its mode lets this process, so one handle serves every descriptor.
     private func openStored(_ item: ResolvedItem, writable: Bool) throws -> EncryptedFile {
         do {
-            return try EncryptedFile.open(at: item.location, keys: device, writable: true)
+            return try container.openStoredFile(item, writable: true)
         } catch let error as ProtectedStoreError where !writable && (error.errno == .permissionDenied || error.errno == .readOnlyFileSystem) {
-            return try EncryptedFile.open(at: item.location, keys: device, writable: false)
+            return try container.openStoredFile(item, writable: false)
         }
     }
 
@@ -781,7 +781,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         switch try status(item).st_mode & S_IFMT {
-        case S_IFREG: return try EncryptedFile.header(at: item.location).protectionClass
+        case S_IFREG: return try EncryptedFile.details(at: item.location).header?.protectionClass ?? container.inheritedClass(in: item.parent)
         case S_IFDIR: return try container.directoryClass(of: try item.parent.subdirectory(item.name, displayPath: item.displayPath))
         default: return nil
         }
