@@ -141,6 +141,24 @@ struct ContainerTests {
         try test.device.unlock(passcode: try Passcode(TestDevice.passcode))
         #expect(try container.contents(atPath: "Documents/locked.txt") == Data())
 
+        // One that can't be written can't be given a header: a clear error, and it stays as it was.
+        try emptied("Documents/readonly.txt")
+        #expect(chmod(try container.storedPath("Documents/readonly.txt"), 0o400) == 0)
+        if geteuid() != 0 {
+            let refused = expectCocoaError(.io) { try container.contents(atPath: "Documents/readonly.txt") }
+            #expect(refused?.protectedStoreError?.problem.contains("give the empty file a header") == true, "\(String(describing: refused))")
+            #expect(readRaw(try container.storedPath("Documents/readonly.txt")).isEmpty)
+        }
+
+        // The Inbox's items are synced before they are named: an empty one is damage there, listed as such.
+        let source = test.path("delivered.txt")
+        writeRaw(Array("delivered".utf8), source)
+        let delivered = try container.deliverToInbox(fileAtPath: source)
+        #expect(truncate(try container.storedPath(delivered.path), 0) == 0)
+        expectCocoaError(.integrity) { try container.contents(atPath: delivered.path) }
+        #expect(try container.itemInfo(atPath: delivered.path).problem != nil)
+        #expect(readRaw(try container.storedPath(delivered.path)).isEmpty)
+
         // A file with a few bytes that are not a header is damage, not a lost create.
         writeRaw([1, 2, 3], try container.storedPath("Documents/short.txt"))
         expectCocoaError(.integrity) { try container.contents(atPath: "Documents/short.txt") }

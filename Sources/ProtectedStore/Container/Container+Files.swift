@@ -333,9 +333,11 @@ extension Container {
     package func inheritedClass(in parent: OpenDirectory) throws -> ProtectionClass { try directoryClass(of: parent) ?? defaultClass }
 
     /// Opens the stored file of `item`. One a power cut left with no bytes (created, never synced) opens as an empty
-    /// file of the class a new file there would take, as ext4 shows it empty.
+    /// file of the class a new file there would take, as ext4 shows it empty; but not in the Inbox, which only
+    /// deliveries write, each synced before it is named.
     package func openStoredFile(_ item: ResolvedItem, writable: Bool) throws -> EncryptedFile {
-        try EncryptedFile.open(at: item.location, keys: device, writable: writable, classIfEmpty: { try self.inheritedClass(in: item.parent) })
+        let classIfEmpty: (() throws -> ProtectionClass)? = item.path.isWithin(inboxPath) ? nil : { try self.inheritedClass(in: item.parent) }
+        return try EncryptedFile.open(at: item.location, keys: device, writable: writable, classIfEmpty: classIfEmpty)
     }
 
     // MARK: Helpers
@@ -390,10 +392,19 @@ extension Container {
         case S_IFREG:
             type = .typeRegular
             let file = Self.fileDetails(at: location)
-            // No header and no problem: a file a power cut left empty, which takes that class when first opened.
-            protection = (file.header?.protectionClass ?? (file.problem == nil ? try? inheritedClass(in: opened) : nil))?.fileProtectionType
             size = file.size
             problem = file.problem
+            if let header = file.header {
+                protection = header.protectionClass.fileProtectionType
+            } else if problem == nil {
+                // No bytes at all: a file a power cut left empty takes its folder's class when first opened
+                // (openStoredFile); the Inbox's items are synced before they are named, so there it is damage.
+                if path.isWithin(inboxPath) {
+                    problem = "the file is empty: it was truncated"
+                } else {
+                    protection = (try? inheritedClass(in: opened))?.fileProtectionType
+                }
+            }
         case S_IFDIR:
             type = .typeDirectory
             // Removed or replaced since the lstat: the entry is gone as far as this listing goes.

@@ -94,9 +94,36 @@ public final class EncryptedFile: @unchecked Sendable {
             fileKey.discard()
             throw error
         }
+        // Until its first write the new file is empty under its name, which an opener takes for a power cut's leftover
+        // and gives a header of its own, under this lock (`open`). Taking the lock first, the creator writes before
+        // any opener looks, or finds the opener's header and uses that file.
+        let headerWrittenMeanwhile: Bool
+        do {
+            try lockExclusively(descriptor, path: path)
+            headerWrittenMeanwhile = try FileSystem.fileSize(descriptor, path: path) > 0
+        } catch {
+            fileKey.discard()
+            try? descriptor.close()
+            location.unlink()
+            throw error
+        }
+        if headerWrittenMeanwhile {
+            fileKey.discard()
+            try? descriptor.close()
+            let adopted = try open(at: location, keys: keys, writable: true)
+            guard adopted.protectionClass == protectionClass, adopted.header.flags == flags else {
+                let theirs = adopted.protectionClass
+                try? adopted.close()
+                throw ProtectedStoreError(.alreadyExists, path: path,
+                                          problem: "another program opened the file as it was being created, and it became an empty file of class \(theirs.letter)",
+                                          remedy: "Open it, or remove it and create it again")
+            }
+            return adopted
+        }
         let file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, record: .empty, isWritable: true)
         do {
             try file.writeFirstSectors()
+            _ = flock(descriptor.rawValue, LOCK_UN)
         } catch {
             // The handle owns the descriptor now: close through it, so nothing closes the number twice.
             try? file.close()
@@ -104,6 +131,13 @@ public final class EncryptedFile: @unchecked Sendable {
             throw error
         }
         return file
+    }
+
+    /// flock(LOCK_EX), waiting; only files found empty are locked this way (`create`, `writeHeader(intoEmpty:)`).
+    private static func lockExclusively(_ descriptor: FileDescriptor, path: String) throws {
+        while flock(descriptor.rawValue, LOCK_EX) != 0 {
+            guard errno == EINTR else { throw ProtectedStoreError.io(Errno(rawValue: errno), path: path, doing: "lock the file while it is empty") }
+        }
     }
 
     /// The header sector and the length record's sector, in one write.
@@ -127,11 +161,7 @@ public final class EncryptedFile: @unchecked Sendable {
         let file: EncryptedFile
         do {
             let prefix = try readPrefix(descriptor, path: path)
-            if prefix.isEmpty, let classIfEmpty {
-                try? descriptor.close()
-                try writeHeader(intoEmpty: location, protectionClass: try classIfEmpty(), keys: keys)
-                return try open(at: location, keys: keys, writable: writable)
-            }
+            if prefix.isEmpty, classIfEmpty != nil { throw FoundEmpty() }
             let header = try FileHeader.parse(prefix, path: path)
             let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
             // After the unwrap, which authenticates the cipher id: a tampered id is damage, not a reason to rebuild.
@@ -149,6 +179,11 @@ public final class EncryptedFile: @unchecked Sendable {
                 throw damagedRecordError(path: path)
             }
             file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, record: record, isWritable: writable)
+        } catch is FoundEmpty {
+            try? descriptor.close()
+            try writeHeader(intoEmpty: location, protectionClass: classIfEmpty!, keys: keys)
+            // Without `classIfEmpty`: found empty again, it is damage.
+            return try open(at: location, keys: keys, writable: writable)
         } catch {
             try? descriptor.close()
             throw error
@@ -163,26 +198,38 @@ public final class EncryptedFile: @unchecked Sendable {
         return file
     }
 
-    /// Gives a stored file that is still empty the header and length record of a new empty file of `protectionClass`.
-    /// Under an exclusive `flock`, so two openers don't both write one (each with a key of its own); the second finds
-    /// the bytes there and leaves them. Not synced: a power cut now only leaves the empty file again.
-    private static func writeHeader(intoEmpty location: FileLocation, protectionClass: ProtectionClass, keys: any ClassKeyProviding) throws {
+    private struct FoundEmpty: Error {}
+
+    /// Gives a stored file that is still empty the header and length record of a new empty file of the class
+    /// `protectionClass` gives. Under an exclusive `flock`, which `create` takes too, so that only one header is ever
+    /// written (each would carry a key of its own); whoever comes second finds the bytes there and leaves them. Not
+    /// synced: a power cut now only leaves the empty file again.
+    private static func writeHeader(intoEmpty location: FileLocation, protectionClass: () throws -> ProtectionClass,
+                                    keys: any ClassKeyProviding) throws {
         let path = location.displayPath
-        let descriptor = try location.openRegularFile(.readWrite, doing: "give the empty stored file a header")
-        defer { try? descriptor.close() }
-        guard flock(descriptor.rawValue, LOCK_EX) == 0 else {
-            throw ProtectedStoreError(.io, path: path, problem: "could not lock the empty stored file to give it a header (\(Errno(rawValue: errno)))",
-                                      remedy: "Try again; if it persists, remove the file (it holds nothing)")
+        let descriptor = try location.openRegularFile(.readWrite, doing: "give the empty file a header (a power cut undid its creation before its first sync)")
+        let file: EncryptedFile
+        do {
+            try lockExclusively(descriptor, path: path)
+            guard try FileSystem.fileSize(descriptor, path: path) == 0 else { return try descriptor.close() }
+            let (header, fileKey) = try attributingKeyErrors(to: path) {
+                try FileHeader.new(protectionClass: try protectionClass(), flags: [], cipher: .preferred, blockSize: defaultBlockSize, keys: keys)
+            }
+            file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, record: .empty, isWritable: true)
+        } catch {
+            try? descriptor.close()
+            throw error
         }
-        guard try FileSystem.fileSize(descriptor, path: path) == 0 else { return }
-        let (header, fileKey) = try attributingKeyErrors(to: path) {
-            try FileHeader.new(protectionClass: protectionClass, flags: [], cipher: .preferred, blockSize: defaultBlockSize, keys: keys)
+        do {
+            try file.writeFirstSectors()
+        } catch {
+            // Part of a header would read as damage; empty, it opens as before.
+            _ = ftruncate(descriptor.rawValue, 0)
+            try? file.close()
+            throw error
         }
-        // The handle owns the key and zeroes it at close; its descriptor is a second one, closed by it.
-        let second = try location.openRegularFile(.readWrite, doing: "give the empty stored file a header")
-        let file = EncryptedFile(path: path, descriptor: second, header: header, fileKey: fileKey, record: .empty, isWritable: true)
-        defer { try? file.close() }
-        try file.writeFirstSectors()
+        // Closing releases the lock and zeroes the key.
+        try file.close()
     }
 
     /// Reads only the header, to learn a file's class without any key.

@@ -780,8 +780,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
         if path.isRoot { return try container.directoryClass(of: try heldDirectory(.root)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
-        switch try status(item).st_mode & S_IFMT {
-        case S_IFREG: return try EncryptedFile.details(at: item.location).header?.protectionClass ?? container.inheritedClass(in: item.parent)
+        let info = try status(item)
+        switch info.st_mode & S_IFMT {
+        // An empty stored file takes the class a new file there would when first opened (EncryptedFile.open).
+        case S_IFREG: return info.st_size == 0 ? try container.inheritedClass(in: item.parent) : try EncryptedFile.header(at: item.location).protectionClass
         case S_IFDIR: return try container.directoryClass(of: try item.parent.subdirectory(item.name, displayPath: item.displayPath))
         default: return nil
         }
