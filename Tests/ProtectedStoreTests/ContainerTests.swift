@@ -134,12 +134,19 @@ struct ContainerTests {
         #expect(try container.contents(atPath: "Documents/viewed.txt") == Data("mounted".utf8))
 
         // Locked, a class A folder's empty file can't be given its header: denied as any class A file is, and untouched.
+        // Class B's header could be made locked (public key), but not opened: left empty too (a creator may be writing).
         try emptied("Documents/locked.txt")
+        try container.createDirectory(atPath: "Documents/sealed", attributes: [.protectionKey: FileProtectionType.completeUnlessOpen])
+        try emptied("Documents/sealed/locked.txt")
         await test.device.lock()
-        expectDenied(writing: false) { try container.contents(atPath: "Documents/locked.txt") }
-        #expect(readRaw(try container.storedPath("Documents/locked.txt")).isEmpty)
+        for path in ["Documents/locked.txt", "Documents/sealed/locked.txt"] {
+            expectDenied(writing: false) { try container.contents(atPath: path) }
+            #expect(readRaw(try container.storedPath(path)).isEmpty)
+        }
         try test.device.unlock(passcode: try Passcode(TestDevice.passcode))
         #expect(try container.contents(atPath: "Documents/locked.txt") == Data())
+        #expect(try container.contents(atPath: "Documents/sealed/locked.txt") == Data())
+        #expect(try container.itemInfo(atPath: "Documents/sealed/locked.txt").protectionClass == .completeUnlessOpen)
 
         // One that can't be written can't be given a header: a clear error, and it stays as it was.
         try emptied("Documents/readonly.txt")

@@ -99,8 +99,7 @@ public final class EncryptedFile: @unchecked Sendable {
         // any opener looks, or finds the opener's header and uses that file.
         let headerWrittenMeanwhile: Bool
         do {
-            try lockExclusively(descriptor, path: path)
-            headerWrittenMeanwhile = try FileSystem.fileSize(descriptor, path: path) > 0
+            headerWrittenMeanwhile = try lockExclusively(descriptor, path: path) && FileSystem.fileSize(descriptor, path: path) > 0
         } catch {
             fileKey.discard()
             try? descriptor.close()
@@ -111,11 +110,10 @@ public final class EncryptedFile: @unchecked Sendable {
             fileKey.discard()
             try? descriptor.close()
             let adopted = try open(at: location, keys: keys, writable: true)
-            guard adopted.protectionClass == protectionClass, adopted.header.flags == flags else {
-                let theirs = adopted.protectionClass
+            guard adopted.protectionClass == protectionClass, adopted.header.flags == flags, adopted.size == 0 else {
                 try? adopted.close()
                 throw ProtectedStoreError(.alreadyExists, path: path,
-                                          problem: "another program opened the file as it was being created, and it became an empty file of class \(theirs.letter)",
+                                          problem: "another program opened the file as it was being created and made it a file of its own",
                                           remedy: "Open it, or remove it and create it again")
             }
             return adopted
@@ -125,19 +123,26 @@ public final class EncryptedFile: @unchecked Sendable {
             try file.writeFirstSectors()
             _ = flock(descriptor.rawValue, LOCK_UN)
         } catch {
+            // Removed before the lock goes with the close: a waiting opener then finds it gone, not part of a header.
+            location.unlink()
             // The handle owns the descriptor now: close through it, so nothing closes the number twice.
             try? file.close()
-            location.unlink()
             throw error
         }
         return file
     }
 
     /// flock(LOCK_EX), waiting; only files found empty are locked this way (`create`, `writeHeader(intoEmpty:)`).
-    private static func lockExclusively(_ descriptor: FileDescriptor, path: String) throws {
+    /// False where the file system has no flock (ENOLCK, EOPNOTSUPP): there the two go on unlocked, as before it.
+    private static func lockExclusively(_ descriptor: FileDescriptor, path: String) throws -> Bool {
         while flock(descriptor.rawValue, LOCK_EX) != 0 {
-            guard errno == EINTR else { throw ProtectedStoreError.io(Errno(rawValue: errno), path: path, doing: "lock the file while it is empty") }
+            switch errno {
+            case EINTR: continue
+            case ENOLCK, EOPNOTSUPP: return false
+            default: throw ProtectedStoreError.io(Errno(rawValue: errno), path: path, doing: "lock the file while it is empty")
+            }
         }
+        return true
     }
 
     /// The header sector and the length record's sector, in one write.
@@ -210,10 +215,24 @@ public final class EncryptedFile: @unchecked Sendable {
         let descriptor = try location.openRegularFile(.readWrite, doing: "give the empty file a header (a power cut undid its creation before its first sync)")
         let file: EncryptedFile
         do {
-            try lockExclusively(descriptor, path: path)
-            guard try FileSystem.fileSize(descriptor, path: path) == 0 else { return try descriptor.close() }
+            _ = try lockExclusively(descriptor, path: path)
+            var info = stat()
+            guard fstat(descriptor.rawValue, &info) == 0, info.st_size == 0, info.st_nlink > 0 else {
+                // Written meanwhile (by its creator, or another opener), or removed: nothing to do here.
+                try? descriptor.close()
+                return
+            }
             let (header, fileKey) = try attributingKeyErrors(to: path) {
-                try FileHeader.new(protectionClass: try protectionClass(), flags: [], cipher: .preferred, blockSize: defaultBlockSize, keys: keys)
+                let made = try FileHeader.new(protectionClass: try protectionClass(), flags: [], cipher: .preferred, blockSize: defaultBlockSize, keys: keys)
+                // Class B's header needs only the public key, its opening the private one: locked, leave the file empty
+                // (a creator may be about to write its own) and report the denial, as for any class B file.
+                do {
+                    try made.header.unwrapFileKey(keys: keys, path: path).discard()
+                } catch {
+                    made.fileKey.discard()
+                    throw error
+                }
+                return made
             }
             file = EncryptedFile(path: path, descriptor: descriptor, header: header, fileKey: fileKey, record: .empty, isWritable: true)
         } catch {
