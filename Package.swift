@@ -153,6 +153,7 @@ let package = Package(
                 "ProtectedStoreCore", "ProtectedStore", "ProtectedStoreDaemon", "ProtectedStoreMount", "ProtectedStoreBenchmarks",
                 "ProtectedStoreFuzzing", "ProtectedStoreTesting", "CSupport", "sandboxctl", "ProtectedStoreProbe", "ps-verify",
                 .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ],

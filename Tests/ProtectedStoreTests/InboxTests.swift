@@ -1,6 +1,8 @@
 import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
+@testable import ProtectedStoreMount
+import Logging
 import Testing
 
 /// Records protection and open-URL events in one ordered log, as an app delegate implementing both would see them.
@@ -335,4 +337,73 @@ struct InboxTests {
         #expect(try container.contents(atPath: "Documents/Inbox/kept.txt") == Data("kept".utf8))
         #expect(try eventually { try container.inboxQueue.entries().map(\.name) == ["kept.txt"] }, "the dangling record was dropped")
     }
+
+    @Test("a drop whose delivery fails stays in the drop folder, tried again until it is delivered: nothing lost")
+    func failedDropDeliveryIsKept() async throws {
+        let test = try TestDevice()
+        let container = try test.makeContainer()
+        let log = RecordedLog()
+        let drops = InboxDropFileSystem(container: container, sourceApplication: "com.example.scanner", annotation: nil, settleTime: 0.05,
+                                        logger: Logger(label: "drop-test") { _ in log })
+        // Every fsync of a staged drop fails (an I/O error), so every delivery does, until the rule goes.
+        let rule = FaultInjection.install(FaultInjection.Rule(.synchronize, folder: try container.storedPath("Documents/Inbox"),
+                                                              pattern: "\(InboxDrop.stagingPrefix)*", errno: .ioError))
+        var ruleRemoved = false
+        defer { if !ruleRemoved { FaultInjection.remove(rule) } }
+        let contents = pattern(100_000, seed: 3)
+        func drop(_ name: String) throws {
+            let handle = try drops.create("/\(name)", writer: getpid())
+            #expect(try contents.withUnsafeBytes { try drops.write(handle, from: $0, at: 0) } == contents.count)
+            drops.flush(handle, by: getpid())
+            drops.release(handle)
+        }
+        // Closed under a final name: delivered after the settle time.
+        try drop("scan.pdf")
+        // Written under a temporary name: the rename delivers it, and takes effect though the delivery fails.
+        try drop("photo.jpg.part")
+        try drops.rename("/photo.jpg.part", to: "/photo.jpg", flags: 0)
+        // Each fails twice (so it was put back once and tried again), and is in the folder between tries.
+        func failures(_ name: String) -> Int { log.messages.filter { $0.hasPrefix("could not deliver \(name):") }.count }
+        #expect(eventually { failures("scan.pdf") >= 2 && failures("photo.jpg") >= 2 }, "\(log.messages)")
+        #expect(eventually { drops.names() == ["photo.jpg", "scan.pdf"] }, "failed deliveries stay in the folder")
+        #expect(try container.inboxItems().isEmpty)
+        #expect(log.messages.contains { $0.contains("cannot fsync (injected failure)") && $0.contains("tried again in") }, "\(log.messages)")
+        FaultInjection.remove(rule)
+        ruleRemoved = true
+        #expect(try eventually { try container.inboxItems().count == 2 })
+        let items = try container.inboxItems()
+        #expect(Set(items.map(\.name)) == ["photo.jpg", "scan.pdf"])
+        for item in items {
+            #expect(try container.contents(atPath: item.path) == Data(contents))
+            #expect(item.sourceApplication == "com.example.scanner")
+        }
+        #expect(drops.names().isEmpty)
+
+        // A full disk when the delivery is recorded: nothing is recorded, the staged file is kept, and it goes later.
+        let full = FaultInjection.install(FaultInjection.Rule(.write(allowedBytes: 0), folder: container.inboxQueue.path, errno: .noSpace))
+        try drop("notes.txt")
+        #expect(eventually { failures("notes.txt") >= 2 }, "\(log.messages)")
+        #expect(log.messages.contains { $0.hasPrefix("could not deliver notes.txt:") && $0.contains("Free some disk space") }, "\(log.messages)")
+        #expect(eventually { drops.names() == ["notes.txt"] })
+        #expect(try container.inboxQueue.entries().count == 2)
+        FaultInjection.remove(full)
+        #expect(try eventually { try container.inboxItems().count == 3 })
+        #expect(try container.contents(atPath: "Documents/Inbox/notes.txt") == Data(contents))
+        drops.stop()
+        #expect(try container.inboxQueue.entries().count == 3, "each delivered once")
+    }
+}
+
+/// Messages logged, for a test to read.
+final class RecordedLog: LogHandler, @unchecked Sendable {
+    private let mutex = NSLock()
+    private var recorded: [String] = []
+    var messages: [String] { mutex.withLock { recorded } }
+    var metadata: Logger.Metadata = [:]
+    var logLevel: Logger.Level = .trace
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+    func log(event: LogEvent) { mutex.withLock { recorded.append("\(event.message)") } }
 }

@@ -124,7 +124,9 @@ extension Container {
 
     /// Records the delivery, then renames the staged file to a free name, both under the queue's lock. A crash between
     /// the two leaves a record naming the staged file, which the receiver finishes (`inboxItemExists`). Records whose
-    /// item is gone (deleted, or moved out of the Inbox) are pruned here, so their names are free again.
+    /// item is gone (deleted, or moved out of the Inbox) are pruned here, so their names are free again. If it throws
+    /// with the staged file still there, nothing was delivered; if the staged file is gone, it was (only the Inbox's
+    /// sync failed).
     func commit(_ staged: FileLocation, named wanted: String, in inbox: OpenDirectory, size: UInt64,
                         sourceApplication: String?, annotation: String?) throws -> InboxQueue.Entry {
         try inboxQueue.withLock {
@@ -145,9 +147,9 @@ extension Container {
                 try inbox.names.recordLongName(of: name, in: inbox.descriptor, displayPath: target.displayPath)
                 try staged.rename(to: target, replacing: false)
             } catch {
-                // Undone under the lock, so no receiver can finish this delivery after it failed.
-                staged.unlink()
-                try? inboxQueue.remove(entry)
+                // Undone under the lock, so no receiver can finish this delivery after it failed. The staged file stays
+                // for the caller (a drop tries again); if the record can't be removed, it goes instead.
+                do { try inboxQueue.remove(entry) } catch { staged.unlink() }
                 throw error
             }
             // Delivered and recorded from here on: a failure to make it durable is reported, not undone.

@@ -56,9 +56,9 @@ package final class InboxDrop: @unchecked Sendable {
     }
 
     /// Delivers the file into the Inbox under `name` (or a free variant of it), with an open-URL event carrying
-    /// `sourceApplication` and `annotationJSON`, checked as `deliverToInbox` checks them. If it fails before the
-    /// delivery is recorded, nothing is delivered and the staged file is gone; once recorded and renamed, it is
-    /// delivered (a failure to sync the Inbox after that is only logged by the caller's error, as `inbox deliver` does).
+    /// `sourceApplication` and `annotationJSON`, checked as `deliverToInbox` checks them. If it throws and `isDeliverable`
+    /// is still true, nothing was delivered and the drop is as it was (its class may be the Inbox's now): write on, or
+    /// deliver again. If `isDeliverable` is false, it was delivered and only the Inbox's sync failed.
     @discardableResult
     package func deliver(named name: String, sourceApplication: String?, annotationJSON: String?) throws -> InboxItem {
         try foundationErrors(writing: true) {
@@ -71,39 +71,54 @@ package final class InboxDrop: @unchecked Sendable {
                 throw ProtectedStoreError(.invalidArgument, path: staged.displayPath, problem: "this drop was already delivered or discarded",
                                           remedy: "Start a new drop")
             }
+            let entry: InboxQueue.Entry
+            let sealedClass: (protection: ProtectionClass, awaitsDefaultClass: Bool)
+            let annotation: String?
             do {
                 let itemName = try Container.checkedInboxName(name, source: container.directory.displayPath(container.inboxPath.appending(name)))
                 if let sourceApplication { try Container.checkSourceApplication(sourceApplication) }
-                let annotation = try annotationJSON.map(Container.checkedAnnotation)
-                var sealedClass = (protection: ProtectionClass.completeUnlessOpen, awaitsDefaultClass: true)
-                let target = try container.inheritedClass(in: inbox)
-                if container.device.state == .unlocked || target == .completeUnlessOpen {
-                    do {
-                        // Through the container, so a class A key is registered with the lock before it is one.
-                        try container.changeClass(of: file, to: target)
-                        sealedClass = (target, false)
-                    } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
-                        // Locked meanwhile: delivered sealed for class B, as a locked device delivers.
-                    }
-                }
+                annotation = try annotationJSON.map(Container.checkedAnnotation)
+                sealedClass = try takeInboxClass()
                 let size = UInt64(file.size)
                 try file.synchronize()
-                handle.forget()
-                try file.close()
-                let entry = try container.commit(staged, named: itemName, in: inbox, size: size, sourceApplication: sourceApplication, annotation: annotation)
-                lock.withLock { state = .delivered }
-                return InboxItem(name: entry.name, path: "\(Container.documentsInbox)/\(entry.name)", state: .pendingEvent, sourceApplication: sourceApplication,
-                                 annotationJSON: annotation, size: entry.size, protection: sealedClass.protection.fileProtectionType,
-                                 awaitsDefaultClass: sealedClass.awaitsDefaultClass, sequenceNumber: entry.sequence, deliveryDate: entry.deliveredAt, problem: nil)
+                // Renamed while still open: a failure leaves the drop whole, open and writable.
+                entry = try container.commit(staged, named: itemName, in: inbox, size: size, sourceApplication: sourceApplication, annotation: annotation)
             } catch {
-                // commit removes its record and the staged file on its own failures; this covers the steps before it.
-                lock.withLock { state = .discarded }
-                handle.forget()
-                try? file.close()
-                staged.unlink()
+                let delivered = (try? staged.status()) == nil
+                lock.withLock { state = delivered ? .delivered : .writing }
+                if delivered { closeFile() }
                 throw error
             }
+            lock.withLock { state = .delivered }
+            closeFile()
+            return InboxItem(name: entry.name, path: "\(Container.documentsInbox)/\(entry.name)", state: .pendingEvent, sourceApplication: sourceApplication,
+                             annotationJSON: annotation, size: entry.size, protection: sealedClass.protection.fileProtectionType,
+                             awaitsDefaultClass: sealedClass.awaitsDefaultClass, sequenceNumber: entry.sequence, deliveryDate: entry.deliveredAt, problem: nil)
         }
+    }
+
+    /// Whether the drop can still be written and delivered (not delivered, not discarded).
+    package var isDeliverable: Bool { lock.withLock { state == .writing } }
+
+    /// Re-wraps the file for the Inbox's class if the device lets it now (unlocked, or the class is B); else it stays
+    /// sealed for class B, awaiting the class, as a locked device delivers.
+    private func takeInboxClass() throws -> (protection: ProtectionClass, awaitsDefaultClass: Bool) {
+        if file.awaitsDefaultClass == false { return (file.protectionClass, false) }
+        let target = try container.inheritedClass(in: inbox)
+        guard container.device.state == .unlocked || target == .completeUnlessOpen else { return (.completeUnlessOpen, true) }
+        do {
+            // Through the container, so a class A key is registered with the lock before it is one.
+            try container.changeClass(of: file, to: target)
+            return (target, false)
+        } catch let error as ProtectedStoreError where error.kind == .protectedDataUnavailable {
+            // Locked meanwhile: delivered sealed for class B, as a locked device delivers.
+            return (.completeUnlessOpen, true)
+        }
+    }
+
+    private func closeFile() {
+        handle.forget()
+        try? file.close()
     }
 
     /// Throws away what was written: nothing is delivered. Does nothing once delivering, delivered or discarded.
@@ -114,8 +129,7 @@ package final class InboxDrop: @unchecked Sendable {
             return true
         }
         guard wasWriting else { return }
-        handle.forget()
-        try? file.close()
+        closeFile()
         staged.unlink()
     }
 }

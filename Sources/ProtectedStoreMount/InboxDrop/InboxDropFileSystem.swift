@@ -13,6 +13,8 @@ import SystemPackage
 ///   curl, editors) is never delivered: such a file waits for its rename.
 /// - A writer killed by a signal with the file open, an unlinked file and a file replaced by another are never
 ///   delivered; nor is anything still open or temporary when the drop folder stops.
+/// - A delivery that fails (a full disk, an I/O error) leaves the file in the folder and is tried again, after a wait
+///   that doubles up to a minute; one still failing when the drop folder stops is discarded, with an error logged.
 /// - Nothing can be read back: opening for reading is EACCES, and the listing shows only files not yet delivered.
 package final class InboxDropFileSystem: @unchecked Sendable {
     package let container: Container
@@ -43,6 +45,8 @@ package final class InboxDropFileSystem: @unchecked Sendable {
         var modified = timespec()
         /// Bumped by every open, rename and close, so a settle timer fires only if nothing happened since it was set.
         var generation = 0
+        /// Deliveries of it that failed, for the wait before the next try.
+        var failedDeliveries = 0
 
         init(drop: InboxDrop, inode: UInt64, name: String, writer: String?) {
             self.drop = drop
@@ -55,6 +59,8 @@ package final class InboxDropFileSystem: @unchecked Sendable {
 
     private let mutex = NSLock()
     private var visible: [String: DropFile] = [:]
+    /// Files whose delivery failed and whose name another file took meanwhile: waiting for their next try, unlisted.
+    private var retrying: [ObjectIdentifier: DropFile] = [:]
     private var handles: [UInt64: DropFile] = [:]
     private var nextHandle: UInt64 = 1
     private var nextInode: UInt64 = 2
@@ -309,7 +315,7 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             return (replaced, file, .wait)
         }
         replaced?.drop.discard()
-        if case .deliver = outcome { try deliver(file, named: to) }
+        if case .deliver = outcome { deliver(file, named: to) }
     }
 
     package func unlink(_ path: String) throws {
@@ -345,9 +351,10 @@ package final class InboxDropFileSystem: @unchecked Sendable {
         let files: [(DropFile, Outcome)] = mutex.withLock {
             stopped = true
             var all: [ObjectIdentifier: DropFile] = [:]
-            for file in Array(visible.values) + Array(handles.values) { all[ObjectIdentifier(file)] = file }
+            for file in Array(visible.values) + Array(handles.values) + Array(retrying.values) { all[ObjectIdentifier(file)] = file }
             visible.removeAll()
             handles.removeAll()
+            retrying.removeAll()
             return all.values.map { file in
                 // Releases still on their way when the session ends never arrive: a file flushed by every writer is closed.
                 let closed = file.openCount == 0 || file.unflushed.isEmpty
@@ -391,7 +398,7 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             file.drop.discard()
         case .deliver:
             guard let name = file.name else { return file.drop.discard() }
-            try? deliver(file, named: name)
+            deliver(file, named: name)
         case .settle(let generation):
             // The group is entered when the timer fires, not now: stop() must not wait out a settle time.
             DispatchQueue.global().asyncAfter(deadline: .now() + settleTime) {
@@ -406,14 +413,50 @@ package final class InboxDropFileSystem: @unchecked Sendable {
         }
     }
 
-    /// Delivers `file` as `name`: logged, and thrown for a rename to report.
-    private func deliver(_ file: DropFile, named name: String) throws {
+    /// Delivers `file` as `name`, logged. A delivery that fails leaves the file in the folder, tried again later.
+    private func deliver(_ file: DropFile, named name: String) {
         do {
             let item = try file.drop.deliver(named: name, sourceApplication: sourceApplication ?? file.writer, annotationJSON: file.annotation ?? annotation)
             logger.info("delivered \(name) as \(item.path) (\(item.size) bytes, event #\(item.sequenceNumber ?? 0))")
         } catch {
-            logger.error("could not deliver \(name): \(error)")
-            throw Errno.ioError
+            guard file.drop.isDeliverable else {
+                return logger.error("delivered \(name), but the Inbox could not be made durable: \(Self.describe(error))")
+            }
+            deliveryFailed(file, named: name, error: error)
+        }
+    }
+
+    /// The library's own words for a failure (what, which file, what to do), not Foundation's wrapping of them.
+    private static func describe(_ error: any Error) -> String {
+        (error as? CocoaError)?.protectedStoreError.map(String.init(describing:)) ?? String(describing: error)
+    }
+
+    /// Puts a file whose delivery failed back in the folder (a rename that sent it has taken effect: its writer is
+    /// done) and tries again after a wait that doubles, up to a minute. Only a stop loses it, if the last try fails too.
+    private func deliveryFailed(_ file: DropFile, named name: String, error: any Error) {
+        let retry: (after: TimeInterval, generation: Int)? = mutex.withLock {
+            guard !stopped else { return nil }
+            file.failedDeliveries += 1
+            file.generation += 1
+            if visible[name] == nil { visible[name] = file } else { retrying[ObjectIdentifier(file)] = file }
+            return (min(60, max(settleTime, 0.1) * pow(2, Double(file.failedDeliveries - 1))), file.generation)
+        }
+        guard let retry else {
+            logger.error("could not deliver \(name): \(Self.describe(error)); the drop folder is stopping, so it is discarded")
+            return file.drop.discard()
+        }
+        logger.error("could not deliver \(name): \(Self.describe(error)); it stays in the drop folder and is tried again in \(retry.after) s")
+        // The group is entered when the timer fires, not now: stop() must not wait out the delay (it delivers the file itself).
+        DispatchQueue.global().asyncAfter(deadline: .now() + retry.after) {
+            self.inFlight.enter()
+            defer { self.inFlight.leave() }
+            let due: Outcome = self.mutex.withLock {
+                // Opened, renamed or removed since: what happens to it follows from that instead.
+                guard !self.stopped, file.generation == retry.generation, file.openCount == 0, !file.abandoned, file.name != nil else { return .wait }
+                self.retrying[ObjectIdentifier(file)] = nil
+                return self.takeForDelivery(file)
+            }
+            self.carryOut(due, file)
         }
     }
 
