@@ -345,6 +345,7 @@ struct InboxTests {
         let log = RecordedLog()
         let drops = InboxDropFileSystem(container: container, sourceApplication: "com.example.scanner", annotation: nil, settleTime: 0.05,
                                         logger: Logger(label: "drop-test") { _ in log })
+        defer { drops.stop() }
         // Every fsync of a staged drop fails (an I/O error), so every delivery does, until the rule goes.
         let rule = FaultInjection.install(FaultInjection.Rule(.synchronize, folder: try container.storedPath("Documents/Inbox"),
                                                               pattern: "\(InboxDrop.stagingPrefix)*", errno: .ioError))
@@ -370,7 +371,8 @@ struct InboxTests {
         #expect(log.messages.contains { $0.contains("cannot fsync (injected failure)") && $0.contains("tried again in") }, "\(log.messages)")
         FaultInjection.remove(rule)
         ruleRemoved = true
-        #expect(try eventually { try container.inboxItems().count == 2 })
+        // The next try comes within the doubling wait reached so far (up to a minute).
+        #expect(try eventually(timeout: 70) { try container.inboxItems().count == 2 })
         let items = try container.inboxItems()
         #expect(Set(items.map(\.name)) == ["photo.jpg", "scan.pdf"])
         for item in items {
@@ -381,16 +383,21 @@ struct InboxTests {
 
         // A full disk when the delivery is recorded: nothing is recorded, the staged file is kept, and it goes later.
         let full = FaultInjection.install(FaultInjection.Rule(.write(allowedBytes: 0), folder: container.inboxQueue.path, errno: .noSpace))
+        var fullRemoved = false
+        defer { if !fullRemoved { FaultInjection.remove(full) } }
         try drop("notes.txt")
         #expect(eventually { failures("notes.txt") >= 2 }, "\(log.messages)")
         #expect(log.messages.contains { $0.hasPrefix("could not deliver notes.txt:") && $0.contains("Free some disk space") }, "\(log.messages)")
         #expect(eventually { drops.names() == ["notes.txt"] })
         #expect(try container.inboxQueue.entries().count == 2)
         FaultInjection.remove(full)
-        #expect(try eventually { try container.inboxItems().count == 3 })
+        fullRemoved = true
+        #expect(try eventually(timeout: 70) { try container.inboxItems().count == 3 })
         #expect(try container.contents(atPath: "Documents/Inbox/notes.txt") == Data(contents))
         drops.stop()
         #expect(try container.inboxQueue.entries().count == 3, "each delivered once")
+        // The copies made after each failed sync left no staged file behind.
+        #expect(try FileManager.default.contentsOfDirectory(atPath: container.storedPath("Documents/Inbox")).filter { $0.hasPrefix(InboxDrop.stagingPrefix) }.isEmpty)
     }
 }
 

@@ -60,7 +60,9 @@ extension Container {
             let inbox = try directory.openDirectory(inboxPath)
             let (staged, size, sealedClass) = try stage(source, named: itemName, in: inbox, progress: progress)
             do {
-                let entry = try commit(staged, named: itemName, in: inbox, size: size, sourceApplication: sourceApplication, annotation: annotation)
+                let (entry, unsynced) = try commit(staged, named: itemName, in: inbox, size: size, sourceApplication: sourceApplication, annotation: annotation)
+                // Delivered; not durable yet, which is reported as before.
+                if let unsynced { throw unsynced }
                 return InboxItem(name: entry.name, path: "\(Self.documentsInbox)/\(entry.name)", state: .pendingEvent, sourceApplication: sourceApplication,
                                  annotationJSON: annotation, size: entry.size, protection: sealedClass.protection.fileProtectionType,
                                  awaitsDefaultClass: sealedClass.awaitsDefaultClass, sequenceNumber: entry.sequence, deliveryDate: entry.deliveredAt, problem: nil)
@@ -124,11 +126,12 @@ extension Container {
 
     /// Records the delivery, then renames the staged file to a free name, both under the queue's lock. A crash between
     /// the two leaves a record naming the staged file, which the receiver finishes (`inboxItemExists`). Records whose
-    /// item is gone (deleted, or moved out of the Inbox) are pruned here, so their names are free again. If it throws
-    /// with the staged file still there, nothing was delivered; if the staged file is gone, it was (only the Inbox's
-    /// sync failed).
+    /// item is gone (deleted, or moved out of the Inbox) are pruned here, so their names are free again. If it throws,
+    /// nothing was delivered, and the staged file is kept for the caller unless its record could not be shown gone
+    /// (then the staged file goes, so no receiver finishes a delivery that failed). Once renamed it is delivered: a
+    /// failure to make that durable is returned as `unsynced`, for the caller to report, not undone.
     func commit(_ staged: FileLocation, named wanted: String, in inbox: OpenDirectory, size: UInt64,
-                        sourceApplication: String?, annotation: String?) throws -> InboxQueue.Entry {
+                sourceApplication: String?, annotation: String?) throws -> (entry: InboxQueue.Entry, unsynced: (any Error)?) {
         try inboxQueue.withLock {
             let inboxDisplay = directory.displayPath(inboxPath)
             func present(_ name: String) throws -> Bool { try inbox.location(name, displayPath: inboxDisplay).status() != nil }
@@ -141,20 +144,23 @@ extension Container {
             let name = try Self.freeName(for: wanted) { try !present($0) && !reserved.contains($0) }
             let entry = InboxQueue.Entry(sequence: try inboxQueue.allocateSequence(above: recorded), name: name, stagingName: staged.name,
                                          sourceApplication: sourceApplication, annotation: annotation, size: size, deliveredAt: Date(), eventDelivered: false)
-            try inboxQueue.record(entry)
             let target = try inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
             do {
+                // Inside: a record that reached its place before its sync failed must be undone too.
+                try inboxQueue.record(entry)
                 try inbox.names.recordLongName(of: name, in: inbox.descriptor, displayPath: target.displayPath)
                 try staged.rename(to: target, replacing: false)
             } catch {
-                // Undone under the lock, so no receiver can finish this delivery after it failed. The staged file stays
-                // for the caller (a drop tries again); if the record can't be removed, it goes instead.
-                do { try inboxQueue.remove(entry) } catch { staged.unlink() }
+                // Undone under the lock, so no receiver can finish this delivery after it failed.
+                if (try? inboxQueue.remove(entry)) == nil, inboxQueue.mayHoldRecord(entry) { staged.unlink() }
                 throw error
             }
-            // Delivered and recorded from here on: a failure to make it durable is reported, not undone.
-            try target.synchronizeDirectory()
-            return entry
+            do {
+                try target.synchronizeDirectory()
+                return (entry, nil)
+            } catch {
+                return (entry, error)
+            }
         }
     }
 

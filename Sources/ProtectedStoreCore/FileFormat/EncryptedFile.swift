@@ -630,8 +630,20 @@ public final class EncryptedFile: @unchecked Sendable {
                 try FileHeader.sealing(fileKey: fileKey, fileID: header.fileID, protectionClass: newClass, cipher: header.cipher, blockSize: header.blockSize, keys: keys)
             }
             try writeStored(newHeader.serialized, at: 0)
-            try DurableIO.synchronizeContents(descriptor, path: path)
+            // What is stored now, synced or not: a retry after a failed sync must not take the old class for the file's.
             header = newHeader
+            try DurableIO.synchronizeContents(descriptor, path: path)
+        }
+    }
+
+    /// Brings the stored length record up to what the last `synchronize()` made durable, as `close()` would, without
+    /// closing: for a file about to change hands (a drop renamed into the Inbox), so nothing is written to it after.
+    package func storeSynchronizedRecord() throws {
+        try withWritesBehindStopped(exclusively: true) {
+            try checkWritable()
+            if failedWrite == nil, record.synchronizedExtent < min(synchronizedExtent, record.extent) {
+                try withKey { key in try store(record, key: key) }
+            }
         }
     }
 

@@ -420,7 +420,10 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             logger.info("delivered \(name) as \(item.path) (\(item.size) bytes, event #\(item.sequenceNumber ?? 0))")
         } catch {
             guard file.drop.isDeliverable else {
-                return logger.error("delivered \(name), but the Inbox could not be made durable: \(Self.describe(error))")
+                if file.drop.isDelivered {
+                    return logger.error("delivered \(name), but the Inbox could not be made durable: \(Self.describe(error))")
+                }
+                return logger.error("could not deliver \(name): \(Self.describe(error)); its delivery record could not be removed, so the file was discarded with it")
             }
             deliveryFailed(file, named: name, error: error)
         }
@@ -438,6 +441,8 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             guard !stopped else { return nil }
             file.failedDeliveries += 1
             file.generation += 1
+            // Reopened, it settles again before it goes.
+            file.deliverAtRelease = false
             if visible[name] == nil { visible[name] = file } else { retrying[ObjectIdentifier(file)] = file }
             return (min(60, max(settleTime, 0.1) * pow(2, Double(file.failedDeliveries - 1))), file.generation)
         }
