@@ -14,34 +14,22 @@ package final class InboxDrop: @unchecked Sendable {
 
     private let container: Container
     private let inbox: OpenDirectory
-    private let displayPath: String
-    /// The staged file, the open file and its registration with the lock. Replaced only by a fresh copy after a
-    /// failed sync (`deliver`), while no program has the file open, but read by `size` at any time: under `lock`.
-    private var staged: FileLocation
-    private var file: EncryptedFile
-    private var handle: ProtectedFileHandle
+    private let staged: FileLocation
+    private let file: EncryptedFile
+    private let handle: ProtectedFileHandle
     private let lock = NSLock()
     private enum State { case writing, delivering, delivered, discarded }
     private var state = State.writing
-    /// A sync of the file failed in an earlier delivery: Linux may have dropped the pages it could not write and
-    /// marked them clean, so a later sync would succeed over missing blocks. The next delivery copies the file first.
-    private var needsFreshCopy = false
+    private var whyDiscarded: String?
 
     fileprivate init(container: Container) throws {
         self.container = container
         inbox = try container.directory.openDirectory(container.inboxPath)
-        displayPath = container.directory.displayPath(container.inboxPath)
-        (staged, file, handle) = try Self.stage(in: inbox, displayPath: displayPath, container: container,
-                                               protectionClass: .completeUnlessOpen, flags: .awaitsDefaultClass)
-    }
-
-    /// A new, empty staged file, open and registered with the lock.
-    private static func stage(in inbox: OpenDirectory, displayPath: String, container: Container, protectionClass: ProtectionClass,
-                              flags: FileHeader.Flags) throws -> (FileLocation, EncryptedFile, ProtectedFileHandle) {
-        let staged = FileLocation(directory: inbox.descriptor, name: "\(Self.stagingPrefix)\(getpid())-\(Random.bytes(8).hex)", displayPath: displayPath)
-        let file = try EncryptedFile.create(at: staged, protectionClass: protectionClass, flags: flags, keys: container.device)
+        let displayPath = container.directory.displayPath(container.inboxPath)
+        staged = FileLocation(directory: inbox.descriptor, name: "\(Self.stagingPrefix)\(getpid())-\(Random.bytes(8).hex)", displayPath: displayPath)
+        file = try EncryptedFile.create(at: staged, protectionClass: .completeUnlessOpen, flags: .awaitsDefaultClass, keys: container.device)
         do {
-            return (staged, file, try ProtectedFileHandle(file: file, path: displayPath, container: container))
+            handle = try ProtectedFileHandle(file: file, path: displayPath, container: container)
         } catch {
             try? file.close()
             staged.unlink()
@@ -51,30 +39,29 @@ package final class InboxDrop: @unchecked Sendable {
 
     deinit { discard() }
 
-    private var current: (staged: FileLocation, file: EncryptedFile, handle: ProtectedFileHandle) { lock.withLock { (staged, file, handle) } }
-
     /// Bytes written so far (the highest offset reached).
-    package var size: Int64 { current.file.size }
+    package var size: Int64 { file.size }
 
     /// Writes `bytes` at `offset` (a gap before it reads as zeros).
     package func write(from bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
-        try foundationErrors(writing: true) { try current.file.write(from: bytes, at: offset) }
+        try foundationErrors(writing: true) { try file.write(from: bytes, at: offset) }
     }
 
     /// Cuts or extends the file to `size` bytes.
     package func truncate(to size: Int64) throws {
-        try foundationErrors(writing: true) { try current.file.truncate(to: size) }
+        try foundationErrors(writing: true) { try file.truncate(to: size) }
     }
 
     /// Makes what was written so far durable (the writer's fsync); it is still not delivered.
     package func synchronize() throws {
-        try foundationErrors(writing: true) { try current.file.synchronize() }
+        try foundationErrors(writing: true) { try file.synchronize() }
     }
 
     /// Delivers the file into the Inbox under `name` (or a free variant of it), with an open-URL event carrying
     /// `sourceApplication` and `annotationJSON`, checked as `deliverToInbox` checks them. If it throws, `isDeliverable`
     /// says whether the drop is as it was, nothing delivered (its class may be the Inbox's now): write on, or deliver
-    /// again; else `isDelivered` whether it was delivered (only the Inbox's sync failed) or lost (see `commit`).
+    /// again; else `isDelivered` says whether it was delivered (only the Inbox's sync failed) or, with
+    /// `whyDiscarded`, why it was discarded.
     @discardableResult
     package func deliver(named name: String, sourceApplication: String?, annotationJSON: String?) throws -> InboxItem {
         try foundationErrors(writing: true) {
@@ -84,32 +71,43 @@ package final class InboxDrop: @unchecked Sendable {
                 return true
             }
             guard started else {
-                throw ProtectedStoreError(.invalidArgument, path: displayPath, problem: "this drop was already delivered or discarded",
+                throw ProtectedStoreError(.invalidArgument, path: staged.displayPath, problem: "this drop was already delivered or discarded",
                                           remedy: "Start a new drop")
             }
-            let committed: (entry: InboxQueue.Entry, unsynced: (any Error)?)
-            let sealedClass: (protection: ProtectionClass, awaitsDefaultClass: Bool)
-            let annotation: String?
+            let itemName: String, annotation: String?, target: ProtectionClass
             do {
-                let itemName = try Container.checkedInboxName(name, source: container.directory.displayPath(container.inboxPath.appending(name)))
+                itemName = try Container.checkedInboxName(name, source: container.directory.displayPath(container.inboxPath.appending(name)))
                 if let sourceApplication { try Container.checkSourceApplication(sourceApplication) }
                 annotation = try annotationJSON.map(Container.checkedAnnotation)
-                if lock.withLock({ needsFreshCopy }) { try replaceWithFreshCopy() }
-                let (staged, file, _) = current
-                lock.withLock { needsFreshCopy = true }
-                sealedClass = try takeInboxClass(of: file)
-                let size = UInt64(file.size)
+                target = try container.inheritedClass(in: inbox)
+            } catch {
+                lock.withLock { state = .writing }
+                throw error
+            }
+            let sealedClass: (protection: ProtectionClass, awaitsDefaultClass: Bool)
+            do {
+                sealedClass = try takeInboxClass(target)
                 try file.synchronize()
                 // Stored now, so nothing is written to the item once it is delivered (close would).
                 try file.storeSynchronizedRecord()
-                lock.withLock { needsFreshCopy = false }
+            } catch {
+                // After a failed sync Linux may have dropped the pages it could not write and marked them clean: a
+                // second sync would succeed over missing blocks, so this file can't be trusted to be whole.
+                discardAfterFailure("a sync of it failed, so its bytes may not all be on disk")
+                throw error
+            }
+            let committed: (entry: InboxQueue.Entry, unsynced: (any Error)?)
+            do {
                 // Renamed while still open: a failure leaves the drop whole, open and writable.
-                committed = try container.commit(staged, named: itemName, in: inbox, size: size, sourceApplication: sourceApplication, annotation: annotation)
+                committed = try container.commit(staged, named: itemName, in: inbox, size: UInt64(file.size), sourceApplication: sourceApplication,
+                                                 annotation: annotation)
             } catch {
                 // Unless it is known to be gone (commit removed it with a record it could not remove), it is kept.
-                let kept = (try? current.staged.status() == nil) != true
-                lock.withLock { state = kept ? .writing : .discarded }
-                if !kept { closeFile() }
+                if (try? staged.status() == nil) == true {
+                    discardAfterFailure("its delivery record could not be undone, so it went with it")
+                } else {
+                    lock.withLock { state = .writing }
+                }
                 throw error
             }
             lock.withLock { state = .delivered }
@@ -128,11 +126,13 @@ package final class InboxDrop: @unchecked Sendable {
     /// Whether the drop was delivered.
     package var isDelivered: Bool { lock.withLock { state == .delivered } }
 
-    /// Re-wraps the file for the Inbox's class if the device lets it now (unlocked, or the class is B); else it stays
-    /// sealed for class B, awaiting the class, as a locked device delivers.
-    private func takeInboxClass(of file: EncryptedFile) throws -> (protection: ProtectionClass, awaitsDefaultClass: Bool) {
+    /// Why a failed delivery discarded the drop, if it did.
+    package var discardReason: String? { lock.withLock { whyDiscarded } }
+
+    /// Re-wraps the file for the Inbox's class `target` if the device lets it now (unlocked, or the class is B);
+    /// else it stays sealed for class B, awaiting the class, as a locked device delivers.
+    private func takeInboxClass(_ target: ProtectionClass) throws -> (protection: ProtectionClass, awaitsDefaultClass: Bool) {
         guard file.awaitsDefaultClass else { return (file.protectionClass, false) }
-        let target = try container.inheritedClass(in: inbox)
         guard container.device.state == .unlocked || target == .completeUnlessOpen else { return (.completeUnlessOpen, true) }
         do {
             // Through the container, so a class A key is registered with the lock before it is one.
@@ -144,39 +144,16 @@ package final class InboxDrop: @unchecked Sendable {
         }
     }
 
-    /// Copies the file into a new staged file and drops the old one, after a sync of it failed. Its blocks are read
-    /// and authenticated, so a block the failed sync lost fails the copy (the drop is then kept as it is) rather than
-    /// reaching the Inbox.
-    private func replaceWithFreshCopy() throws {
-        let old = current
-        let copy = try Self.stage(in: inbox, displayPath: displayPath, container: container, protectionClass: old.file.protectionClass,
-                                  flags: old.file.awaitsDefaultClass ? .awaitsDefaultClass : [])
-        do {
-            var buffer = [UInt8](repeating: 0, count: Container.deliveryChunkBytes)
-            defer { zeroize(&buffer) }
-            var offset: Int64 = 0
-            let size = old.file.size
-            while offset < size {
-                let count = try buffer.withUnsafeMutableBytes { try old.file.read(into: UnsafeMutableRawBufferPointer(rebasing: $0[0..<Int(min(Int64($0.count), size - offset))]), at: offset) }
-                guard count > 0 else { break }
-                try buffer.withUnsafeBytes { try copy.1.write(from: UnsafeRawBufferPointer(rebasing: $0[0..<count]), at: offset) }
-                offset += Int64(count)
-            }
-            if copy.1.size < size { try copy.1.truncate(to: size) }
-        } catch {
-            copy.2.forget()
-            try? copy.1.close()
-            copy.0.unlink()
-            throw error
+    private func discardAfterFailure(_ reason: String) {
+        lock.withLock {
+            state = .discarded
+            whyDiscarded = reason
         }
-        lock.withLock { (staged, file, handle) = copy }
-        old.handle.forget()
-        try? old.file.close()
-        old.staged.unlink()
+        closeFile()
+        staged.unlink()
     }
 
     private func closeFile() {
-        let (_, file, handle) = current
         handle.forget()
         try? file.close()
     }
@@ -190,7 +167,7 @@ package final class InboxDrop: @unchecked Sendable {
         }
         guard wasWriting else { return }
         closeFile()
-        current.staged.unlink()
+        staged.unlink()
     }
 }
 

@@ -641,7 +641,8 @@ public final class EncryptedFile: @unchecked Sendable {
     package func storeSynchronizedRecord() throws {
         try withWritesBehindStopped(exclusively: true) {
             try checkWritable()
-            if failedWrite == nil, record.synchronizedExtent < min(synchronizedExtent, record.extent) {
+            // Without the key (a lock discarded it) close writes nothing either.
+            if !fileKey.isDiscarded, record.synchronizedExtent < min(synchronizedExtent, record.extent) {
                 try withKey { key in try store(record, key: key) }
             }
         }

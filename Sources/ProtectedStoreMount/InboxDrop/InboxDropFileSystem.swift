@@ -13,8 +13,9 @@ import SystemPackage
 ///   curl, editors) is never delivered: such a file waits for its rename.
 /// - A writer killed by a signal with the file open, an unlinked file and a file replaced by another are never
 ///   delivered; nor is anything still open or temporary when the drop folder stops.
-/// - A delivery that fails (a full disk, an I/O error) leaves the file in the folder and is tried again, after a wait
-///   that doubles up to a minute; one still failing when the drop folder stops is discarded, with an error logged.
+/// - A delivery that fails before its file is synced and recorded (a full disk) leaves the file in the folder, tried
+///   again after a wait that doubles up to a minute; one still failing when the drop folder stops is discarded, with
+///   an error logged. A failed sync (the writer's or the delivery's) discards the file: its bytes may be lost.
 /// - Nothing can be read back: opening for reading is EACCES, and the listing shows only files not yet delivered.
 package final class InboxDropFileSystem: @unchecked Sendable {
     package let container: Container
@@ -235,7 +236,7 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             try body()
         } catch {
             mutex.withLock { file.abandoned = true }
-            logger.info("a write to \(file.name ?? "an unnamed file") failed (\(error)): it will not be delivered")
+            logger.info("writing \(file.name ?? "an unnamed file") failed (\(error)): it will not be delivered")
             throw error
         }
     }
@@ -256,8 +257,11 @@ package final class InboxDropFileSystem: @unchecked Sendable {
         _ = mutex.withLock { clock_gettime(CLOCK_REALTIME, &file.modified) }
     }
 
+    /// The writer's fsync. One that fails makes the file partial, as a failed write does (and a later sync could
+    /// succeed over pages Linux dropped).
     package func synchronize(_ handle: UInt64) throws {
-        try mutex.withLock { try self.file(handle) }.drop.synchronize()
+        let file = try mutex.withLock { try self.file(handle) }
+        try failing(file) { try file.drop.synchronize() }
     }
 
     /// A descriptor is being closed by `pid`: if that process is dying of a signal, the file it was writing is abandoned.
@@ -423,7 +427,7 @@ package final class InboxDropFileSystem: @unchecked Sendable {
                 if file.drop.isDelivered {
                     return logger.error("delivered \(name), but the Inbox could not be made durable: \(Self.describe(error))")
                 }
-                return logger.error("could not deliver \(name): \(Self.describe(error)); its delivery record could not be removed, so the file was discarded with it")
+                return logger.error("could not deliver \(name): \(Self.describe(error)); it was discarded: \(file.drop.discardReason ?? "see above")")
             }
             deliveryFailed(file, named: name, error: error)
         }
