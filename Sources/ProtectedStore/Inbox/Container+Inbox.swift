@@ -127,8 +127,8 @@ extension Container {
     /// Records the delivery, then renames the staged file to a free name, both under the queue's lock. A crash between
     /// the two leaves a record naming the staged file, which the receiver finishes (`inboxItemExists`). Records whose
     /// item is gone (deleted, or moved out of the Inbox) are pruned here, so their names are free again. If it throws,
-    /// nothing was delivered, and the staged file is kept for the caller unless its record could not be shown gone
-    /// (then the staged file goes, so no receiver finishes a delivery that failed). Once renamed it is delivered: a
+    /// nothing was delivered, and the staged file is kept for the caller unless its record could not be durably
+    /// removed (then the staged file goes, so no receiver, nor a crash, finishes a delivery that failed). Once renamed it is delivered: a
     /// failure to make that durable is returned as `unsynced`, for the caller to report, not undone.
     func commit(_ staged: FileLocation, named wanted: String, in inbox: OpenDirectory, size: UInt64,
                 sourceApplication: String?, annotation: String?) throws -> (entry: InboxQueue.Entry, unsynced: (any Error)?) {
@@ -152,7 +152,7 @@ extension Container {
                 try staged.rename(to: target, replacing: false)
             } catch {
                 // Undone under the lock, so no receiver can finish this delivery after it failed.
-                if (try? inboxQueue.remove(entry)) == nil, inboxQueue.mayHoldRecord(entry) { staged.unlink() }
+                if (try? inboxQueue.remove(entry)) == nil { staged.unlink() }
                 throw error
             }
             do {

@@ -61,7 +61,7 @@ package final class InboxDrop: @unchecked Sendable {
     /// `sourceApplication` and `annotationJSON`, checked as `deliverToInbox` checks them. If it throws, `isDeliverable`
     /// says whether the drop is as it was, nothing delivered (its class may be the Inbox's now): write on, or deliver
     /// again; else `isDelivered` says whether it was delivered (only the Inbox's sync failed) or, with
-    /// `whyDiscarded`, why it was discarded.
+    /// `discardReason`, why it was discarded.
     @discardableResult
     package func deliver(named name: String, sourceApplication: String?, annotationJSON: String?) throws -> InboxItem {
         try foundationErrors(writing: true) {
@@ -84,16 +84,32 @@ package final class InboxDrop: @unchecked Sendable {
                 lock.withLock { state = .writing }
                 throw error
             }
+            // After a failed sync Linux may have dropped the pages it could not write and marked them clean: a second
+            // sync would succeed over missing blocks, so such a file can't be trusted to be whole.
+            let lostBytes = "so its bytes may not all be on disk"
             let sealedClass: (protection: ProtectionClass, awaitsDefaultClass: Bool)
             do {
                 sealedClass = try takeInboxClass(target)
+            } catch {
+                // Still awaiting its class: the new header was never written (sealing it failed), so nothing changed.
+                if file.awaitsDefaultClass {
+                    lock.withLock { state = .writing }
+                } else {
+                    discardAfterFailure("the sync of its new header failed, \(lostBytes)")
+                }
+                throw error
+            }
+            do {
                 try file.synchronize()
+            } catch {
+                discardAfterFailure("a sync of it failed, \(lostBytes)")
+                throw error
+            }
+            do {
                 // Stored now, so nothing is written to the item once it is delivered (close would).
                 try file.storeSynchronizedRecord()
             } catch {
-                // After a failed sync Linux may have dropped the pages it could not write and marked them clean: a
-                // second sync would succeed over missing blocks, so this file can't be trusted to be whole.
-                discardAfterFailure("a sync of it failed, so its bytes may not all be on disk")
+                discardAfterFailure("its length record could not be stored")
                 throw error
             }
             let committed: (entry: InboxQueue.Entry, unsynced: (any Error)?)

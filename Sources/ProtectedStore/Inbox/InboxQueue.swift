@@ -161,11 +161,6 @@ package struct InboxQueue: Sendable {
         try entryLocation.synchronizeDirectory()
     }
 
-    /// Whether `entry`'s record may still be there: true unless it is known to be gone.
-    func mayHoldRecord(_ entry: Entry) -> Bool {
-        (try? location(Self.fileName(entry.sequence)).status() == nil) != true
-    }
-
     /// Takes `entry` for delivery if its event is still pending and no other program has it; nil otherwise.
     func claim(_ entry: Entry) throws -> Claim? {
         let entryLocation = location(Self.fileName(entry.sequence))
