@@ -27,7 +27,7 @@ demo: deps
 
 # The daemon memory tests scan the release build of sandboxctl, as it ships (docs/SECURITY.md); the packaging tests
 # install it, build the Debian package from it and run lintian on that. Then the lock tests under ThreadSanitizer, the
-# file format's tests with AEGIS-256, and the documentation, so a broken link or an undocumented public symbol fails
+# file format's and the mount's data-path tests with AEGIS-256, and the documentation, so a broken link or an undocumented public symbol fails
 # here too.
 test: deps release
 	PROTECTEDSTORE_RELEASE_BIN="$(RELEASE_BIN)" $(SWIFT) test
@@ -74,7 +74,8 @@ test-tsan: deps
 	@./scripts/sanitized-suite.sh thread 'LockEventTests|ConcurrencyTests|DaemonProtocolTests|TestDeviceTests'
 	@./scripts/sanitized-suite.sh thread 'WritesBehindTests'
 
-# The file format's tests in a build with AEGIS-256 (libsodium 1.0.19 or later, fetched where the system's is older).
+# The file format's tests and the mount's data paths in a build with AEGIS-256 (libsodium 1.0.19 or later, fetched
+# where the system's is older).
 test-aegis: deps
 	@./scripts/aegis-suite.sh
 
