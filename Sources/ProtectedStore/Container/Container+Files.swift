@@ -332,11 +332,14 @@ extension Container {
     /// The class of a new item in `parent`: the directory's if set, else the container default.
     package func inheritedClass(in parent: OpenDirectory) throws -> ProtectionClass { try directoryClass(of: parent) ?? defaultClass }
 
-    /// Opens the stored file of `item`. One a power cut left with no bytes (created, never synced) opens as an empty
-    /// file of the class a new file there would take, as ext4 shows it empty; but not in the Inbox, which only
-    /// deliveries write, each synced before it is named.
+    /// Whether a stored file at `path` with no bytes is one a power cut left (created, never synced), which opens as an
+    /// empty file of the class a new file there would take, as ext4 shows it empty. Not in the Inbox, which only
+    /// deliveries write, each synced before it is named: there it is damage.
+    package func emptyFileTakesFolderClass(_ path: ContainerPath) -> Bool { !path.isWithin(inboxPath) }
+
+    /// Opens the stored file of `item`; an empty one as `emptyFileTakesFolderClass` says.
     package func openStoredFile(_ item: ResolvedItem, writable: Bool) throws -> EncryptedFile {
-        let classIfEmpty: (() throws -> ProtectionClass)? = item.path.isWithin(inboxPath) ? nil : { try self.inheritedClass(in: item.parent) }
+        let classIfEmpty: (() throws -> ProtectionClass)? = emptyFileTakesFolderClass(item.path) ? { try self.inheritedClass(in: item.parent) } : nil
         return try EncryptedFile.open(at: item.location, keys: device, writable: writable, classIfEmpty: classIfEmpty)
     }
 
@@ -397,12 +400,11 @@ extension Container {
             if let header = file.header {
                 protection = header.protectionClass.fileProtectionType
             } else if problem == nil {
-                // No bytes at all: a file a power cut left empty takes its folder's class when first opened
-                // (openStoredFile); the Inbox's items are synced before they are named, so there it is damage.
-                if path.isWithin(inboxPath) {
-                    problem = "the file is empty: it was truncated"
-                } else {
+                // No bytes at all (emptyFileTakesFolderClass).
+                if emptyFileTakesFolderClass(path) {
                     protection = (try? inheritedClass(in: opened))?.fileProtectionType
+                } else {
+                    problem = "the file is empty: it was truncated"
                 }
             }
         case S_IFDIR:

@@ -165,6 +165,10 @@ package final class InboxDrop: @unchecked Sendable {
             state = .discarded
             whyDiscarded = reason
         }
+        removeStaged()
+    }
+
+    private func removeStaged() {
         closeFile()
         staged.unlink()
     }
@@ -182,8 +186,7 @@ package final class InboxDrop: @unchecked Sendable {
             return true
         }
         guard wasWriting else { return }
-        closeFile()
-        staged.unlink()
+        removeStaged()
     }
 }
 

@@ -13,7 +13,6 @@ public final class SecureBytes: @unchecked Sendable {
     private let storage: UnsafeMutableRawPointer
     // Readers are the crypto calls; the writer is `discard()`, so a lock never zeroes a key mid-operation.
     private let lock = ReadWriteLock()
-    private var discarded = false
     // Set before `discard()` waits for the uses in flight; uses that begin after it throw at once. glibc's rwlock
     // prefers readers, so without it a stream of overlapping reads could hold a device lock's discard off for ever.
     private let discardRequested = Atomic<Bool>(false)
@@ -67,7 +66,8 @@ public final class SecureBytes: @unchecked Sendable {
     public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
         if discardRequested.load(ordering: .acquiring) { throw Discarded() }
         return try lock.withReadLock {
-            if discarded { throw Discarded() }
+            // Asked again: the discard may have come between the first look and the lock, and zeroed the bytes.
+            if discardRequested.load(ordering: .acquiring) { throw Discarded() }
             return try body(UnsafeRawBufferPointer(start: storage, count: count))
         }
     }
@@ -75,10 +75,7 @@ public final class SecureBytes: @unchecked Sendable {
     /// Zeroes the secret now, waiting for operations in flight; uses that begin from now on throw `Discarded`.
     public func discard() {
         discardRequested.store(true, ordering: .releasing)
-        lock.withWriteLock {
-            sodium_memzero(storage, count)
-            discarded = true
-        }
+        lock.withWriteLock { sodium_memzero(storage, count) }
     }
 
     /// Compares two secrets in time independent of their contents.

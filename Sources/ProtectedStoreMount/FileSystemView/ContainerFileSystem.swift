@@ -782,9 +782,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { withExtendedLifetime(item) {} }
         let info = try status(item)
         switch info.st_mode & S_IFMT {
-        // An empty stored file takes the class a new file there would when first opened (Container.openStoredFile).
         case S_IFREG:
-            let takesFolderClass = info.st_size == 0 && !path.isWithin(container.inboxPath)
+            let takesFolderClass = info.st_size == 0 && container.emptyFileTakesFolderClass(path)
             return takesFolderClass ? try container.inheritedClass(in: item.parent) : try EncryptedFile.header(at: item.location).protectionClass
         case S_IFDIR: return try container.directoryClass(of: try item.parent.subdirectory(item.name, displayPath: item.displayPath))
         default: return nil

@@ -404,16 +404,20 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             guard let name = file.name else { return file.drop.discard() }
             deliver(file, named: name)
         case .settle(let generation):
-            // The group is entered when the timer fires, not now: stop() must not wait out a settle time.
-            DispatchQueue.global().asyncAfter(deadline: .now() + settleTime) {
-                self.inFlight.enter()
-                defer { self.inFlight.leave() }
-                let due: Outcome = self.mutex.withLock {
-                    guard file.generation == generation, file.openCount == 0, let name = file.name, self.visible[name] === file else { return .wait }
-                    return self.takeForDelivery(file)
-                }
-                self.carryOut(due, file)
+            later(settleTime, file) {
+                guard file.generation == generation, file.openCount == 0, let name = file.name, self.visible[name] === file else { return .wait }
+                return self.takeForDelivery(file)
             }
+        }
+    }
+
+    /// After `delay`, carries out what `due` (run under the mutex) decides for `file` then. The in-flight group is
+    /// entered when the timer fires, not now: stop() must not wait out the delay (it decides about the file itself).
+    private func later(_ delay: TimeInterval, _ file: DropFile, _ due: @escaping @Sendable () -> Outcome) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + delay) {
+            self.inFlight.enter()
+            defer { self.inFlight.leave() }
+            self.carryOut(self.mutex.withLock(due), file)
         }
     }
 
@@ -455,17 +459,11 @@ package final class InboxDropFileSystem: @unchecked Sendable {
             return file.drop.discard()
         }
         logger.error("could not deliver \(name): \(Self.describe(error)); it stays in the drop folder and is tried again in \(retry.after) s")
-        // The group is entered when the timer fires, not now: stop() must not wait out the delay (it delivers the file itself).
-        DispatchQueue.global().asyncAfter(deadline: .now() + retry.after) {
-            self.inFlight.enter()
-            defer { self.inFlight.leave() }
-            let due: Outcome = self.mutex.withLock {
-                // Opened, renamed or removed since: what happens to it follows from that instead.
-                guard !self.stopped, file.generation == retry.generation, file.openCount == 0, !file.abandoned, file.name != nil else { return .wait }
-                self.retrying[ObjectIdentifier(file)] = nil
-                return self.takeForDelivery(file)
-            }
-            self.carryOut(due, file)
+        later(retry.after, file) {
+            // Opened, renamed or removed since: what happens to it follows from that instead.
+            guard !self.stopped, file.generation == retry.generation, file.openCount == 0, !file.abandoned, file.name != nil else { return .wait }
+            self.retrying[ObjectIdentifier(file)] = nil
+            return self.takeForDelivery(file)
         }
     }
 
