@@ -28,12 +28,16 @@ demo: deps
 # The daemon memory tests scan the release build of sandboxctl, as it ships (docs/SECURITY.md); the packaging tests
 # install it, build the Debian package from it and run lintian on that. Then the lock tests under ThreadSanitizer, the
 # file format's and the mount's data-path tests with AEGIS-256, and the documentation, so a broken link or an undocumented public symbol fails
-# here too.
-test: deps release
-	PROTECTEDSTORE_RELEASE_BIN="$(RELEASE_BIN)" $(SWIFT) test
-	@$(MAKE) --no-print-directory test-tsan
-	@$(MAKE) --no-print-directory test-aegis
-	@$(MAKE) --no-print-directory docs
+# here too. Each stage is timed (scripts/stage.sh), and the suite ends with its ten slowest tests (scripts/timed-suite.sh).
+test: deps
+	@./scripts/stage.sh --reset
+	@./scripts/stage.sh "release build" $(MAKE) --no-print-directory release
+	@./scripts/stage.sh "debug build" $(SWIFT) build --build-tests --quiet
+	@PROTECTEDSTORE_RELEASE_BIN="$(RELEASE_BIN)" SWIFT="$(SWIFT)" ./scripts/stage.sh "swift test" ./scripts/timed-suite.sh --skip-build
+	@./scripts/stage.sh "ThreadSanitizer tests" $(MAKE) --no-print-directory test-tsan
+	@./scripts/stage.sh "AEGIS-256 tests" $(MAKE) --no-print-directory test-aegis
+	@./scripts/stage.sh "documentation" $(MAKE) --no-print-directory docs
+	@./scripts/stage.sh --summary
 
 # The shipped binary and the argument parser's man-page generator, both release builds.
 release: build-deps

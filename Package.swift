@@ -138,20 +138,25 @@ let package = Package(
             dependencies: ["Notes", "ProtectedStore", "ProtectedStoreTesting", "CSQLite"],
             path: "Examples/Notes/Sources/NotesBenchmark"
         ),
+        // The suites' own scheduling: tests on threads of their own (`.ownThread`), stress work in counted rounds.
+        .target(
+            name: "SuiteThreads",
+            path: "Tests/SuiteThreads"
+        ),
         .testTarget(
             name: "NotesTests",
-            dependencies: ["Notes", "ProtectedStore", "ProtectedStoreTesting"],
+            dependencies: ["Notes", "ProtectedStore", "ProtectedStoreTesting", "SuiteThreads"],
             path: "Examples/Notes/Tests/NotesTests"
         ),
         .testTarget(
             name: "ProtectedStoreTestingTests",
-            dependencies: ["ProtectedStore", "ProtectedStoreTesting"]
+            dependencies: ["ProtectedStore", "ProtectedStoreTesting", "SuiteThreads"]
         ),
         .testTarget(
             name: "ProtectedStoreTests",
             dependencies: [
                 "ProtectedStoreCore", "ProtectedStore", "ProtectedStoreDaemon", "ProtectedStoreMount", "ProtectedStoreBenchmarks",
-                "ProtectedStoreFuzzing", "ProtectedStoreTesting", "CSupport", "sandboxctl", "ProtectedStoreProbe", "ps-verify",
+                "ProtectedStoreFuzzing", "ProtectedStoreTesting", "CSupport", "sandboxctl", "ProtectedStoreProbe", "ps-verify", "SuiteThreads",
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
             ]

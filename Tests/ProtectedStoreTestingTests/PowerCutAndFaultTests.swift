@@ -2,10 +2,11 @@ import Foundation
 import ProtectedStore
 import ProtectedStoreTesting
 import Testing
+import SuiteThreads
 
 /// The kit's power cuts and injected faults: what a user's test sees, that the check can fail, and that a seed
 /// replays the same states.
-@Suite("ProtectedStoreTesting: power cuts and faults")
+@Suite("ProtectedStoreTesting: power cuts and faults", .ownThread)
 struct PowerCutAndFaultTests {
     static let path = "Documents/draft.txt"
 

@@ -2,9 +2,10 @@ import Foundation
 import ProtectedStore
 import ProtectedStoreTesting
 import Testing
+import SuiteThreads
 
 /// The kit itself: each operation does to the device what it says, in both key holders, and cleans up after itself.
-@Suite("ProtectedStoreTesting")
+@Suite("ProtectedStoreTesting", .ownThread)
 struct TestDeviceTests {
     @Test("lock, unlock and whileLocked drive real data protection and reach observers in order", arguments: [TestDevice.KeyHolder.inProcess, .daemon])
     func lockAndUnlock(keyHolder: TestDevice.KeyHolder) async throws {

@@ -1,9 +1,10 @@
 import Foundation
 import ProtectedStore
 import Testing
+import SuiteThreads
 
 /// The file commands end to end, through the real binary, in embedded mode.
-@Suite("sandboxctl file commands")
+@Suite("sandboxctl file commands", .ownThread)
 struct CLIContainerTests {
     /// A device made with `sandboxctl init`, addressed through the environment like a user's shell would.
     struct Shell {

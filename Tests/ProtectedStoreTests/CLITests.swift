@@ -1,6 +1,7 @@
 import Foundation
 @testable import ProtectedStoreCore
 import Testing
+import SuiteThreads
 
 /// Runs the real `sandboxctl` binary built beside the test bundle.
 struct CLI {
@@ -34,7 +35,7 @@ struct CLI {
     }
 }
 
-@Suite("sandboxctl")
+@Suite("sandboxctl", .ownThread)
 struct CLITests {
     @Test("init creates a device from a passcode on stdin and refuses to run over it")
     func initCommand() throws {

@@ -3,8 +3,9 @@ import Foundation
 @testable import ProtectedStoreCore
 @testable import ProtectedStoreMount
 import Testing
+import SuiteThreads
 
-@Suite("containers")
+@Suite("containers", .ownThread)
 struct ContainerTests {
     @Test("a new container has the iOS layout and its default class; reopening finds it")
     func layout() throws {

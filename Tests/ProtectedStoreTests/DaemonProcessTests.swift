@@ -3,9 +3,10 @@ import Foundation
 @testable import ProtectedStoreCore
 @testable import ProtectedStoreDaemon
 import Testing
+import SuiteThreads
 
 /// The daemon as users run it: `sandboxctl daemon` and client programs, each a real process.
-@Suite("key daemon across processes", .serialized)
+@Suite("key daemon across processes", .ownThread, .serialized)
 struct DaemonProcessTests {
     static let filePath = "Documents/secret.txt"
 

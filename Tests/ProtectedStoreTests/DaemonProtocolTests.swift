@@ -3,6 +3,7 @@ import Foundation
 @testable import ProtectedStoreCore
 @testable import ProtectedStoreDaemon
 import Testing
+import SuiteThreads
 
 /// A raw client socket speaking the frame format directly, to send what a well-behaved client never would.
 final class RawConnection {
@@ -66,7 +67,7 @@ final class EventRecorder: ProtectedDataDelegate, @unchecked Sendable {
     func protectedDataDidBecomeAvailable(_ device: Device) { mutex.withLock { recorded.append(.didBecomeAvailable) } }
 }
 
-@Suite("key daemon protocol")
+@Suite("key daemon protocol", .ownThread)
 struct DaemonProtocolTests {
     /// A test device served by a daemon running in this process (its socket is real).
     private func daemon(grace: TimeInterval = 10) throws -> (TestDevice, KeyDaemon) {
@@ -294,7 +295,7 @@ struct DaemonProtocolTests {
     }
 }
 
-@Suite("subscriber coalescing")
+@Suite("subscriber coalescing", .ownThread)
 struct SubscriberRegistryTests {
     @Test("a subscriber that never acknowledges is sent one event, however many happen; then one per kind for the net change")
     func coalescing() {

@@ -3,10 +3,11 @@ import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
 import Testing
+import SuiteThreads
 
 /// A `lock` typed by the device's owner always gets through: past a flood of idle connections, past a lock pending in a
 /// long grace period, and without the daemon's log growing with every bad peer (docs/PROTOCOL.md §1, §4).
-@Suite("daemon resilience") struct DaemonResilienceTests {
+@Suite("daemon resilience", .ownThread) struct DaemonResilienceTests {
     /// Runs `sandboxctl` and gives up after `timeout` seconds (nil), so a lock that never gets through fails the test
     /// instead of hanging it.
     static func sandboxctl(_ test: TestDevice, _ arguments: [String], stdin: String? = nil, timeout: TimeInterval = 20) throws -> Int32? {

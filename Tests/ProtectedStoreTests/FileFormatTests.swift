@@ -3,8 +3,9 @@ import Foundation
 @testable import ProtectedStoreCore
 import ProtectedStoreTesting
 import Testing
+import SuiteThreads
 
-@Suite("Encrypted file format")
+@Suite("Encrypted file format", .ownThread)
 struct FileFormatTests {
     static let blockSize = EncryptedFile.defaultBlockSize
     /// Every cipher libsodium has here: XChaCha20-Poly1305 always, AES-256-GCM with AES-NI and PCLMUL, AEGIS-256 from

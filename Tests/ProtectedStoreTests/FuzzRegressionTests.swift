@@ -3,10 +3,11 @@ import Foundation
 @testable import ProtectedStoreCore
 import ProtectedStoreFuzzing
 import Testing
+import SuiteThreads
 
 /// Every committed fuzz seed and every input a fuzzer ever crashed on (Fuzz/Corpus, Fuzz/Regressions) goes through the
 /// fuzz targets' own code: each must be refused or accepted, never crash or hang.
-@Suite struct FuzzRegressionTests {
+@Suite(.ownThread) struct FuzzRegressionTests {
     static let fuzzFolder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fuzz")
 

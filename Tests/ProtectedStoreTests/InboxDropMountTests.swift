@@ -3,6 +3,7 @@ import Foundation
 @testable import ProtectedStoreCore
 @testable import ProtectedStoreMount
 import Testing
+import SuiteThreads
 
 /// `sandboxctl inbox mount BUNDLE DIR --foreground` on a test device: the drop folder, as a separate process. Its settle
 /// time is 5 s, far longer than any writer here takes between its close and its rename, even on a loaded machine.
@@ -70,7 +71,7 @@ private func shell(_ command: String) throws -> (status: Int32, stderr: String) 
     return (result.status, result.stderr)
 }
 
-@Suite("Inbox drop folder (sandboxctl inbox mount)", .serialized, .enabled(if: FUSEAvailability.isAvailable, "needs /dev/fuse and fusermount3"))
+@Suite("Inbox drop folder (sandboxctl inbox mount)", .ownThread, .serialized, .enabled(if: FUSEAvailability.isAvailable, "needs /dev/fuse and fusermount3"))
 struct InboxDropMountTests {
     @Test("cp, rsync --partial, Python's tempfile + os.replace and a setfattr annotation each deliver once, under the final name; nothing reads back",
           arguments: MountTransport.testable)

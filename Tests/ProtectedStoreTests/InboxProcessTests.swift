@@ -2,6 +2,7 @@ import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
 import Testing
+import SuiteThreads
 
 /// `sandboxctl watch BUNDLE --json` on a test device: the app, as far as these tests are concerned.
 final class Watcher {
@@ -32,7 +33,7 @@ final class Watcher {
     }
 }
 
-@Suite("Inbox across processes", .serialized)
+@Suite("Inbox across processes", .ownThread, .serialized)
 struct InboxProcessTests {
     private func deliver(_ test: TestDevice, _ files: [String], _ extra: [String] = []) throws -> CLI.Result {
         try sandboxctl(test, ["inbox", "deliver", TestDevice.bundleIdentifier] + files + extra)

@@ -4,6 +4,7 @@ import Foundation
 @testable import ProtectedStoreMount
 import Logging
 import Testing
+import SuiteThreads
 
 /// Records protection and open-URL events in one ordered log, as an app delegate implementing both would see them.
 final class AppRecorder: ProtectedDataDelegate, OpenURLDelegate, @unchecked Sendable {
@@ -68,7 +69,7 @@ func expectInboxDenied<R>(sourceLocation: SourceLocation = #_sourceLocation, _ b
     }
 }
 
-@Suite("Inbox")
+@Suite("Inbox", .ownThread)
 struct InboxTests {
     @Test("a delivery while unlocked: one event in each of the three forms, the file readable under the default class")
     func deliverWhileUnlocked() async throws {

@@ -2,10 +2,11 @@ import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
 import Testing
+import SuiteThreads
 
 /// tools/independent_decrypt.py was written from docs/FORMAT.md alone (Python, PyNaCl); if it reads what we write,
 /// the spec is complete and the code matches it.
-@Suite("Independent decryptor (docs/FORMAT.md)")
+@Suite("Independent decryptor (docs/FORMAT.md)", .ownThread)
 struct InteropTests {
     static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().appendingPathComponent("tools/independent_decrypt.py").path

@@ -2,8 +2,9 @@ import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
 import Testing
+import SuiteThreads
 
-@Suite("Keybag, device secret and passcodes")
+@Suite("Keybag, device secret and passcodes", .ownThread)
 struct KeybagTests {
     @Test("a wrong passcode is its own error and loads no key")
     func wrongPasscode() throws {

@@ -2,6 +2,7 @@ import Foundation
 @testable import ProtectedStore
 import ProtectedStoreDaemon
 import Testing
+import SuiteThreads
 
 /// Whether apps can be launched here: FUSE for the container, bubblewrap for the sandbox.
 enum LaunchAvailability {
@@ -11,7 +12,7 @@ enum LaunchAvailability {
 }
 
 /// `sandboxctl launch`: a real bubblewrap sandbox around a real shell, its container mounted as HOME.
-@Suite("sandboxctl launch", .enabled(if: LaunchAvailability.isAvailable, "needs FUSE and bubblewrap"))
+@Suite("sandboxctl launch", .ownThread, .enabled(if: LaunchAvailability.isAvailable, "needs FUSE and bubblewrap"))
 struct LaunchTests {
     static let other = "com.example.other"
 

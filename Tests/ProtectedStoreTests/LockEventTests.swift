@@ -2,6 +2,7 @@ import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
 import Testing
+import SuiteThreads
 
 /// What one observer saw: each event, and whether class A's key was still (or already) usable at that moment.
 final class ObservationLog: @unchecked Sendable {
@@ -49,7 +50,7 @@ final class RecordingDelegate: ProtectedDataDelegate, @unchecked Sendable {
     func protectedDataDidBecomeAvailable(_ device: Device) { log.record(name, .didBecomeAvailable, device: device) }
 }
 
-@Suite("lock state machine and events")
+@Suite("lock state machine and events", .ownThread)
 struct LockEventTests {
     @Test("every observer of all three kinds gets will-become-unavailable before any key goes, and did-become-available after all are back")
     func ordering() async throws {

@@ -2,6 +2,7 @@ import Foundation
 @testable import ProtectedStore
 import ProtectedStoreDaemon
 import Testing
+import SuiteThreads
 
 /// Whether a private D-Bus and a stand-in logind can run here: dbus-daemon, and Debian's Python with dbus and gi.
 enum DBusAvailability {
@@ -18,7 +19,7 @@ enum DBusAvailability {
 
 /// `daemon --lock-on`: a private dbus-daemon as the system bus, and a stand-in owning org.freedesktop.login1 that
 /// emits logind's signals and hands out inhibitors, as logind does.
-@Suite("lock triggers (logind)", .enabled(if: DBusAvailability.isAvailable, "needs dbus-daemon and python3-dbus"))
+@Suite("lock triggers (logind)", .ownThread, .enabled(if: DBusAvailability.isAvailable, "needs dbus-daemon and python3-dbus"))
 struct LockTriggerTests {
     static let standIn = """
         import os, sys, dbus, dbus.service, dbus.mainloop.glib

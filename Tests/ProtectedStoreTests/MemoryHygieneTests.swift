@@ -3,10 +3,11 @@ import Foundation
 @testable import ProtectedStoreCore
 import SystemPackage
 import Testing
+import SuiteThreads
 
 /// After a lock, no copy of the class A key or of a closed file's key may be left anywhere in memory: not in a stray
 /// buffer, a stack, or a freed heap block. The scan reads every readable mapping through /proc/PID/mem.
-@Suite struct MemoryHygieneTests {
+@Suite(.ownThread) struct MemoryHygieneTests {
     @Test func afterALockNoClassAKeyAndNoClosedFilesKeyIsLeftInThisProcess() async throws {
         let test = try TestDevice()
         let container = try test.makeContainer()

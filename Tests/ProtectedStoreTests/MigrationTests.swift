@@ -3,11 +3,12 @@ import Foundation
 @testable import ProtectedStoreCore
 import ProtectedStoreTesting
 import Testing
+import SuiteThreads
 
 /// `sandboxctl migrate` on a device written by format version 1's own sandboxctl (Tests/Fixtures/v1-device.tar.gz,
 /// made by scripts/make-v1-fixture.sh): everything carried over, nothing in clear, every other command refused with
 /// the version and the command named, and a power cut at any instant of it survived.
-@Suite("version 1 devices and sandboxctl migrate", .serialized)
+@Suite("version 1 devices and sandboxctl migrate", .ownThread, .serialized)
 struct MigrationTests {
     static let passcode = "123456"
     static let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()

@@ -1,10 +1,11 @@
 import Foundation
 import Testing
+import SuiteThreads
 
 /// The layering of Package.swift as a fact about the built code: what an app links (`ProtectedStore` and the core
 /// beneath it) defines no benchmark, fuzzing, daemon-server or mount symbol. Read with `nm` from the objects of each
 /// module's own sources, so a type moved back into the product fails here even if it still compiles.
-@Suite("Module boundaries") struct ModuleBoundaryTests {
+@Suite("Module boundaries", .ownThread) struct ModuleBoundaryTests {
     static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
     static let buildFolder = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
 

@@ -6,9 +6,10 @@ import Foundation
 import ProtectedStoreTesting
 import SystemPackage
 import Testing
+import SuiteThreads
 
 /// `sandboxctl mount` through the kernel: real programs (sqlite3, cp, tar, python) and this process's own system calls.
-@Suite("FUSE mount", .serialized, .enabled(if: FUSEAvailability.isAvailable, "needs /dev/fuse and fusermount3"))
+@Suite("FUSE mount", .ownThread, .serialized, .enabled(if: FUSEAvailability.isAvailable, "needs /dev/fuse and fusermount3"))
 struct MountTests {
     // MARK: SQLite
 

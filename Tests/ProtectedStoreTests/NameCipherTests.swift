@@ -3,8 +3,9 @@ import Foundation
 @testable import ProtectedStoreCore
 import ProtectedStoreTesting
 import Testing
+import SuiteThreads
 
-@Suite("Encrypted names")
+@Suite("Encrypted names", .ownThread)
 struct NameCipherTests {
     let cipher = try! NameCipher(nameKey: .random(count: 32))
     let documents = Random.bytes(NameCipher.directoryIVBytes)
@@ -101,7 +102,7 @@ struct NameCipherTests {
     }
 }
 
-@Suite("Names at rest")
+@Suite("Names at rest", .ownThread)
 struct NamesAtRestTests {
     /// Every path below `folder`, as stored.
     func storedPaths(_ folder: String) throws -> [String] { try FileManager.default.subpathsOfDirectory(atPath: folder) }
@@ -190,7 +191,7 @@ struct NamesAtRestTests {
     }
 }
 
-@Suite("Paths split at bytes")
+@Suite("Paths split at bytes", .ownThread)
 struct SlashTests {
     /// U+07F2 is a combining mark: "/" followed by it is one Swift Character, so a Character-based split missed the
     /// slash (found by the names fuzzer as a crash; through the mount, a file whose name starts with one).

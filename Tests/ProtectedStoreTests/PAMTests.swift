@@ -1,6 +1,7 @@
 import Foundation
 @testable import ProtectedStore
 import Testing
+import SuiteThreads
 
 /// Whether the PAM module can be tried here: pamtester, a C compiler, libpam's headers, and root (to write a service
 /// file into /etc/pam.d).
@@ -17,7 +18,7 @@ enum PAMAvailability {
 }
 
 /// pam_sandboxctl.so through real PAM: pamtester runs a test service whose stack is the module, against a real daemon.
-@Suite("PAM module", .enabled(if: PAMAvailability.isAvailable, "needs root, pamtester, cc and libpam0g-dev"))
+@Suite("PAM module", .ownThread, .enabled(if: PAMAvailability.isAvailable, "needs root, pamtester, cc and libpam0g-dev"))
 struct PAMTests {
     static let source = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Sources/PAMSandboxctl/pam_sandboxctl.c")

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import SuiteThreads
 
 /// What `make dist`, `make install`, `make uninstall` and `make deb` ship, made by their own scripts from the release
 /// build `make test` makes (`PROTECTEDSTORE_RELEASE_BIN`): nothing here builds Swift.
@@ -98,7 +99,7 @@ enum Packaging {
     }
 }
 
-@Suite("packaging", .enabled(if: Packaging.isAvailable, "needs make test's release build"))
+@Suite("packaging", .ownThread, .enabled(if: Packaging.isAvailable, "needs make test's release build"))
 struct PackagingTests {
     @Test("make install into a temporary prefix: binary, a man page per subcommand, completions, units naming it, the PAM module; uninstall leaves no file")
     func installAndUninstall() throws {

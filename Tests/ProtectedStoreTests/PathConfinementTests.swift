@@ -2,10 +2,11 @@ import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
 import Testing
+import SuiteThreads
 
 /// Every path is confined to its container: hostile paths are refused with a clear error, and symlinks planted on
 /// disk never lead an operation outside.
-@Suite("path confinement")
+@Suite("path confinement", .ownThread)
 struct PathConfinementTests {
     /// A container with symlinks planted on disk, and a canary directory outside it that must never change.
     struct Fixture {

@@ -3,8 +3,9 @@ import Foundation
 @testable import ProtectedStoreMount
 import SystemPackage
 import Testing
+import SuiteThreads
 
-@Suite("the mount's kept plaintext sizes")
+@Suite("the mount's kept plaintext sizes", .ownThread)
 struct PlaintextSizesTests {
     private static let second: Int64 = 1_000_000_000
 

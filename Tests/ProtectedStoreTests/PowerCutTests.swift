@@ -4,10 +4,11 @@ import Foundation
 @testable import ProtectedStoreMount
 import ProtectedStoreTesting
 import Testing
+import SuiteThreads
 
 /// The power-cut simulator against the encrypted file format: it must find the hazard of format version 1 (growing
 /// a file rewrites its old final block, which the write does not cover) and must not report the paths that are safe.
-@Suite("power-cut simulator", .serialized)
+@Suite("power-cut simulator", .ownThread, .serialized)
 struct PowerCutTests {
     static let blockSize = EncryptedFile.defaultBlockSize
 

@@ -2,9 +2,10 @@ import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
 import Testing
+import SuiteThreads
 
 /// The reference table (DATA-PROTECTION.md §2) as one table: every class, every state, every operation.
-@Suite("classes in force")
+@Suite("classes in force", .ownThread)
 struct ProtectionMatrixTests {
     enum Phase: String, CaseIterable, CustomTestStringConvertible {
         case beforeFirstUnlock, unlocked, lockingWithinGrace, locked

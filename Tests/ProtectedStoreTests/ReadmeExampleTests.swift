@@ -2,9 +2,10 @@ import Foundation
 import ProtectedStore
 @testable import ProtectedStoreDaemon
 import Testing
+import SuiteThreads
 
 /// The README's library example, kept compiling and true.
-@Suite("README")
+@Suite("README", .ownThread)
 struct ReadmeExampleTests {
     @Test("the library example runs as written")
     func example() async throws {

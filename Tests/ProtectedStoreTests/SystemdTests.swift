@@ -2,10 +2,11 @@ import CSupport
 import Foundation
 @testable import ProtectedStore
 import Testing
+import SuiteThreads
 
 /// `sandboxctl setup systemd` and the daemon's socket activation, with systemd's own tools where they exist
 /// (`systemd-analyze`, `systemd-socket-activate`); no running systemd is needed.
-@Suite("systemd")
+@Suite("systemd", .ownThread)
 struct SystemdTests {
     static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
     static let unitNames = ["sandboxctl.socket", "sandboxctl.service", "sandboxctl-mount@.service"]

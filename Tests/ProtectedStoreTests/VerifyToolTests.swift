@@ -2,9 +2,10 @@ import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
 import Testing
+import SuiteThreads
 
 /// `ps-verify`, the campaign's harness, in short runs: it must pass on this code, and its checks must be live.
-@Suite struct VerifyToolTests {
+@Suite(.ownThread) struct VerifyToolTests {
     private func run(_ arguments: [String]) throws -> (status: Int32, output: String) {
         let spawned = try SpawnedProcess(SpawnedProcess.builtExecutable("ps-verify"), arguments)
         let status = spawned.waitForExit(timeout: 240)

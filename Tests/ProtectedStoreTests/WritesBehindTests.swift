@@ -6,8 +6,9 @@ import Foundation
 import ProtectedStoreTesting
 import SystemPackage
 import Testing
+import SuiteThreads
 
-@Suite("writes behind")
+@Suite("writes behind", .ownThread)
 struct WritesBehindTests {
     @Test("writes behind, mixed with writes, truncations and reopenings, match a model; every other call sees them", arguments: [UInt64(1), 2, 3])
     func matchesModel(seed: UInt64) throws {
@@ -182,12 +183,12 @@ struct WritesBehindTests {
         let returned = Locked([Int](repeating: 0, count: writers)), stoppedByLock = Locked([Bool](repeating: false, count: writers))
         let done = DispatchSemaphore(value: 0)
         // Writers that keep the queue full until the lock stops them: the lock must not wait for them to stop first.
+        // Bounded by a count, not a time, should the lock never stop them (a failure below): 512 MiB each.
         let chunks = (0..<lap * writers).map { pattern(chunk, seed: UInt8($0 % 251 + 1)) }
         for writer in 0..<writers {
             Thread.detachNewThread {
-                let deadline = Date().addingTimeInterval(10)
                 var written = 0
-                while Date() < deadline {
+                while written < 4096 {
                     let index = (written % lap) * writers + writer
                     let data = chunks[index]
                     do {

@@ -3,10 +3,11 @@ import Notes
 import ProtectedStore
 import ProtectedStoreTesting
 import Testing
+import SuiteThreads
 
 /// The notes store against the kit's power cuts and disk faults: every acknowledged note survives any power cut
 /// during add, delete and the fold of the locked journal; a full disk and a failed fsync are reported and lose nothing.
-@Suite("Notes store: power cuts and disk faults")
+@Suite("Notes store: power cuts and disk faults", .ownThread)
 struct NotesPowerCutTests {
     /// States per test; under the sanitizers (make verify) a fifth, with the same checks.
     static func states(_ count: Int) -> Int { runsUnderSanitizer ? count / 5 : count }
