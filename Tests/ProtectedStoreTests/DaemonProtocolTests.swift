@@ -150,12 +150,12 @@ struct DaemonProtocolTests {
         #expect(await iterator.next() == .didBecomeAvailable)
         // The lock ends when this subscriber asks for its next event; the grace period only bounds a failure, and is
         // long so that a test thread stalled on a loaded machine cannot end it before the check below.
-        let locking = Task { await client.lock(gracePeriod: 600) }
+        let locking = Task(executorPreference: ThreadPerJobExecutor.shared) { await client.lock(gracePeriod: 600) }
         #expect(await iterator.next() == .willBecomeUnavailable)
         // Still within the grace period: this subscriber has not acknowledged yet.
         #expect(daemon.device.state == .locking)
         #expect(client.isProtectedDataAvailable)
-        let pending = Task { await iterator.next() }
+        let pending = Task(executorPreference: ThreadPerJobExecutor.shared) { await iterator.next() }
         await locking.value
         #expect(client.state == .locked)
         #expect(!client.isProtectedDataAvailable)
@@ -252,7 +252,7 @@ struct DaemonProtocolTests {
         #expect(eventually { recorders.allSatisfy { $0.events == [.didBecomeAvailable] } })
         // With an hour's grace, the keys go within two minutes only if every subscriber acknowledged: a check of the
         // acknowledgements that does not depend on how fast this machine is (the suite shares it, sanitizers slow it).
-        let lock = Task { await clients[1].lock(gracePeriod: 3600) }
+        let lock = Task(executorPreference: ThreadPerJobExecutor.shared) { await clients[1].lock(gracePeriod: 3600) }
         var locked = false
         for _ in 0..<1200 where !locked {
             // Polled with Task.sleep: this test must not hold one of the few threads Swift's concurrency runs on.

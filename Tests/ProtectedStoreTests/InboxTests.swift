@@ -80,7 +80,7 @@ struct InboxTests {
         let events = container.openURLEvents()
         let received = NSLock()
         nonisolated(unsafe) var requests: [OpenURLRequest] = []
-        let consumer = Task { for await request in events { received.withLock { requests.append(request) } } }
+        let consumer = Task(executorPreference: ThreadPerJobExecutor.shared) { for await request in events { received.withLock { requests.append(request) } } }
         defer { consumer.cancel() }
         let posted = NSLock()
         nonisolated(unsafe) var notifications: [[AnyHashable: Any]] = []

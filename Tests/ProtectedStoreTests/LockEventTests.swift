@@ -70,7 +70,7 @@ struct LockEventTests {
         }
         defer { observers.forEach(device.notificationCenter.removeObserver) }
         let stream = device.protectedDataEvents()
-        let streamTask = Task {
+        let streamTask = Task(executorPreference: ThreadPerJobExecutor.shared) {
             var seen = 0
             for await event in stream {
                 log.record("stream", event, device: device)
@@ -80,7 +80,7 @@ struct LockEventTests {
         }
         // Takes the first event, then never asks for another: it never says it is done.
         let silent = device.protectedDataEvents()
-        let silentTask = Task {
+        let silentTask = Task(executorPreference: ThreadPerJobExecutor.shared) {
             var iterator = silent.makeAsyncIterator()
             if let event = await iterator.next() { log.record("silent", event, device: device) }
             while !Task.isCancelled { try? await Task.sleep(nanoseconds: 10_000_000) }
@@ -121,7 +121,7 @@ struct LockEventTests {
         let delegate = RecordingDelegate("delegate", log: log, workDuration: 0.05)
         device.addDelegate(delegate)
         let stream = device.protectedDataEvents()
-        let consumer = Task { for await event in stream { log.record("stream", event, device: device) } }
+        let consumer = Task(executorPreference: ThreadPerJobExecutor.shared) { for await event in stream { log.record("stream", event, device: device) } }
         defer { consumer.cancel() }
         let started = Date()
         await device.lock(gracePeriod: 600)
@@ -141,7 +141,7 @@ struct LockEventTests {
         let delegate = RecordingDelegate("delegate", log: log)
         device.addDelegate(delegate)
         let silent = device.protectedDataEvents()
-        let lockTask = Task { await device.lock(gracePeriod: 600) }
+        let lockTask = Task(executorPreference: ThreadPerJobExecutor.shared) { await device.lock(gracePeriod: 600) }
         while device.state != .locking { try await Task.sleep(nanoseconds: 1_000_000) }
         #expect(device.isProtectedDataAvailable, "keys stay usable during the grace period")
         try device.unlock(passcode: try Passcode(TestDevice.passcode))

@@ -62,7 +62,7 @@ struct ProtectionMatrixTests {
         case .lockingWithinGrace:
             test.device.addDelegate(blocker)
             let device = test.device
-            lockTask = Task { await device.lock(gracePeriod: 600) }
+            lockTask = Task(executorPreference: ThreadPerJobExecutor.shared) { await device.lock(gracePeriod: 600) }
             while test.device.state != .locking { try await Task.sleep(nanoseconds: 1_000_000) }
         case .locked:
             await test.device.lock(gracePeriod: 0)

@@ -1,20 +1,69 @@
 import Foundation
 import Testing
 
-/// Runs each test case of a suite (or one test) on threads of its own instead of the Swift concurrency pool.
+/// Runs each test case of a suite (or one test) on threads of its own instead of the Swift concurrency pool, with at
+/// most `TestSlots.width` such cases at once.
 ///
 /// Swift Testing runs tests as tasks on the cooperative pool, which has one thread per core: two here. Nearly every
 /// test of this package blocks its thread (waiting for a daemon, a mount, a grace period, an fsync), so two slow
-/// tests took both threads and every other test, admitted or not, waited behind them for minutes. Under this trait
-/// the test's task prefers `ThreadPerJobExecutor`, so its synchronous body blocks a thread made for it and the pool
-/// stays free; how many tests run at once is still Swift Testing's limit (twice the cores).
+/// tests took both threads and every other test waited behind them for minutes. Under this trait the test's task
+/// prefers `ThreadPerJobExecutor`, so its synchronous body blocks a thread made for it and the pool stays free. Off
+/// the pool nothing else bounds how many tests run (Swift Testing started them all at once, and a power-cut test
+/// took four times its time alone), so the trait admits a few at a time, in the order they arrive.
 public struct OwnThreadTrait: TestTrait, SuiteTrait, TestScoping {
     public var isRecursive: Bool { true }
 
     public func provideScope(for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void) async throws {
+        // Only a test case runs code of its own: a suite holding a slot while its cases wait for one could deadlock.
+        guard testCase != nil else { return try await function() }
+        await TestSlots.shared.acquire()
         let started = ContinuousClock.now
-        defer { TestTimes.record(test, started.duration(to: .now)) }
-        try await withTaskExecutorPreference(ThreadPerJobExecutor.shared) { try await function() }
+        do {
+            try await withTaskExecutorPreference(ThreadPerJobExecutor.shared) { try await function() }
+        } catch {
+            TestTimes.record(test, started.duration(to: .now))
+            await TestSlots.shared.release()
+            throw error
+        }
+        TestTimes.record(test, started.duration(to: .now))
+        await TestSlots.shared.release()
+    }
+}
+
+/// How many test cases under `.ownThread` run at once: `PROTECTEDSTORE_TEST_WIDTH`, else one more than the cores (one
+/// case waiting on a process or a timer leaves the cores to the others; more made CPU-bound cases several times
+/// slower than alone). Waiting for a slot suspends, holding no thread.
+public actor TestSlots {
+    /// The slots every suite shares.
+    public static let shared = TestSlots(width: ProcessInfo.processInfo.environment["PROTECTEDSTORE_TEST_WIDTH"].flatMap(Int.init)
+        ?? ProcessInfo.processInfo.activeProcessorCount + 1)
+
+    /// The number of slots.
+    public nonisolated let width: Int
+    private var free: Int
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+
+    private init(width: Int) {
+        self.width = max(1, width)
+        free = self.width
+    }
+
+    /// Returns once a slot is this caller's, at once if one is free.
+    public func acquire() async {
+        if free > 0 {
+            free -= 1
+            return
+        }
+        await withCheckedContinuation { waiting.append($0) }
+    }
+
+    /// Gives a slot back, to the longest waiting caller if there is one.
+    public func release() {
+        if waiting.isEmpty {
+            free += 1
+        } else {
+            waiting.removeFirst().resume()
+        }
     }
 }
 

@@ -71,7 +71,7 @@ struct NotesStoreTests {
         let gate = Gate()
         let writer = transactionHeld(at: gate, in: store) { recorder.mark("transaction returned") }
         await gate.arrival()
-        let locking = Task { await device.lock() }
+        let locking = Task(executorPreference: ThreadPerJobExecutor.shared) { await device.lock() }
         try await recorder.waitUntil { $0.contains(.willBecomeUnavailable) }
         try await Task.sleep(nanoseconds: 300_000_000)
         // The store is still in its transaction, so it has not said it is done: the keys are still there.
@@ -95,7 +95,7 @@ struct NotesStoreTests {
         let gate = Gate()
         let writer = transactionHeld(at: gate, in: store)
         await gate.arrival()
-        let locking = Task { await device.lock() }
+        let locking = Task(executorPreference: ThreadPerJobExecutor.shared) { await device.lock() }
         // The grace period ends while the store is still in its transaction: the keys are discarded under it. The
         // wait is long because this task, and the one locking, may not get a thread for a while on a loaded machine.
         let deadline = Date().addingTimeInterval(300)
