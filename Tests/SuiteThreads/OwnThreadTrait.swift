@@ -30,13 +30,13 @@ public struct OwnThreadTrait: TestTrait, SuiteTrait, TestScoping {
     }
 }
 
-/// How many test cases under `.ownThread` run at once: `PROTECTEDSTORE_TEST_WIDTH`, else one more than the cores (one
-/// case waiting on a process or a timer leaves the cores to the others; more made CPU-bound cases several times
-/// slower than alone). Waiting for a slot suspends, holding no thread.
+/// How many test cases under `.ownThread` run at once: `PROTECTEDSTORE_TEST_WIDTH`, else twice the cores, the width
+/// Swift Testing means to keep to (cases waiting on a process or a timer leave the cores to the others; with no bound,
+/// CPU-bound cases took four times their time alone). Waiting for a slot suspends, holding no thread.
 public actor TestSlots {
     /// The slots every suite shares.
     public static let shared = TestSlots(width: ProcessInfo.processInfo.environment["PROTECTEDSTORE_TEST_WIDTH"].flatMap(Int.init)
-        ?? ProcessInfo.processInfo.activeProcessorCount + 1)
+        ?? 2 * ProcessInfo.processInfo.activeProcessorCount)
 
     /// The number of slots.
     public nonisolated let width: Int
