@@ -1,8 +1,8 @@
 import Foundation
 import Testing
 
-/// Runs each test case of a suite (or one test) on threads of its own instead of the Swift concurrency pool, with at
-/// most `TestSlots.width` such cases at once.
+/// Runs each test case of a suite (or one test) on threads of its own instead of the Swift concurrency pool, a few
+/// such cases at once (`TestSlots`).
 ///
 /// Swift Testing runs tests as tasks on the cooperative pool, which has one thread per core: two here. Nearly every
 /// test of this package blocks its thread (waiting for a daemon, a mount, a grace period, an fsync), so two slow
@@ -18,38 +18,35 @@ public struct OwnThreadTrait: TestTrait, SuiteTrait, TestScoping {
         guard testCase != nil else { return try await function() }
         await TestSlots.shared.acquire()
         let started = ContinuousClock.now
+        var failure: (any Error)?
         do {
             try await withTaskExecutorPreference(ThreadPerJobExecutor.shared) { try await function() }
         } catch {
-            TestTimes.record(test, started.duration(to: .now))
-            await TestSlots.shared.release()
-            throw error
+            failure = error
         }
         TestTimes.record(test, started.duration(to: .now))
         await TestSlots.shared.release()
+        if let failure { throw failure }
     }
 }
 
 /// How many test cases under `.ownThread` run at once: `PROTECTEDSTORE_TEST_WIDTH`, else twice the cores, the width
 /// Swift Testing means to keep to (cases waiting on a process or a timer leave the cores to the others; with no bound,
 /// CPU-bound cases took four times their time alone). Waiting for a slot suspends, holding no thread.
-public actor TestSlots {
+actor TestSlots {
     /// The slots every suite shares.
-    public static let shared = TestSlots(width: ProcessInfo.processInfo.environment["PROTECTEDSTORE_TEST_WIDTH"].flatMap(Int.init)
+    static let shared = TestSlots(width: ProcessInfo.processInfo.environment["PROTECTEDSTORE_TEST_WIDTH"].flatMap(Int.init)
         ?? 2 * ProcessInfo.processInfo.activeProcessorCount)
 
-    /// The number of slots.
-    public nonisolated let width: Int
     private var free: Int
     private var waiting: [CheckedContinuation<Void, Never>] = []
 
     private init(width: Int) {
-        self.width = max(1, width)
-        free = self.width
+        free = max(1, width)
     }
 
     /// Returns once a slot is this caller's, at once if one is free.
-    public func acquire() async {
+    func acquire() async {
         if free > 0 {
             free -= 1
             return
@@ -58,7 +55,7 @@ public actor TestSlots {
     }
 
     /// Gives a slot back, to the longest waiting caller if there is one.
-    public func release() {
+    func release() {
         if waiting.isEmpty {
             free += 1
         } else {

@@ -231,8 +231,9 @@ struct NotesStoreTests {
         let cycles = runsUnderSanitizer ? 10 : 1000
         // A count of notes per writer and cycle, not writers running until the cycles end: those wrote more on a slower
         // machine, and each note written while locked lengthens that cycle's fold, so the test fed itself.
-        let rounds = Rounds(workers: 4)
-        let writers = (0..<4).map { writer in
+        let writerCount = 4
+        let rounds = Rounds(workers: writerCount)
+        let writers = (0..<writerCount).map { writer in
             Writer {
                 try rounds.work(worker: writer) { count in
                     let body = "writer \(writer) note \(count)"
@@ -259,12 +260,13 @@ struct NotesStoreTests {
         rounds.close()
         for writer in writers { try await writer.finished() }
         let elapsed = Date().timeIntervalSince(started)
-        #expect(rounds.steps == Array(repeating: cycles * Self.notesPerWriterAndCycle, count: 4), "every writer wrote every note of every cycle")
+        #expect(rounds.steps == Array(repeating: cycles * Self.notesPerWriterAndCycle, count: writerCount), "every writer wrote every note of every cycle")
 
         let bodies = try store.notes().map(\.body)
         let counted = Dictionary(bodies.map { ($0, 1) }, uniquingKeysWith: +)
         let (all, locked) = accepted.snapshot
-        #expect(locked >= cycles * 4 && locked < all.count, "notes were written both while locked and while unlocked: \(locked) of \(all.count)")
+        // One note a writer and cycle is written while the device is locked for certain.
+        #expect(locked >= cycles * writerCount && locked < all.count, "notes were written both while locked and while unlocked: \(locked) of \(all.count)")
         #expect(bodies.count == all.count, "stored \(bodies.count) notes for \(all.count) accepted")
         #expect(counted.values.allSatisfy { $0 == 1 }, "duplicated: \(counted.filter { $0.value > 1 }.keys.sorted().prefix(5))")
         #expect(all.allSatisfy { counted[$0] == 1 }, "missing: \(all.filter { counted[$0] == nil }.prefix(5))")
@@ -325,8 +327,9 @@ final class Gate: @unchecked Sendable {
     func waitForRelease() { released.wait() }
 }
 
-/// Waits for a semaphore on a dispatch thread: tests run in parallel on the cooperative pool, which a blocked
-/// thread would starve (the lock the test is waiting for needs it too).
+/// Waits for a semaphore on a dispatch thread, so the waiting task holds no thread of its own: a test without the
+/// suites' `.ownThread` runs on the cooperative pool, which a blocked thread would starve (the lock the test is
+/// waiting for may need it too).
 func waitOffPool(_ semaphore: DispatchSemaphore) async {
     await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
         DispatchQueue.global().async {
