@@ -63,6 +63,8 @@ final class DaemonServer: @unchecked Sendable {
     private final class LaunchedApp {
         let bundle: String
         let sandboxPID: Int32
+        /// The uid the sandbox runs as: the only one besides the owner's that its socket serves.
+        let uid: uid_t
         let listener: Int32
         let socketPath: String
         /// The launcher's connection: the app is forgotten when it closes.
@@ -74,9 +76,10 @@ final class DaemonServer: @unchecked Sendable {
         /// Open-URL events relayed before the app had a subscriber: its first one gets them (its launch options).
         var parkedOpenURLs: [(payload: OpenURLPayload, reply: () -> Void)] = []
 
-        init(bundle: String, sandboxPID: Int32, listener: Int32, socketPath: String, owner: UInt64) {
+        init(bundle: String, sandboxPID: Int32, uid: uid_t, listener: Int32, socketPath: String, owner: UInt64) {
             self.bundle = bundle
             self.sandboxPID = sandboxPID
+            self.uid = uid
             self.listener = listener
             self.socketPath = socketPath
             self.owner = owner
@@ -298,7 +301,9 @@ final class DaemonServer: @unchecked Sendable {
         nextConnectionID += 1
         let connection = Connection(id: nextConnectionID, fd: fd, pid: pid, uid: uid, appBundle: appBundle, now: now)
         connections[connection.id] = connection
-        guard knownPeer, allowedUIDs.contains(uid) else {
+        // An app's socket also serves the uid its sandbox runs as (a root launcher's apps run as another).
+        let appUID = appBundle.flatMap { apps[$0]?.uid }
+        guard knownPeer, allowedUIDs.contains(uid) || uid == appUID else {
             tally.note("connections refused for their uid", now: now, logger: logger,
                        "refused a connection from uid \(uid) (pid \(pid)): this daemon serves uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and ")) only")
             fail(connection, code: .permissionDenied, message: "this daemon serves the device's owner only (uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and "))); your uid is \(uid)",
@@ -796,14 +801,20 @@ final class DaemonServer: @unchecked Sendable {
             return send(appFailure(request, .invalidArgument, "pid \(pid) is not a sandbox started by the registering process (pid \(connection.pid))",
                                    "Register the first process of a bubblewrap sandbox your launcher started"), to: connection)
         }
-        // The socket goes in a folder of the launcher's user that only it can enter; the daemon (maybe root) does no
-        // other path operation there than replacing a socket a killed daemon left, and changes no mode: the folder's
-        // protects it.
+        // Only root may start a sandbox under another uid: a user's app runs as that user.
+        let sandboxUID = request.uid ?? connection.uid
+        guard sandboxUID == connection.uid || connection.uid == 0 else {
+            return send(appFailure(request, .permissionDenied, "uid \(connection.uid) may not register a sandbox running as uid \(sandboxUID)",
+                                   "Register the app under your own uid"), to: connection)
+        }
+        // The socket goes in a folder of the launcher's user (or the sandbox's) that only it can enter; the daemon
+        // (maybe root) does no other path operation there than replacing a socket a killed daemon left, and changes no
+        // mode: the folder's protects it.
         let folder = (socketPath as NSString).deletingLastPathComponent
         var folderInfo = stat(), existing = stat()
-        guard lstat(folder, &folderInfo) == 0, folderInfo.st_mode & S_IFMT == S_IFDIR, folderInfo.st_uid == connection.uid,
+        guard lstat(folder, &folderInfo) == 0, folderInfo.st_mode & S_IFMT == S_IFDIR, [connection.uid, sandboxUID].contains(folderInfo.st_uid),
               folderInfo.st_mode & 0o077 == 0 else {
-            return send(appFailure(request, .invalidArgument, "the socket's folder \(folder) is not a directory of uid \(connection.uid) that only it can enter (mode 0700)",
+            return send(appFailure(request, .invalidArgument, "the socket's folder \(folder) is not a directory of uid \(sandboxUID) that only it can enter (mode 0700)",
                                    "Give a socket path in a private folder of yours"), to: connection)
         }
         if lstat(socketPath, &existing) == 0 {
@@ -816,9 +827,17 @@ final class DaemonServer: @unchecked Sendable {
         guard listener >= 0 else {
             return send(appFailure(request, .io, "cannot listen on \(socketPath) (\(String(cString: strerror(errno))))", "Check the launcher's runtime folder"), to: connection)
         }
+        // Connecting needs write access to the socket: the sandbox's uid gets it when it is not ours.
+        if sandboxUID != geteuid(), lchown(socketPath, sandboxUID, gid_t.max) != 0 {
+            let reason = String(cString: strerror(errno))
+            Glibc.close(listener)
+            unlink(socketPath)
+            return send(appFailure(request, .permissionDenied, "cannot give the app's socket \(socketPath) to uid \(sandboxUID) (\(reason))",
+                                   "Run the daemon as root, or launch the app as the device's owner"), to: connection)
+        }
         // A sandbox whose daemon died while it was suspended would otherwise stay stopped: registered means running.
         AppProcesses.signal(SIGCONT, inSandboxOf: pid)
-        apps[bundle] = LaunchedApp(bundle: bundle, sandboxPID: pid, listener: listener, socketPath: socketPath, owner: connection.id)
+        apps[bundle] = LaunchedApp(bundle: bundle, sandboxPID: pid, uid: sandboxUID, listener: listener, socketPath: socketPath, owner: connection.id)
         logger.info("\(bundle): launched (sandbox pid \(pid)), its socket \(socketPath)")
         var reply = DaemonReply(id: request.id)
         reply.apps = [apps[bundle]!.status]

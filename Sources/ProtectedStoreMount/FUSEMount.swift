@@ -13,11 +13,14 @@ package final class FUSEMount: @unchecked Sendable {
     package let fileSystem: ContainerFileSystem
     package let mountPoint: String
     private let logger: Logger
+    /// Lets the sandbox of a root launcher, which runs under another uid, reach the mount (`allow_other`).
+    private let servesOtherUsers: Bool
 
-    package init(container: Container, mountPoint: String, logger: Logger) {
+    package init(container: Container, mountPoint: String, logger: Logger, servesOtherUsers: Bool = false) {
         self.fileSystem = ContainerFileSystem(container: container, logger: logger)
         self.mountPoint = mountPoint
         self.logger = logger
+        self.servesOtherUsers = servesOtherUsers
     }
 
     /// Mounts, calls `ready` once the file system is visible, serves requests, and unmounts. Throws if mounting fails.
@@ -30,7 +33,9 @@ package final class FUSEMount: @unchecked Sendable {
         // on the stored items as that user, so the store's own file system makes ext4's permission checks (where the
         // mount answers from something it holds open, it checks itself). With it, the kernel would ask for the
         // folder's attributes again before each change in it: one request more per created or removed file.
-        let options = "nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl"
+        // allow_other only for a root launcher's sandbox: its mount point is in root's private folder, so the
+        // sandbox, which bubblewrap gives the mount through a descriptor, is the only other user reaching it.
+        let options = "nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl" + (servesOtherUsers ? ",allow_other" : "")
         // A git clone or tar -x makes hundreds of folders: each then costs a rename instead of two fsyncs.
         fileSystem.makeFoldersAhead()
         defer { fileSystem.stopMakingFoldersAhead() }

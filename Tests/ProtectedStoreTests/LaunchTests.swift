@@ -281,6 +281,46 @@ struct LaunchTests {
         #expect(try CLI.run(arguments + ["/bin/true"]).status == 0)
     }
 
+    @Test("launched by root, the app is no root of the host: no capability, no host uid 0, /proc/sys unwritable, no host path, environment or key ring of ours",
+          .enabled(if: getuid() == 0, "needs root: it is root's launch that is checked"))
+    func rootLaunchHasNoPrivilege() throws {
+        let bundle = "com.example.launch.root"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let shell = try launch(test, bundle, [], ["/bin/sh"])
+        for field in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+            #expect(run(shell, "grep ^\(field): /proc/self/status | cut -f2").output == ["0000000000000000"], "\(field)")
+        }
+        #expect(run(shell, "id -u").output != ["0"])
+        let sandboxPID = try #require(try JSONSerialization.jsonObject(with: Data(try sandboxctl(test, ["ps", "--json"]).stdout.utf8)) as? [[String: Any]]).first?["pid"] as? Int
+        for pid in AppProcesses.inSandbox(of: pid_t(try #require(sandboxPID))) {
+            let status = String(decoding: FileHandle(forReadingAtPath: "/proc/\(pid)/status")?.readDataToEndOfFile() ?? Data(), as: UTF8.self)
+            let ids = status.split(separator: "\n").filter { $0.hasPrefix("Uid:") || $0.hasPrefix("Gid:") }.flatMap { $0.split(separator: "\t").dropFirst() }
+            #expect(ids.count == 8 && !ids.contains("0"), "process \(pid) of the sandbox runs with a host id 0: \(ids)")
+        }
+        // Writing the value back would change nothing, had it been allowed; core_pattern would run a program as root.
+        let printk = run(shell, "v=$(cat /proc/sys/kernel/printk); echo \"$v\" > /proc/sys/kernel/printk")
+        #expect(printk.status != 0 && printk.output.joined().contains("denied"), "\(printk)")
+        #expect(run(shell, "test -w /proc/sys/kernel/core_pattern").status == 1)
+        #expect(run(shell, "test -w /proc/sysrq-trigger").status == 1)
+        // Nothing of ours in any process's environment inside (bubblewrap's, pid 1, is the sandbox's first), in the
+        // mount table, or in the key rings it can see.
+        let environments = run(shell, "cat /proc/[0-9]*/environ | tr '\\0' '\\n'").output
+        let mounts = run(shell, "cat /proc/self/mountinfo").output
+        for line in environments + mounts {
+            for ours in [test.root, test.secretPath, (test.root as NSString).deletingLastPathComponent, "SANDBOXCTL_ROOT", "SANDBOXCTL_DEVICE_SECRET"] {
+                #expect(!line.contains(ours), "\(line) shows \(ours)")
+            }
+        }
+        let keys = run(shell, "cat /proc/keys")
+        #expect(keys.status == 0 && !keys.output.contains { $0.hasSuffix(".0: empty") || $0.contains("_uid.0") || $0.contains("_uid_ses.0") }, "\(keys)")
+        // It still works as an app: its files read and write.
+        #expect(run(shell, "cat Documents/a.txt && echo made > Documents/made.txt").output == ["class A"])
+        #expect(try sandboxctl(test, ["cat", "\(bundle):Documents/made.txt"]).stdout == "made\n")
+        shell.send("exit 0\n")
+        #expect(shell.waitForExit(timeout: 30) == 0)
+    }
+
     @Test("bad input: no command, an unknown bundle, no daemon, no bubblewrap; each says what to do")
     func badInput() throws {
         let test = try TestDevice()

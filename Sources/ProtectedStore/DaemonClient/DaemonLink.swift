@@ -7,6 +7,16 @@ import SystemPackage
 /// subscription every attached device holds. When the daemon goes away it reports `.lost`, then reconnects in the
 /// background and reports `.restored` once a daemon serves the root again.
 package final class DaemonLink: @unchecked Sendable {
+    /// How a root daemon appears inside a root launcher's sandbox, a user namespace without host uid 0: the overflow
+    /// uid. Accepted only in a user namespace other than the host's (there 65534 is `nobody`, a user like others); in
+    /// the sandbox the socket's folder is read-only, made by the launcher and filled by the daemon.
+    private static let unmappedRoot: uid_t? = {
+        func read(_ path: String) -> String? { try? String(contentsOfFile: path, encoding: .utf8) }
+        let map = read("/proc/self/uid_map")?.split(whereSeparator: \.isWhitespace) ?? []
+        guard map != ["0", "0", "4294967295"], let overflow = read("/proc/sys/kernel/overflowuid") else { return nil }
+        return uid_t(overflow.trimmingCharacters(in: .whitespacesAndNewlines))
+    }()
+
     /// What the link tells its device, in the order it happened. `connection` numbers the connections, so an
     /// acknowledgement never reaches a newer daemon whose event numbers started again.
     enum Notice: Sendable {
@@ -275,7 +285,7 @@ package final class DaemonLink: @unchecked Sendable {
         }
         var pid: Int32 = 0
         var uid: UInt32 = 0
-        guard ps_peer_credentials(fd, &pid, &uid) == 0, uid == getuid() || uid == 0 else {
+        guard ps_peer_credentials(fd, &pid, &uid) == 0, uid == getuid() || uid == 0 || uid == Self.unmappedRoot else {
             Glibc.close(fd)
             throw ProtectedStoreError(.daemonUnavailable, path: socketPath, problem: "the process listening on the socket runs as uid \(uid), not as you or root",
                                       remedy: "Don't trust it: remove the socket and start your own daemon")

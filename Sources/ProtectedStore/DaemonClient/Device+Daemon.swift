@@ -205,7 +205,7 @@ extension Device {
     /// A launched-app request to the daemon this device is attached to (`sandboxctl launch`, `ps`, `suspend`,
     /// `resume`, `terminate`; docs/PROTOCOL.md §6): the apps it concerns, as the daemon tracks them.
     package func appRequest(_ operation: DaemonRequest.Operation, bundle: String? = nil, timeout: TimeInterval? = nil,
-                            sandboxPID: Int32? = nil, socketPath: String? = nil, openURL: OpenURLRequest? = nil) throws -> [AppStatus] {
+                            sandboxPID: Int32? = nil, socketPath: String? = nil, sandboxUID: uid_t? = nil, openURL: OpenURLRequest? = nil) throws -> [AppStatus] {
         guard let link = (holder as? DaemonKeyHolder)?.link else {
             throw ProtectedStoreError(.daemonUnavailable, path: root, problem: "launched apps are tracked by the key daemon, and this device is not attached to one",
                                       remedy: "Start `sandboxctl daemon`")
@@ -215,6 +215,7 @@ extension Device {
         request.timeout = timeout
         request.pid = sandboxPID
         request.socketPath = socketPath
+        request.uid = sandboxUID
         request.path = openURL?.path
         request.sourceApplication = openURL?.sourceApplication
         request.annotation = openURL?.annotationJSON

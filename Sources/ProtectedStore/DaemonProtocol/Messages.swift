@@ -41,6 +41,8 @@ package struct DaemonRequest: Codable, Sendable {
     package var pid: Int32?
     /// `app-register`: where the daemon listens for the app's own connections.
     package var socketPath: String?
+    /// `app-register`: the uid the sandbox runs as, when it is not the registering one (a root launcher's).
+    package var uid: UInt32?
     /// `app-suspend`, `app-terminate`: seconds the app's observers have to handle the event.
     package var timeout: Double?
     /// `app-open-url`: the Inbox item's container path, sender, annotation (JSON text) and place in the Inbox order.

@@ -17,7 +17,10 @@ struct LaunchCommand: ParsableCommand {
             --share-network, with the system's /usr and the few /etc files programs need read-only, and its own /tmp, \
             /proc and /dev. The device root, the keybag, the device secret, other containers and the daemon's socket \
             are not there. The environment is HOME, TMPDIR, SANDBOXCTL_BUNDLE, SANDBOXCTL_APP_SOCKET, PATH, LANG and TERM, and \
-            what --env adds.
+            what --env adds. The program has no capability, and never runs as host root: launched by root, the sandbox \
+            runs (through setpriv) as the device root's owner, or as uid and gid 2147483646, which no account has, when \
+            root owns the device; its mount and socket are then in /run/sandboxctl-apps, and --read-only paths and \
+            the program must be readable by that user.
 
             SANDBOXCTL_APP_SOCKET is the app's own socket to the daemon, which serves its events only: protected data, \
             its lifecycle (`sandboxctl suspend`, `resume`, `terminate`) and its Inbox items (the ones pending at launch \
@@ -130,6 +133,8 @@ final class Sandbox: @unchecked Sendable {
     private let shareNetwork: Bool
     private let readOnlyPaths: [String]
     private let terminateTimeout: Double
+    /// Who the sandbox runs as on the host when that is not this process's user: only a root launcher's sandbox.
+    private let hostIdentity: HostIdentity?
     private let logger = Logger(label: "sandboxctl.launch")
     private let mutex = NSLock()
     private var sandboxPID: pid_t = 0
@@ -146,12 +151,43 @@ final class Sandbox: @unchecked Sendable {
         self.shareNetwork = shareNetwork
         self.readOnlyPaths = readOnlyPaths
         self.terminateTimeout = terminateTimeout
+        self.hostIdentity = try HostIdentity.forSandbox(deviceRoot: device.root)
+    }
+
+    /// A host uid and gid a sandbox runs as.
+    struct HostIdentity: Equatable {
+        /// The ids a root launcher's sandbox of a root-owned device runs as: no account has them, so no process of
+        /// the host shares them (as `nobody` would: a process of the same uid may read the app's memory).
+        static let unprivileged = HostIdentity(uid: 0x7FFF_FFFE, gid: 0x7FFF_FFFE)
+
+        let uid: uid_t
+        let gid: gid_t
+
+        /// nil when not root: bubblewrap runs the sandbox as this user, with no capability on the host. As root the
+        /// sandbox runs as the device root's owner, or `unprivileged` when root owns it: never as host uid 0, whose
+        /// files, key rings and /proc/sys its user namespace would reach.
+        static func forSandbox(deviceRoot: String) throws -> HostIdentity? {
+            guard geteuid() == 0 else { return nil }
+            var info = stat()
+            guard stat(deviceRoot, &info) == 0 else {
+                throw ProtectedStoreError(.io, path: deviceRoot, problem: "cannot read the device root's owner (\(String(cString: strerror(errno))))",
+                                          remedy: "Check the device root")
+            }
+            return info.st_uid == 0 ? unprivileged : HostIdentity(uid: info.st_uid, gid: info.st_gid)
+        }
     }
 
     static func findBubblewrap() throws -> String {
         if let bubblewrap = FileSystem.executable(named: "bwrap") { return bubblewrap }
         throw ProtectedStoreError(.notFound, path: "bwrap", problem: "bubblewrap is not installed (no bwrap on PATH)",
                                   remedy: "Install it: apt-get install bubblewrap")
+    }
+
+    /// setpriv (util-linux), which starts a root launcher's bubblewrap under the sandbox's own ids.
+    private static func findSetpriv() throws -> String {
+        if let setpriv = FileSystem.executable(named: "setpriv") { return setpriv }
+        throw ProtectedStoreError(.notFound, path: "setpriv", problem: "launching as root needs setpriv, to run the sandbox under an unprivileged uid, and it is not on PATH",
+                                  remedy: "Install it: apt-get install util-linux")
     }
 
     /// bubblewrap needs user namespaces; say which setting turns them off rather than let it fail obscurely.
@@ -163,7 +199,8 @@ final class Sandbox: @unchecked Sendable {
             throw ProtectedStoreError(.permissionDenied, path: "/proc/sys/user/max_user_namespaces", problem: "user namespaces are turned off (user.max_user_namespaces = 0)",
                                       remedy: "Turn them on: sysctl -w user.max_user_namespaces=15000")
         }
-        if getuid() != 0, setting("/proc/sys/kernel/unprivileged_userns_clone") == 0 {
+        // Also as root: its sandbox runs as another user (HostIdentity).
+        if setting("/proc/sys/kernel/unprivileged_userns_clone") == 0 {
             throw ProtectedStoreError(.permissionDenied, path: "/proc/sys/kernel/unprivileged_userns_clone", problem: "user namespaces are turned off for users other than root",
                                       remedy: "Turn them on: sysctl -w kernel.unprivileged_userns_clone=1")
         }
@@ -172,10 +209,11 @@ final class Sandbox: @unchecked Sendable {
     /// Mounts (`overIOUring` false: over /dev/fuse even where FUSE over io_uring is on), runs the program to its end,
     /// unmounts; returns the program's exit status.
     func run(overIOUring: Bool) throws -> Int32 {
+        if let hostIdentity { try slot.shareSandboxFolder(uid: hostIdentity.uid, gid: hostIdentity.gid) }
         let home = slot.homeMount
         try prepareMountPoint(home)
         defer { rmdir(home) }
-        let mount = FUSEMount(container: container, mountPoint: home, logger: logger)
+        let mount = FUSEMount(container: container, mountPoint: home, logger: logger, servesOtherUsers: hostIdentity != nil)
         let mounted = DispatchSemaphore(value: 0)
         let finished = DispatchSemaphore(value: 0)
         nonisolated(unsafe) var unmount: (@Sendable () -> Void)?
@@ -205,6 +243,11 @@ final class Sandbox: @unchecked Sendable {
         }
         defer { signals.forEach { $0.cancel() } }
         try FileSystem.createDirectories(slot.socketFolder)
+        // The sandbox's user enters the socket's folder (the daemon gives it the socket); still no one else can.
+        if let hostIdentity, chown(slot.socketFolder, hostIdentity.uid, hostIdentity.gid) != 0 || chmod(slot.socketFolder, 0o700) != 0 {
+            throw ProtectedStoreError(.io, path: slot.socketFolder, problem: "cannot give the socket's folder to uid \(hostIdentity.uid) (\(String(cString: strerror(errno))))",
+                                      remedy: "Check the permissions of \(slot.folder)")
+        }
         let (bubblewrapPID, info, go) = try spawnBubblewrap(home: home)
         // bubblewrap reports its first process in the sandbox (as seen from here) on the info descriptor, then waits
         // for a byte on the block descriptor before it runs the program: by then the daemon knows the app and listens
@@ -241,7 +284,8 @@ final class Sandbox: @unchecked Sendable {
 
     /// Tells the daemon about the app: its sandbox's first process, and the socket the app's own connections come in on.
     private func register() throws {
-        _ = try device.appRequest(.appRegister, bundle: container.bundleIdentifier, sandboxPID: mutex.withLock { sandboxPID }, socketPath: slot.appSocket)
+        _ = try device.appRequest(.appRegister, bundle: container.bundleIdentifier, sandboxPID: mutex.withLock { sandboxPID }, socketPath: slot.appSocket,
+                                  sandboxUID: hostIdentity?.uid)
     }
 
     /// A restarted daemon knows no apps: registers again once one serves the device, so the app's observers, which
@@ -311,8 +355,31 @@ final class Sandbox: @unchecked Sendable {
         }
     }
 
-    /// bubblewrap's arguments: what the sandbox contains.
-    func bubblewrapArguments(home: String, infoDescriptor: Int32, blockDescriptor: Int32) -> [String] {
+    /// A host path the sandbox shows, handed to bubblewrap as a descriptor opened here: a root launcher's bubblewrap
+    /// runs as a user who may not reach it by its path.
+    private struct Bind {
+        let source: String
+        let destination: String
+        let writable: Bool
+    }
+
+    /// What the sandbox shows of this machine beyond /usr and /etc, in mount order: the --read-only paths, the
+    /// program, the socket's folder, the container.
+    private func binds(home: String) -> [Bind] {
+        var binds = readOnlyPaths.map { Bind(source: $0, destination: $0, writable: false) }
+        // The program itself, when it lives outside /usr.
+        if let program = resolvedProgram(), !program.hasPrefix("/usr/"), !readOnlyPaths.contains(where: { program.hasPrefix($0) }) {
+            binds.append(Bind(source: program, destination: program, writable: false))
+        }
+        // The folder, not the socket: a restarted daemon makes a new socket there, which the sandbox then sees.
+        // Read-only (connecting needs no write access to the mount): the app can't replace the socket or fill the folder.
+        binds.append(Bind(source: slot.socketFolder, destination: (Self.appSocketInside as NSString).deletingLastPathComponent, writable: false))
+        binds.append(Bind(source: home, destination: LaunchCommand.home, writable: true))
+        return binds
+    }
+
+    /// bubblewrap's arguments: what the sandbox contains. `binds` are on descriptors from `firstBindDescriptor` on.
+    private func bubblewrapArguments(binds: [Bind], firstBindDescriptor: Int32, infoDescriptor: Int32, blockDescriptor: Int32) -> [String] {
         // No user namespace inside: without one the app can't make a nested PID namespace a suspension would miss.
         var arguments = ["--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
                          "--info-fd", "\(infoDescriptor)", "--block-fd", "\(blockDescriptor)", "--hostname", "app"]
@@ -333,15 +400,10 @@ final class Sandbox: @unchecked Sendable {
                    "ssl", "ca-certificates", "mime.types"]
         if shareNetwork { etc += ["resolv.conf", "hosts", "host.conf", "gai.conf"] }
         for name in etc { arguments += ["--ro-bind-try", "/etc/\(name)", "/etc/\(name)"] }
-        for path in readOnlyPaths { arguments += ["--ro-bind", path, path] }
-        // The program itself, when it lives outside /usr.
-        if let program = resolvedProgram(), !program.hasPrefix("/usr/"), !readOnlyPaths.contains(where: { program.hasPrefix($0) }) {
-            arguments += ["--ro-bind", program, program]
+        for (index, bind) in binds.enumerated() {
+            arguments += [bind.writable ? "--bind-fd" : "--ro-bind-fd", "\(firstBindDescriptor + Int32(index))", bind.destination]
         }
-        // The folder, not the socket: a restarted daemon makes a new socket there, which the sandbox then sees.
-        // Read-only (connecting needs no write access to the mount): the app can't replace the socket or fill the folder.
-        arguments += ["--ro-bind", slot.socketFolder, (Self.appSocketInside as NSString).deletingLastPathComponent]
-        arguments += ["--bind", home, LaunchCommand.home, "--chdir", LaunchCommand.home, "--clearenv",
+        arguments += ["--chdir", LaunchCommand.home, "--clearenv",
                       "--setenv", Application.socketEnvironmentVariable, Self.appSocketInside,
                       "--setenv", "HOME", LaunchCommand.home, "--setenv", "TMPDIR", "\(LaunchCommand.home)/tmp",
                       "--setenv", "SANDBOXCTL_BUNDLE", container.bundleIdentifier,
@@ -364,23 +426,42 @@ final class Sandbox: @unchecked Sendable {
         return FileSystem.executable(named: program)
     }
 
-    /// Starts bubblewrap with the info descriptor as fd 3 and the block descriptor as fd 4; returns its pid, the read
-    /// end of the first, and the write end of the second (a byte lets the program start).
+    /// Starts bubblewrap (as root: through setpriv, under the sandbox's own ids) with the info descriptor as fd 3, the
+    /// block descriptor as fd 4 and the binds from fd 5 on; returns its pid, the read end of the first, and the write
+    /// end of the second (a byte lets the program start).
     private func spawnBubblewrap(home: String) throws -> (pid_t, FileHandle, FileHandle) {
         let info = Pipe(), block = Pipe()
-        let infoDescriptor: Int32 = 3, blockDescriptor: Int32 = 4
-        let arguments = [bubblewrap] + bubblewrapArguments(home: home, infoDescriptor: infoDescriptor, blockDescriptor: blockDescriptor)
+        let infoDescriptor: Int32 = 3, blockDescriptor: Int32 = 4, firstBindDescriptor: Int32 = 5
+        let binds = binds(home: home)
+        var arguments = [bubblewrap] + bubblewrapArguments(binds: binds, firstBindDescriptor: firstBindDescriptor,
+                                                           infoDescriptor: infoDescriptor, blockDescriptor: blockDescriptor)
+        if let hostIdentity {
+            arguments = [try Self.findSetpriv(), "--reuid=\(hostIdentity.uid)", "--regid=\(hostIdentity.gid)", "--clear-groups",
+                         "--inh-caps=-all", "--bounding-set=-all", "--"] + arguments
+        }
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        // Both through descriptors above the targets first, so one dup2 can't overwrite the other's source.
-        let infoSource = fcntl(info.fileHandleForWriting.fileDescriptor, F_DUPFD_CLOEXEC, 10)
-        let blockSource = fcntl(block.fileHandleForReading.fileDescriptor, F_DUPFD_CLOEXEC, 10)
-        defer { close(infoSource); close(blockSource) }
-        posix_spawn_file_actions_adddup2(&actions, infoSource, infoDescriptor)
-        posix_spawn_file_actions_adddup2(&actions, blockSource, blockDescriptor)
+        // Every source on a descriptor above all the targets first, so no dup2 overwrites another's source.
+        let aboveTargets = firstBindDescriptor + Int32(binds.count) + 16
+        var sources = [fcntl(info.fileHandleForWriting.fileDescriptor, F_DUPFD_CLOEXEC, aboveTargets),
+                       fcntl(block.fileHandleForReading.fileDescriptor, F_DUPFD_CLOEXEC, aboveTargets)]
+        defer { sources.forEach { close($0) } }
+        for bind in binds {
+            let opened = ps_open_path(bind.source)
+            let source = opened < 0 ? -1 : fcntl(opened, F_DUPFD_CLOEXEC, aboveTargets)
+            let reason = String(cString: strerror(errno))
+            if opened >= 0 { close(opened) }
+            guard source >= 0 else {
+                throw ProtectedStoreError(.notFound, path: bind.source, problem: "cannot show \(bind.source) in the sandbox (\(reason))", remedy: "Check that it exists")
+            }
+            sources.append(source)
+        }
+        for (target, source) in zip([infoDescriptor, blockDescriptor] + (0..<Int32(binds.count)).map { firstBindDescriptor + $0 }, sources) {
+            posix_spawn_file_actions_adddup2(&actions, source, target)
+        }
         // Nothing else of this process reaches the sandbox: not the daemon connection, not the FUSE device.
-        ps_spawn_close_from(&actions, blockDescriptor + 1)
+        ps_spawn_close_from(&actions, firstBindDescriptor + Int32(binds.count))
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
@@ -397,14 +478,14 @@ final class Sandbox: @unchecked Sendable {
         var argv = arguments.map { strdup($0) }
         argv.append(nil)
         defer { argv.forEach { free($0) } }
-        var environ: [UnsafeMutablePointer<CChar>?] = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { environ.forEach { free($0) } }
+        // No environment: bubblewrap's own is the sandbox's /proc/1/environ, and the app's is built by --setenv.
+        var environ: [UnsafeMutablePointer<CChar>?] = [nil]
         var pid: pid_t = 0
-        let result = posix_spawn(&pid, bubblewrap, &actions, &attributes, &argv, &environ)
+        let result = posix_spawn(&pid, arguments[0], &actions, &attributes, &argv, &environ)
         try? info.fileHandleForWriting.close()
         try? block.fileHandleForReading.close()
         guard result == 0 else {
-            throw ProtectedStoreError(.io, path: bubblewrap, problem: "cannot start bubblewrap (\(String(cString: strerror(result))))", remedy: "Check the bubblewrap installation")
+            throw ProtectedStoreError(.io, path: arguments[0], problem: "cannot start bubblewrap (\(String(cString: strerror(result))))", remedy: "Check the bubblewrap installation")
         }
         return (pid, info.fileHandleForReading, block.fileHandleForWriting)
     }

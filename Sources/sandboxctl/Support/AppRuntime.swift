@@ -76,15 +76,49 @@ final class LaunchSlot {
     static func recordPath(_ folder: String) -> String { (folder as NSString).appendingPathComponent("launch.json") }
     private static func lockPath(_ folder: String) -> String { (folder as NSString).appendingPathComponent("launch.lock") }
 
+    /// Where the sandbox's home mount and socket folder are: `folder`, unless `shareSandboxFolder` moved them.
+    private(set) var sandboxFolder: String
     /// The mount point for the sandbox's home.
-    var homeMount: String { (folder as NSString).appendingPathComponent("home") }
+    var homeMount: String { (sandboxFolder as NSString).appendingPathComponent("home") }
     /// The folder of the app's own daemon socket, bound into the sandbox.
-    var socketFolder: String { (folder as NSString).appendingPathComponent("socket") }
+    var socketFolder: String { (sandboxFolder as NSString).appendingPathComponent("socket") }
     var appSocket: String { (socketFolder as NSString).appendingPathComponent("app.sock") }
+
+    /// Where a sandbox running as another user (a root launcher's) finds its mount and socket: root's runtime
+    /// folder is closed to that user, and bubblewrap, running as it, must reach both by path.
+    static let sharedSandboxesFolder = "/run/sandboxctl-apps"
 
     private init(folder: String, descriptor: Int32) {
         self.folder = folder
+        self.sandboxFolder = folder
         self.descriptor = descriptor
+    }
+
+    /// Moves the sandbox's mount point and socket folder to `/run/sandboxctl-apps/<keybag id>/<bundle>`, a folder of
+    /// `uid` that only it can enter, in folders only root can change.
+    func shareSandboxFolder(uid: uid_t, gid: gid_t) throws {
+        // folder is …/<keybag id>/apps/<bundle>.
+        let parts = folder.split(separator: "/").suffix(3).map(String.init)
+        let keybagFolder = (Self.sharedSandboxesFolder as NSString).appendingPathComponent(parts[0])
+        let bundleFolder = (keybagFolder as NSString).appendingPathComponent(parts[2])
+        try Self.makeFolder(Self.sharedSandboxesFolder, mode: 0o755, owner: (0, 0))
+        try Self.makeFolder(keybagFolder, mode: 0o755, owner: (0, 0))
+        try Self.makeFolder(bundleFolder, mode: 0o700, owner: (uid, gid))
+        sandboxFolder = bundleFolder
+    }
+
+    /// Creates `path` or takes the one there, if it is a directory (not a link) that root made: gives it `owner` and
+    /// `mode`.
+    private static func makeFolder(_ path: String, mode: mode_t, owner: (uid: uid_t, gid: gid_t)) throws {
+        if mkdir(path, mode) != 0 && errno != EEXIST {
+            throw ProtectedStoreError(.io, path: path, problem: "cannot create the sandbox's folder (\(String(cString: strerror(errno))))", remedy: "Check /run")
+        }
+        var info = stat()
+        guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, [0, owner.uid].contains(info.st_uid),
+              lchown(path, owner.uid, owner.gid) == 0, chmod(path, mode) == 0 else {
+            throw ProtectedStoreError(.permissionDenied, path: path, problem: "the sandbox's folder is not a directory of root's or the sandbox's",
+                                      remedy: "Remove it and launch again")
+        }
     }
 
     /// Takes the bundle's slot, or says which process runs it now.
