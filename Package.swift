@@ -109,10 +109,10 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        // make verify's crash harness, power-cut harness and load test (docs/SECURITY.md): kills writers, cuts the power, loads the daemon, prints figures.
+        // make verify's crash harness, power-cut harness, load test and connection flood (docs/SECURITY.md): kills writers, cuts the power, loads and floods the daemon, prints figures.
         .executableTarget(
             name: "ps-verify",
-            dependencies: ["ProtectedStore", "ProtectedStoreTesting", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["ProtectedStore", "ProtectedStoreTesting", "CSupport", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         // A second program for the daemon tests: attaches, keeps a file open, reports events.
         .executableTarget(

@@ -14,13 +14,8 @@ final class DaemonServer: @unchecked Sendable {
     static let maximumPendingOutput = 1 << 20
     /// A connection that has not said hello by then is closed: every real client says it at once.
     static let helloDeadline: Duration = .seconds(3)
-    /// Idle connections (nothing subscribed, nothing running, nothing to send) one uid may hold; a new one beyond this
-    /// closes that uid's least recently active one, so a flood of idle connections never keeps a `lock` out.
-    static let maximumIdlePerUID = 32
     /// Keys one `wrap-batch` may seal: the client asks for 32; the cap bounds one request's work and guarded memory.
     static let maximumWrapBatch = 64
-    /// Connections one launched app may hold on its own socket.
-    static let maximumConnectionsPerApp = 8
 
     let device: Device
     let socketPath: String
@@ -29,11 +24,14 @@ final class DaemonServer: @unchecked Sendable {
     private let logger: Logger
     private let wakeRead: Int32
     private let wakeWrite: Int32
+    private let limits: ConnectionLimits
 
     // Loop thread only.
     private var connections: [UInt64: Connection] = [:]
     private var nextConnectionID: UInt64 = 0
     private var registry = SubscriberRegistry()
+    /// The owner's connections now subscribed (apps' are not counted: their sockets have their own cap).
+    private var ownerSubscribers = 0
     private var lockDone: (@Sendable () -> Void)?
     /// Receive scratch space, reused and zeroed after each read.
     private var chunk = [UInt8](repeating: 0, count: 64 * 1024)
@@ -71,6 +69,8 @@ final class DaemonServer: @unchecked Sendable {
         let owner: UInt64
         var suspended = false
         var since = Date()
+        /// Connections open on its socket.
+        var connections = 0
         /// A suspend, resume or terminate in progress: one at a time.
         var busy = false
         /// Open-URL events relayed before the app had a subscriber: its first one gets them (its launch options).
@@ -136,8 +136,8 @@ final class DaemonServer: @unchecked Sendable {
         var isIdle: Bool { !subscribed && !passcodeOperationRunning && locksPending == 0 && output.count == 0 && !closing }
     }
 
-    init(device: Device, listener: Int32, socketPath: String, allowedUIDs: Set<uid_t>, gracePeriod: TimeInterval, logger: Logger,
-         onErased: @escaping @Sendable () -> Void) throws {
+    init(device: Device, listener: Int32, socketPath: String, allowedUIDs: Set<uid_t>, gracePeriod: TimeInterval, limits: ConnectionLimits,
+         logger: Logger, onErased: @escaping @Sendable () -> Void) throws {
         var pipeEnds: [Int32] = [0, 0]
         guard ps_pipe(&pipeEnds) == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: errno), path: socketPath, doing: "create the daemon's wake-up pipe")
@@ -147,6 +147,7 @@ final class DaemonServer: @unchecked Sendable {
         self.socketPath = socketPath
         self.allowedUIDs = allowedUIDs
         self.lockGrace = gracePeriod
+        self.limits = limits
         self.logger = logger
         self.wakeRead = pipeEnds[0]
         self.wakeWrite = pipeEnds[1]
@@ -190,6 +191,7 @@ final class DaemonServer: @unchecked Sendable {
                            "connection \(connection.id) from pid \(connection.pid) closed: no hello within \(Self.helloDeadline)")
                 close(connection, reason: nil)
             }
+            closeIdleBeyondTheirUIDsShare(now: now)
             tally.flush(now: now, logger: logger)
             if let paused = acceptPausedUntil, paused <= now { acceptPausedUntil = nil }
             let ordered = Array(connections.values)
@@ -214,7 +216,7 @@ final class DaemonServer: @unchecked Sendable {
             if polled[0].revents != 0 { runTasks() }
             if polled[1].revents & Int16(POLLIN) != 0 { acceptConnections() }
             for (index, app) in appList.enumerated() where polled[index + 2].revents & Int16(POLLIN) != 0 && apps[app.bundle] === app {
-                acceptConnections(on: app.listener, forApp: app.bundle)
+                acceptConnections(on: app.listener, forApp: app.bundle, batch: ConnectionLimits.appAcceptsPerPoll)
             }
             let connectionsStart = 2 + appList.count
             for (index, connection) in ordered.enumerated() where connections[connection.id] != nil {
@@ -249,15 +251,19 @@ final class DaemonServer: @unchecked Sendable {
 
     // MARK: Connections
 
-    private func acceptConnections(on listener: Int32? = nil, forApp appBundle: String? = nil) {
+    private func acceptConnections(on listener: Int32? = nil, forApp appBundle: String? = nil, batch: Int = 256) {
         let listener = listener ?? self.listener
         // A bounded batch, so a flood of new connections can't keep the loop from reading the ones it has.
-        for _ in 0..<256 {
+        for _ in 0..<batch {
+            if connections.count >= limits.maximumConnections {
+                guard makeRoomForAConnection(on: listener) else { return }
+                continue
+            }
             let fd = ps_accept(listener)
             if fd < 0 {
                 if errno == EINTR { continue }
                 if errno == EMFILE || errno == ENFILE {
-                    guard makeRoomForAConnection() else { return }
+                    guard makeRoomForAConnection(on: listener) else { return }
                     continue
                 }
                 if errno != EAGAIN && errno != EWOULDBLOCK {
@@ -269,10 +275,11 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-    /// Out of descriptors: closes the least recently active idle connection so the next one can be accepted, since
-    /// that one may be the owner's `lock`. With none idle, the held-back descriptor takes one connection off the queue
-    /// to refuse it, and accepting pauses for 100 ms so poll doesn't spin. False when accepting should stop for now.
-    private func makeRoomForAConnection() -> Bool {
+    /// Out of descriptors (or at `maximumConnections`): closes the least recently active idle connection so the next
+    /// one can be accepted, since that one may be the owner's `lock`. With none idle, the held-back descriptor takes
+    /// one connection off `listener`'s queue to refuse it, and accepting pauses for 100 ms so poll doesn't spin.
+    /// False when accepting should stop for now.
+    private func makeRoomForAConnection(on listener: Int32) -> Bool {
         let now = ContinuousClock.now
         // An app's connections go before anyone else's: the owner's lock must get through.
         if let idle = connections.values.filter({ $0.appBundle != nil }).min(by: { $0.lastActive < $1.lastActive })
@@ -311,20 +318,42 @@ final class DaemonServer: @unchecked Sendable {
             return
         }
         logger.debug("connection \(connection.id) from pid \(pid)")
-        if let appBundle {
+        if let appBundle, let app = apps[appBundle] {
             // An app gets a few connections of its own, outside its owner's budget, so it can't crowd out a lock.
-            guard connections.values.filter({ $0.appBundle == appBundle }).count <= Self.maximumConnectionsPerApp else {
-                tally.note("app connections refused over the cap", now: now, logger: logger, "\(appBundle) holds \(Self.maximumConnectionsPerApp) connections: refused another")
-                return close(connection, reason: nil)
+            app.connections += 1
+            if app.connections > ConnectionLimits.maximumConnectionsPerApp {
+                tally.note("app connections refused over the cap", now: now, logger: logger, "\(appBundle) holds \(ConnectionLimits.maximumConnectionsPerApp) connections: refused another")
+                close(connection, reason: nil)
             }
-            return
         }
-        let idle = connections.values.filter { $0.uid == uid && $0.isIdle && $0.appBundle == nil }
-        if idle.count > Self.maximumIdlePerUID, let oldest = idle.min(by: { $0.lastActive < $1.lastActive }) {
+    }
+
+    /// Closes each uid's idle connections beyond `ConnectionLimits.maximumIdlePerUID`, oldest first, sparing those
+    /// active within `recentlyActive`: so a flood of idle connections never closes the one a `lock` is about to come
+    /// on. One with a request waiting unread is read first, and kept if that makes it busy.
+    private func closeIdleBeyondTheirUIDsShare(now: ContinuousClock.Instant) {
+        var idleByUID: [uid_t: [Connection]] = [:]
+        for connection in connections.values where connection.appBundle == nil && connection.isIdle && now - connection.lastActive >= ConnectionLimits.recentlyActive {
+            idleByUID[connection.uid, default: []].append(connection)
+        }
+        for (uid, idle) in idleByUID where idle.count > ConnectionLimits.maximumIdlePerUID {
+            var excess = idle.count - ConnectionLimits.maximumIdlePerUID
+            for connection in idle.sorted(by: { $0.lastActive < $1.lastActive }) where excess > 0 {
+                if hasUnreadInput(connection) {
+                    readAvailable(connection)
+                    guard connections[connection.id] != nil, connection.isIdle else { continue }
+                }
+                close(connection, reason: nil)
+                excess -= 1
+            }
             tally.note("idle connections closed over the cap", now: now, logger: logger,
-                       "uid \(uid) holds more than \(Self.maximumIdlePerUID) idle connections: closed the least recently active (connection \(oldest.id), pid \(oldest.pid))")
-            close(oldest, reason: nil)
+                       "uid \(uid) holds more than \(ConnectionLimits.maximumIdlePerUID) idle connections: closed the least recently active")
         }
+    }
+
+    private func hasUnreadInput(_ connection: Connection) -> Bool {
+        var byte: UInt8 = 0
+        return recv(connection.fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT)) > 0
     }
 
     private func readAvailable(_ connection: Connection) {
@@ -400,6 +429,8 @@ final class DaemonServer: @unchecked Sendable {
         Glibc.close(connection.fd)
         connection.received.wipe()
         connection.output.wipe()
+        if let bundle = connection.appBundle, let app = apps[bundle] { app.connections -= 1 }
+        if connection.subscribed && connection.appBundle == nil { ownerSubscribers -= 1 }
         if connection.subscribed {
             registry.remove(connection.id)
             completeLockIfAcknowledged()
@@ -456,8 +487,15 @@ final class DaemonServer: @unchecked Sendable {
         case .status:
             send(connection.appBundle == nil ? statusReply(id: request.id) : appStatusReply(id: request.id), to: connection)
         case .subscribe:
+            if !connection.subscribed, connection.appBundle == nil, ownerSubscribers >= limits.maximumSubscribers {
+                tally.note("subscriptions refused over the cap", now: .now, logger: logger,
+                           "\(ownerSubscribers) subscribers, the most this daemon takes with \(limits.descriptors) descriptors: refused connection \(connection.id)'s (pid \(connection.pid))")
+                return send(.failure(id: request.id, code: .busy, message: "the daemon has \(ownerSubscribers) subscribers, the most it takes, keeping descriptors for requests",
+                                     remedy: "Close subscribers you don't need; requests on this connection are still served"), to: connection)
+            }
             if !connection.subscribed {
                 connection.subscribed = true
+                if connection.appBundle == nil { ownerSubscribers += 1 }
                 registry.add(connection.id, available: device.state == .unlocked)
             }
             send(connection.appBundle == nil ? statusReply(id: request.id) : appStatusReply(id: request.id), to: connection)

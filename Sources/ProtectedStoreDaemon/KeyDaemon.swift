@@ -64,7 +64,8 @@ public final class KeyDaemon: Sendable {
             }
             let relay = StopRelay()
             let server = try DaemonServer(device: device, listener: listener, socketPath: socketPath,
-                                          allowedUIDs: [rootStatus.st_uid, 0], gracePeriod: gracePeriod, logger: logger,
+                                          allowedUIDs: [rootStatus.st_uid, 0], gracePeriod: gracePeriod,
+                                          limits: .raisingDescriptorLimit(), logger: logger,
                                           onErased: { relay.stop() })
             let info = DaemonInfo(pid: getpid(), socketPath: socketPath, protocolVersion: daemonProtocolVersion)
             try FileSystem.writeAtomically(Array(try JSONEncoder().encode(info)), to: FileLocation(path: DaemonInfo.path(root: root)), replacing: true)

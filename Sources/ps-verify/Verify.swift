@@ -8,6 +8,6 @@ struct Verify: AsyncParsableCommand {
         commandName: "ps-verify",
         abstract: "Crash-consistency, power-cut and load checks of ProtectedStore on a throwaway device, with figures.",
         discussion: "Each check creates its own device in a temporary folder (fast KDF) and removes it afterwards. Exits 1 if any check finds a violation.",
-        subcommands: [CrashCommand.self, PowerCutCommand.self, LoadCommand.self, CrashWorkerCommand.self, LoadClientCommand.self]
+        subcommands: [CrashCommand.self, PowerCutCommand.self, LoadCommand.self, FloodCommand.self, CrashWorkerCommand.self, LoadClientCommand.self]
     )
 }

@@ -24,7 +24,7 @@ import SuiteThreads
     func idleFloodNeverKeepsALockOut() throws {
         let test = try TestDevice()
         _ = try test.makeContainer()
-        let daemon = try DaemonProcess(test, grace: 0, descriptorLimit: 400)
+        let daemon = try DaemonProcess(test, grace: 0, descriptorLimit: "400")
         let socket = DaemonInfo.defaultSocketPath(root: test.root)
         let idle = (0..<600).map { _ in Self.connect(socket) }
         defer { idle.filter { $0 >= 0 }.forEach { close($0) } }

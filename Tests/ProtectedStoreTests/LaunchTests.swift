@@ -268,6 +268,26 @@ struct LaunchTests {
         #expect(try sandboxctl(test, ["status"]).stdout.contains("unlocked"), "the device is still unlocked")
     }
 
+    @Test("an app flooding its own socket with connections as fast as it can: the owner's lock, unlock and status still get through")
+    func appSocketFlood() throws {
+        let bundle = "com.example.launch.flood"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let tool = CLI.executable.deletingLastPathComponent().path
+        let runtime = try #require(Self.swiftRuntimeFolder)
+        let flood = try launch(test, bundle, ["--read-only", tool, "--read-only", runtime],
+                               ["\(tool)/ps-verify", "flood", "--socket", "/run/sandboxctl/app.sock", "--mode", "idle", "--open", "64"])
+        #expect(eventually(timeout: 30) { (try? daemonConnections(daemon.pid)) ?? 0 >= 4 }, "\(flood.standardError)")
+        let slowest = try DaemonFloodTests.ownerGetsThrough(test, rounds: 6)
+        flood.closeInput()
+        let line = try #require(flood.nextLine(timeout: 60), "the flood printed no report: \(flood.standardError)")
+        let report = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        let made = report["connections"] as? Int ?? 0
+        print("daemon floods: an app's own socket: \(made) connections at \(Int(report["perSecond"] as? Double ?? 0)) a second; 18 owner commands, the slowest \(String(format: "%.2f", slowest)) s")
+        #expect(made >= 1000, "the flood made only \(made) connections: it tested nothing")
+        #expect(flood.waitForExit(timeout: 30) == 0)
+    }
+
     @Test("an app that crashes: launch exits with its signal's status, its mount and record are gone, and it launches again")
     func crash() throws {
         let bundle = "com.example.launch.crash"

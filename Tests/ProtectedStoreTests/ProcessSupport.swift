@@ -114,6 +114,9 @@ final class SpawnedProcess: @unchecked Sendable {
 
     func signal(_ number: Int32) { kill(process.processIdentifier, number) }
 
+    /// Ends the child's standard input.
+    func closeInput() { try? input.fileHandleForWriting.close() }
+
     /// Waits for exit, and for its output to be read (at most 2 s more: a child it left running may hold the pipes);
     /// nil if it has not exited within `timeout` seconds.
     func waitForExit(timeout: TimeInterval = 20) -> Int32? {
@@ -148,9 +151,10 @@ final class DaemonProcess: @unchecked Sendable {
         return FileManager.default.isExecutableFile(atPath: executable.path) ? executable : nil
     }
 
-    /// `descriptorLimit` starts the daemon under `prlimit --nofile`, as a user with a small descriptor limit would.
+    /// `descriptorLimit` starts the daemon under `prlimit --nofile` (`N`, or `SOFT:HARD`), as a user with a small
+    /// descriptor limit would.
     init(_ test: TestDevice, grace: Double = 10, extraArguments: [String] = [], executable: URL = SpawnedProcess.builtExecutable("sandboxctl"),
-         descriptorLimit: Int? = nil) throws {
+         descriptorLimit: String? = nil) throws {
         root = test.root
         let arguments = ["daemon", "--root", test.root, "--device-secret", test.secretPath, "--grace", String(grace)] + extraArguments
         if let descriptorLimit {

@@ -293,10 +293,17 @@ package final class DaemonLink: @unchecked Sendable {
         // A daemon stopped with SIGSTOP still accepts (the backlog): don't hang on it.
         setTimeouts(fd, seconds: 5)
         do {
-            var helloReply = try greet(on: fd, buffer: buffer)
+            // Hello and subscribe in one write: the daemon reads them together, so this connection is never one that
+            // holds nothing, which a flood of idle connections could get closed (docs/PROTOCOL.md §1).
+            var hello = DaemonRequest(id: 0, op: .hello)
+            hello.version = daemonProtocolVersion
+            let replies = try pipeline(subscribing ? [hello, DaemonRequest(id: 1, op: .subscribe)] : [hello], attachment: nil, on: fd, buffer: buffer)
+            if let failure = replies[0].error { throw error(from: failure) }
+            var helloReply = replies[0]
             if subscribing {
-                let subscribed = try exchange(DaemonRequest(id: 1, op: .subscribe), on: fd, buffer: buffer)
-                helloReply.state = subscribed.state
+                // At its subscriber limit the daemon still serves requests: this link works, without events.
+                if let failure = replies[1].error, failure.code != DaemonErrorCode.busy.rawValue { throw error(from: failure) }
+                helloReply.state = replies[1].state ?? helloReply.state
             }
             setTimeouts(fd, seconds: 0)
             return (fd, helloReply)
@@ -322,18 +329,32 @@ package final class DaemonLink: @unchecked Sendable {
     }
 
     package static func exchange(_ request: DaemonRequest, attachment: SecureBytes? = nil, on fd: Int32, buffer: FrameBuffer) throws -> DaemonReply {
-        var bytes = try Frame.encode(request, attachment: attachment)
+        let reply = try pipeline([request], attachment: attachment, on: fd, buffer: buffer)[0]
+        if let failure = reply.error { throw error(from: failure) }
+        return reply
+    }
+
+    /// Sends `requests` in one write (the attachment goes with the last) and returns their replies, failures included.
+    private static func pipeline(_ requests: [DaemonRequest], attachment: SecureBytes?, on fd: Int32, buffer: FrameBuffer) throws -> [DaemonReply] {
+        var frames = try requests.enumerated().map { try Frame.encode($1, attachment: $0 == requests.count - 1 ? attachment : nil) }
+        var bytes: [UInt8] = []
+        // Reserved first, so no copy of an attachment is left behind in memory a reallocation freed.
+        bytes.reserveCapacity(frames.reduce(0) { $0 + $1.count })
+        for index in frames.indices {
+            bytes += frames[index]
+            zeroize(&frames[index])
+        }
         defer { zeroize(&bytes) }
         guard bytes.withUnsafeBytes({ Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == bytes.count else {
             throw ProtectedStoreError(.daemonUnavailable, problem: "the key daemon closed the connection", remedy: "Check the daemon's log")
         }
+        var replies: [DaemonReply] = []
         var chunk = [UInt8](repeating: 0, count: 4096)
         while true {
-            if let frame = try buffer.nextFrame() {
-                let reply = try JSONDecoder().decode(DaemonReply.self, from: Data(frame.message))
-                if let failure = reply.error { throw error(from: failure) }
-                return reply
+            while replies.count < requests.count, let frame = try buffer.nextFrame() {
+                replies.append(try JSONDecoder().decode(DaemonReply.self, from: Data(frame.message)))
             }
+            if replies.count == requests.count { return replies }
             let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
             if count < 0 && errno == EINTR { continue }
             guard count > 0 else {

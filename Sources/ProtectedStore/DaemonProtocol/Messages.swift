@@ -130,6 +130,8 @@ package enum DaemonErrorCode: String, Sendable {
     case invalidArgument = "invalid-argument"
     case io
     case daemonUnavailable = "daemon-unavailable"
+    /// At a limit that keeps room for the owner's requests (subscribers): the request is refused, the connection kept.
+    case busy
     // The protocol's own; each closes the connection.
     case badFrame = "bad-frame"
     case unknownOperation = "unknown-operation"
@@ -165,7 +167,7 @@ package enum DaemonErrorCode: String, Sendable {
         case .alreadyExists: .alreadyExists
         case .invalidArgument: .invalidArgument
         case .io: .io
-        case .daemonUnavailable, .permissionDenied: .daemonUnavailable
+        case .daemonUnavailable, .permissionDenied, .busy: .daemonUnavailable
         }
     }
 }
