@@ -25,6 +25,10 @@ final class DaemonServer: @unchecked Sendable {
     private let wakeRead: Int32
     private let wakeWrite: Int32
     private let limits: ConnectionLimits
+    /// Unlocks and passcode changes, one at a time in the order they came: they take the passcode lock in turn
+    /// anyway, and on Dispatch's pool 64 parallel guesses held every thread, the check holding the lock among the
+    /// ones waiting for a thread.
+    private let passcodeChecks = DispatchQueue(label: "sandboxctl.daemon.passcode-checks")
 
     // Loop thread only.
     private var connections: [UInt64: Connection] = [:]
@@ -640,7 +644,7 @@ final class DaemonServer: @unchecked Sendable {
         }
         connection.passcodeOperationRunning = true
         let (connectionID, pid) = (connection.id, connection.pid)
-        DispatchQueue.global().async {
+        passcodeChecks.async {
             let outcome = Result { try body() }
             let erased = !((try? FileSystem.exists(self.device.keybagPath)) ?? true)
             // Ahead of the event it caused: the caller waits for this reply, while fanning the event out to

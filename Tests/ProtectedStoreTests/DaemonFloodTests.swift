@@ -93,3 +93,99 @@ func daemonConnections(_ pid: Int32) throws -> Int {
         (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)"))?.hasPrefix("socket:") == true
     }
 }
+
+@Suite("parallel guesses", .ownThread) struct ParallelGuessTests {
+    @Test("64 wrong passcodes in parallel, then the right one: 5 are evaluated, the rest throttled, and the owner is unlocked at the first try after the throttle's wait")
+    func parallelGuessesNeverStallTheOwner() throws {
+        // 4 free attempts, then 2 s: the fifth wrong guess starts the wait.
+        let test = try TestDevice(policy: PasscodePolicy(freeAttempts: 4, delays: [2]))
+        _ = try test.makeContainer()
+        let daemon = try DaemonProcess(test, grace: 0)
+        let guessers = try (0..<64).map { _ in try Device.attach(root: test.root, notificationCenter: NotificationCenter()) }
+        let owner = try Device.attach(root: test.root, notificationCenter: NotificationCenter())
+        defer { (guessers + [owner]).forEach { $0.powerOff() } }
+        let answered = DispatchGroup()
+        let verdicts = Verdicts()
+        // The guesses must not take a thread each in the daemon: that is how they once starved the check holding the lock.
+        let threadsBefore = Self.threads(of: daemon.pid)
+        let sampling = ThreadSampler(pid: daemon.pid)
+        for guesser in guessers {
+            answered.enter()
+            Thread {
+                defer { answered.leave() }
+                let verdict: String
+                do {
+                    try guesser.unlock(passcode: try Passcode("wrong"))
+                    verdict = "unlocked"
+                } catch let error as ProtectedStoreError {
+                    verdict = "\(error.kind)"
+                } catch {
+                    verdict = "\(error)"
+                }
+                verdicts.add(verdict)
+            }.start()
+        }
+        // The owner's, while the guesses are in flight: throttled once (the wait it names), then unlocked.
+        let start = Date()
+        var tries = 0, waited = 0.0
+        while tries < 3 {
+            tries += 1
+            do {
+                try owner.unlock(passcode: try Passcode(TestDevice.passcode))
+                break
+            } catch let error as ProtectedStoreError where error.kind == .throttled {
+                let seconds = Double(error.problem.split(separator: " ").reversed().dropFirst().first.map(String.init) ?? "") ?? 1
+                waited += seconds
+                Thread.sleep(forTimeInterval: seconds)
+            }
+        }
+        let elapsed = Date().timeIntervalSince(start)
+        #expect(answered.wait(timeout: .now() + 60) == .success, "the guesses were not all answered")
+        let threadsAtMost = sampling.stop()
+        #expect(threadsAtMost - threadsBefore <= 8, "the daemon went from \(threadsBefore) threads to \(threadsAtMost) for the guesses")
+        #expect(owner.state == .unlocked && tries <= 2, "the owner took \(tries) tries")
+        let counts = verdicts.counts
+        #expect(counts == ["wrongPasscode": 5, "throttled": 59], "\(counts)")
+        print("parallel guesses: 64 wrong passcodes (\(counts)); the owner unlocked after \(String(format: "%.2f", elapsed)) s, \(String(format: "%.2f", waited)) s of it the throttle's wait, in \(tries) tries; the daemon's threads \(threadsBefore) → at most \(threadsAtMost)")
+        #expect(kill(daemon.pid, 0) == 0)
+    }
+
+    static func threads(of pid: Int32) -> Int {
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        return status.split(separator: "\n").first { $0.hasPrefix("Threads:") }.flatMap { Int($0.dropFirst(8).trimmingCharacters(in: .whitespaces)) } ?? 0
+    }
+}
+
+/// The most threads a process had, sampled until `stop`.
+private final class ThreadSampler: @unchecked Sendable {
+    private let mutex = NSLock()
+    private var most = 0
+    private var running = true
+    private let finished = DispatchSemaphore(value: 0)
+
+    init(pid: Int32) {
+        Thread { [self] in
+            while mutex.withLock({ running }) {
+                let count = ParallelGuessTests.threads(of: pid)
+                mutex.withLock { most = max(most, count) }
+                usleep(2_000)
+            }
+            finished.signal()
+        }.start()
+    }
+
+    func stop() -> Int {
+        mutex.withLock { running = false }
+        finished.wait()
+        return mutex.withLock { most }
+    }
+}
+
+/// The guesses' outcomes, from their threads.
+private final class Verdicts: @unchecked Sendable {
+    private let mutex = NSLock()
+    private var all: [String] = []
+
+    func add(_ verdict: String) { mutex.withLock { all.append(verdict) } }
+    var counts: [String: Int] { mutex.withLock { Dictionary(all.map { ($0, 1) }, uniquingKeysWith: +) } }
+}

@@ -154,11 +154,14 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
         var attempts = before
         attempts.failedAttempts += 1
         attempts.lastFailure = Date().timeIntervalSince1970
-        let counted = DispatchGroup()
+        // On a thread of its own, not Dispatch's pool: parallel checks waiting for the lock above may hold every
+        // thread of the pool, and this one must not wait for them.
+        let counted = DispatchSemaphore(value: 0)
         let counting = CountingOutcome()
-        DispatchQueue.global().async(group: counted) { [attempts] in
+        Thread { [attempts] in
             do { try attempts.save(to: passcodeAttemptsPath) } catch { counting.error = error }
-        }
+            counted.signal()
+        }.start()
         let verdict = Result { try check() }
         counted.wait()
         if let error = counting.error { throw error }

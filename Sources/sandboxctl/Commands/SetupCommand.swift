@@ -133,6 +133,8 @@ struct SystemdUnits {
             # Started at the first connection to the socket, which it takes over (LISTEN_FDS). Its keys are in memory only.
             ExecStart=\(quoted(executable)) daemon \(deviceArguments)
             LimitCORE=0
+            # One descriptor per connection: room for thousands of subscribers and a flood besides (PROTOCOL.md §1).
+            LimitNOFILE=65536
             Restart=on-failure
 
             [Install]
@@ -148,6 +150,8 @@ struct SystemdUnits {
             [Service]
             # The mount point is the one the line `%i MOUNTPOINT` of $XDG_CONFIG_HOME/sandboxctl/mounts.conf gives.
             ExecStart=\(quoted(executable)) mount %i --foreground \(deviceArguments)
+            # It handles plaintext: no core file.
+            LimitCORE=0
 
             [Install]
             WantedBy=default.target
