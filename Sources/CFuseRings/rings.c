@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -34,7 +35,7 @@ struct ring_command { uint64_t flags, commit_id; uint16_t queue; uint8_t padding
 struct request_header { uint32_t length, opcode; uint64_t unique, node; uint32_t uid, gid, pid; uint16_t extension_length, padding; };
 struct reply_header { uint32_t length; int32_t error; uint64_t unique; };
 
-enum { COMMAND_REGISTER = 1, COMMAND_COMMIT_AND_FETCH = 2, OPCODE_INIT = 26 };
+enum { COMMAND_REGISTER = 1, COMMAND_COMMIT_AND_FETCH = 2, OPCODE_READ = 15, OPCODE_INIT = 26 };
 enum { INIT_MAX_PAGES = 1u << 22, INIT_EXTENDED = 1u << 30, INIT2_OVER_IO_URING = 1u << 9 };
 // Offsets in INIT's request (after its 40-byte header) and in its reply's fuse_init_out.
 enum { INIT_IN_FLAGS2 = 40 + 16, INIT_OUT_FLAGS = 12, INIT_OUT_MAX_WRITE = 20, INIT_OUT_MAX_PAGES = 28, INIT_OUT_FLAGS2 = 32 };
@@ -64,6 +65,7 @@ struct ring_thread {
     uint64_t commit_id, replies;
     int replied, last_command;
     size_t reply_in_place;       // bytes of the answer's payload the operation itself wrote into the entry (0: none)
+    atomic_size_t stale;         // bytes of a READ's answer still in the payload, plaintext until the next request
 };
 
 struct ps_fuse_rings {
@@ -272,6 +274,7 @@ static void queue_command(struct ring_thread *self, int command, uint64_t tag) {
 static void serve(struct ring_thread *self) {
     const struct request_header *request = (const void *)self->header->in_out;
     uint32_t payload_size = self->header->entry.payload_size;
+    uint32_t opcode = request->opcode;
     self->commit_id = self->header->entry.commit_id;
     if (request->length < sizeof *request + payload_size || payload_size > ENTRY_PAYLOAD
         || request->length - sizeof *request - payload_size > sizeof self->header->op_in) {
@@ -281,6 +284,9 @@ static void serve(struct ring_thread *self) {
         return;
     }
     size_t operation_header_size = request->length - sizeof *request - payload_size;
+    // The entry is ours until it is handed back: what the last READ's answer left beyond this request goes now.
+    size_t stale = atomic_exchange(&self->stale, 0);
+    if (stale > payload_size) explicit_bzero(self->buffer + HEADROOM + payload_size, stale - payload_size);
     char *rebuilt = self->buffer + HEADROOM - sizeof *request - operation_header_size;
     memcpy(rebuilt, request, sizeof *request);
     memcpy(rebuilt + sizeof *request, self->header->op_in, operation_header_size);
@@ -295,6 +301,8 @@ static void serve(struct ring_thread *self) {
     answering = NULL;
     // Only a request that wants no answer (FUSE_NOTIFY_REPLY) gets none; the entry is still handed back.
     if (!self->replied) answer_with_error(self, 0);
+    // The answer overwrote the request's header: its opcode was kept.
+    if (opcode == OPCODE_READ) atomic_store(&self->stale, self->header->entry.payload_size);
     // A load first: an exchange on every request would bounce the flag's cache line between the processors.
     if (!atomic_load_explicit(&self->rings->rings_carry_requests, memory_order_relaxed)
         && !atomic_exchange(&self->rings->rings_carry_requests, 1))
@@ -549,4 +557,47 @@ void ps_fuse_rings_stop(ps_fuse_rings *rings) {
     pthread_cond_destroy(&rings->changed);
     free(rings->threads);
     free(rings);
+}
+
+// One request from a given processor, which the kernel puts on that processor's queue: any entry it reaches zeroes
+// what a READ's answer left in it.
+struct scrub_request { const char *path; unsigned processor; };
+
+static void *request_from_processor(void *argument) {
+    struct scrub_request *request = argument;
+    cpu_set_t processors;
+    CPU_ZERO(&processors);
+    CPU_SET(request->processor, &processors);
+    struct statvfs info;
+    if (sched_setaffinity(0, sizeof processors, &processors) == 0) (void)statvfs(request->path, &info);
+    return NULL;
+}
+
+int ps_fuse_rings_scrub(void *userdata, const char *path) {
+    ps_fuse_rings *rings = session_of(userdata);
+    if (rings == NULL) return 0;
+    for (int round = 0; round < 16; round++) {
+        unsigned holding = 0;
+        for (unsigned index = 0; index < rings->thread_count; index++) holding += atomic_load(&rings->threads[index].stale) > 0;
+        if (holding == 0) return 0;
+        // As many requests from each processor at once as it has entries, so each entry is likely to take one.
+        pthread_t *workers = calloc(rings->thread_count, sizeof *workers);
+        struct scrub_request *requests = calloc(rings->thread_count, sizeof *requests);
+        if (workers == NULL || requests == NULL) {
+            free(workers);
+            free(requests);
+            return (int)holding;
+        }
+        unsigned started = 0;
+        for (unsigned index = 0; index < rings->thread_count; index++) {
+            requests[started] = (struct scrub_request){ path, rings->threads[index].queue };
+            if (pthread_create(&workers[started], NULL, request_from_processor, &requests[started]) == 0) started++;
+        }
+        for (unsigned index = 0; index < started; index++) pthread_join(workers[index], NULL);
+        free(workers);
+        free(requests);
+    }
+    unsigned holding = 0;
+    for (unsigned index = 0; index < rings->thread_count; index++) holding += atomic_load(&rings->threads[index].stale) > 0;
+    return (int)holding;
 }

@@ -1,4 +1,6 @@
 import CFuse
+import CFuseRings
+import CSupport
 import Foundation
 import Logging
 import ProtectedStore
@@ -42,17 +44,21 @@ package final class FUSEMount: @unchecked Sendable {
         // After the session: writes the mount accepted are stored before the process can end.
         defer { fileSystem.closeOpenFiles() }
         try FUSESession.serve(mountPoint: mountPoint, options: options, operations: Self.operations, context: Unmanaged.passUnretained(self).toOpaque(),
-                              what: container.bundleIdentifier, logger: logger, overIOUring: overIOUring, started: { [fileSystem, logger] handle in
-            fileSystem.setPageCacheInvalidator { path in
+                              what: container.bundleIdentifier, logger: logger, overIOUring: overIOUring, started: { [fileSystem, logger, mountPoint] handle in
+            fileSystem.setFrontEnd(.init(dropCachedPages: { path in
                 let result = path.withCString { fuse_invalidate_path(handle.fuse, $0) }
                 // ENOENT: the kernel holds nothing for that path (never looked up, or forgotten): nothing to drop.
                 if result != 0 && result != -ENOENT {
                     logger.error("could not drop the kernel's cached pages of \(path) at the lock (\(Errno(rawValue: -result))); a descriptor opened before the lock may still read them")
                 }
-            }
+            }, zeroBuffers: {
+                // Over io_uring, a READ's answer stays in its ring entry until the entry's next request.
+                let holding = ps_fuse_rings_scrub(UnsafeMutableRawPointer(handle.fuse), mountPoint)
+                if holding > 0 { logger.error("\(holding) io_uring entries still hold a read's plaintext after the lock: they took no request") }
+            }))
         }, stopping: { [fileSystem] in
             // Before fuse_destroy: a lock arriving later must not reach a freed instance.
-            fileSystem.setPageCacheInvalidator(nil)
+            fileSystem.setFrontEnd(nil)
         }, unmountedBy: unmountedBy, ready: {
             widenReadahead()
             ready()
@@ -150,7 +156,10 @@ package final class FUSEMount: @unchecked Sendable {
         }
         operations.write = { path, buffer, size, offset, file in
             transfer("write", path) { fs in
-                try fs.write(file!.pointee.fh, from: UnsafeRawBufferPointer(start: buffer, count: size), at: Int64(offset))
+                // The plaintext is in libfuse's receive buffer, which it keeps for the next request: zeroed once used,
+                // so none of it outlives a lock there.
+                defer { if let buffer { memset(UnsafeMutableRawPointer(mutating: buffer), 0, size) } }
+                return try fs.write(file!.pointee.fh, from: UnsafeRawBufferPointer(start: buffer, count: size), at: Int64(offset))
             }
         }
         operations.fallocate = { path, mode, offset, length, file in
@@ -223,8 +232,11 @@ private func serve(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (
 }
 
 /// Runs an operation that answers with a byte count (or 0), or the negated errno.
+/// A read or a write: plaintext passes through the calls it makes, and libsodium leaves a cipher's last partial block
+/// on their stack (ScrubbedStack says more), so the stack below this frame is zeroed once it is answered.
 private func transfer(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (ContainerFileSystem) throws -> Int) -> Int32 {
-    Int32(answer(operation, path, body))
+    defer { ps_scrub_stack_below(32 << 10) }
+    return Int32(answer(operation, path, body))
 }
 
 /// Runs an operation that answers with a number as wide as a file offset, or the negated errno.

@@ -288,6 +288,30 @@ struct LaunchTests {
         #expect(flood.waitForExit(timeout: 30) == 0)
     }
 
+    @Test("after a lock, the launcher holds none of a class A file's plaintext the app read or wrote before it")
+    func launcherHoldsNoPlaintextAfterTheLock() throws {
+        let bundle = "com.example.launch.plaintext"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        // Text (put reads it as a line), random so that a copy found is a copy.
+        let read = PlaintextAfterLockTests.random(600_000).base64EncodedString(), copied = PlaintextAfterLockTests.random(600_000).base64EncodedString()
+        for (name, text) in [("read.txt", read), ("copied.txt", copied)] {
+            let put = try sandboxctl(test, ["put", "--protection", "complete", "-", "\(bundle):Documents/\(name)"], stdin: text)
+            #expect(put.status == 0, "\(put.stderr)")
+        }
+        let shell = try launch(test, bundle, [], ["/bin/sh"])
+        #expect(run(shell, "wc -c < Documents/read.txt && cp Documents/copied.txt Documents/copy.txt && wc -c < Documents/copy.txt").output == ["\(read.utf8.count)", "\(copied.utf8.count)"])
+        #expect(try sandboxctl(test, ["lock"]).status == 0)
+        let plaintexts = [Data(read.utf8), Data(copied.utf8)]
+        guard PlaintextAfterLockTests.canScan(shell.pid) else { return }
+        #expect(try PlaintextScan(pid: getpid(), plaintexts: plaintexts).foundBytes >= read.utf8.count + copied.utf8.count, "the scan is blind")
+        let scan = try PlaintextScan(pid: shell.pid, plaintexts: plaintexts)
+        print("plaintext after the lock: sandboxctl launch: \(scan.foundBytes) bytes of \(plaintexts.map(\.count).reduce(0, +)) found in \(scan.scannedBytes >> 20) MiB \(scan.found)")
+        #expect(scan.foundBytes == 0, "left in the launcher after the lock: \(scan.found) at \(scan.addresses)")
+        shell.send("exit 0\n")
+        #expect(shell.waitForExit(timeout: 30) == 0)
+    }
+
     @Test("an app that crashes: launch exits with its signal's status, its mount and record are gone, and it launches again")
     func crash() throws {
         let bundle = "com.example.launch.crash"

@@ -167,6 +167,26 @@ struct MemoryScan {
     private(set) var regions = 0
 
     init(pid: Int32, secrets: [MaskedSecret]) throws {
+        var labels: Set<String> = []
+        (scannedBytes, regions) = try Self.readEveryMapping(of: pid) { buffer, read, position, name in
+            for secret in secrets {
+                let first = secret.masked[0] ^ MaskedSecret.mask
+                var offset = 0
+                while offset < read, let hit = memchr(buffer.baseAddress! + offset, Int32(first), read - offset) {
+                    let index = buffer.baseAddress!.distance(to: hit)
+                    if secret.matches(UnsafeRawBufferPointer(rebasing: buffer[index..<read])) && labels.insert(secret.label).inserted {
+                        found.append("\(secret.label) at 0x\(String(position + UInt64(index), radix: 16)) (\(name))")
+                    }
+                    offset = index + 1
+                }
+            }
+        }
+    }
+
+    /// Calls `body` with each chunk of every readable mapping of `pid` (its bytes, their count, their address, the
+    /// mapping's name); chunks overlap by 64 bytes. Returns the bytes read and the mappings.
+    static func readEveryMapping(of pid: Int32, _ body: (UnsafeMutableRawBufferPointer, Int, UInt64, String) -> Void) throws -> (bytes: Int, regions: Int) {
+        var scannedBytes = 0, regions = 0
         // Read to the end by hand: /proc files report size 0, and a one-shot read stops at the first page.
         guard let mapsFile = FileHandle(forReadingAtPath: "/proc/\(pid)/maps"), let mapsData = try mapsFile.readToEnd() else {
             throw POSIXError(.ENOENT)
@@ -177,7 +197,6 @@ struct MemoryScan {
         let chunk = 1 << 20, overlap = 64
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunk, alignment: 16)
         defer { buffer.deallocate() }
-        var labels: Set<String> = []
         for line in maps.split(separator: "\n") {
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)
             guard fields.count >= 5, fields[1].hasPrefix("r") else { continue }
@@ -194,20 +213,54 @@ struct MemoryScan {
                 guard let read = try? memory.read(fromAbsoluteOffset: Int64(bitPattern: position),
                                                   into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<wanted])), read > 0 else { break }
                 scannedBytes += read
-                for secret in secrets {
-                    let first = secret.masked[0] ^ MaskedSecret.mask
-                    var offset = 0
-                    while offset < read, let hit = memchr(buffer.baseAddress! + offset, Int32(first), read - offset) {
-                        let index = buffer.baseAddress!.distance(to: hit)
-                        if secret.matches(UnsafeRawBufferPointer(rebasing: buffer[index..<read])) && labels.insert(secret.label).inserted {
-                            found.append("\(secret.label) at 0x\(String(position + UInt64(index), radix: 16)) (\(name))")
-                        }
-                        offset = index + 1
-                    }
-                }
+                body(buffer, read, position, name)
                 // Step back a little so a secret straddling two chunks is seen whole.
                 position += UInt64(read == wanted && position + UInt64(read) < bounds[1] ? read - overlap : read)
             }
         }
+        return (scannedBytes, regions)
+    }
+}
+
+/// How much of some plaintexts a process's memory holds: every 8-byte-aligned word of them is looked for at every
+/// 8-byte-aligned address (heap blocks, libfuse's buffers and the kernel's copies into them are aligned alike).
+/// The plaintexts are random, so a word found is a copy, not a coincidence.
+struct PlaintextScan {
+    /// Bytes of the plaintexts found (8 per word), by mapping name.
+    private(set) var found: [String: Int] = [:]
+    private(set) var scannedBytes = 0
+    /// Where the first few words were found, to look them up in /proc/PID/maps.
+    private(set) var addresses: [String] = []
+    var foundBytes: Int { found.values.reduce(0, +) }
+
+    init(pid: Int32, plaintexts: [Data]) throws {
+        var words = Set<UInt64>()
+        // A bit per value of a word's low 16 bits: most memory words fail it without a hash lookup.
+        var filter = [UInt64](repeating: 0, count: 1024)
+        for plaintext in plaintexts {
+            plaintext.withUnsafeBytes { bytes in
+                for offset in stride(from: 0, to: bytes.count - 7, by: 8) {
+                    let word = bytes.loadUnaligned(fromByteOffset: offset, as: UInt64.self)
+                    words.insert(word)
+                    filter[Int(word & 0xFFFF) >> 6] |= 1 << (word & 63)
+                }
+            }
+        }
+        var found: [String: Int] = [:]
+        var addresses: [String] = []
+        (scannedBytes, _) = try MemoryScan.readEveryMapping(of: pid) { buffer, read, position, name in
+            let count = read / 8
+            let memory = buffer.baseAddress!.bindMemory(to: UInt64.self, capacity: count)
+            var matched = 0
+            for index in 0..<count {
+                let word = memory[index]
+                guard filter[Int(word & 0xFFFF) >> 6] & (1 << (word & 63)) != 0, words.contains(word) else { continue }
+                matched += 1
+                if addresses.count < 8 { addresses.append("0x" + String(position + UInt64(index * 8), radix: 16)) }
+            }
+            if matched > 0 { found[name, default: 0] += matched * 8 }
+        }
+        self.found = found
+        self.addresses = addresses
     }
 }

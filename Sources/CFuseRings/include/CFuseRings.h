@@ -28,6 +28,11 @@ ps_fuse_rings *ps_fuse_rings_start(struct fuse_session *session, void *userdata,
 /// exceeds `size`). NULL on other threads, or if `size` is 0 or does not fit.
 void *ps_fuse_rings_reply_space(size_t size);
 
+/// At a lock: has every ring entry that still holds a READ's answer (plaintext) take a request, which zeroes it,
+/// by asking for `path`'s statvfs from each entry's processor, in up to 16 rounds. `userdata` is libfuse's (the
+/// high-level API's struct fuse). Returns how many entries still hold one (0; and 0 without rings).
+int ps_fuse_rings_scrub(void *userdata, const char *path);
+
 /// After the mount's own unmount (fuse_session_exit, then fuse_unmount): ends the ring threads and wakes libfuse's
 /// loop, which then returns even if the unmount was lazy and files are still open (their requests fail once the mount
 /// has ended).

@@ -61,6 +61,19 @@ int ps_pipe(int ends[2]);
 /// prctl(PR_SET_DUMPABLE, 0). Returns 0, or -1 with errno set.
 int ps_disable_core_dumps(void);
 
+/// Freed heap blocks are overwritten as they are freed (glibc's mallopt M_PERTURB): plaintext a process of ours held
+/// is not left behind in the heap's free lists. Returns 1 on success, 0 if glibc refused.
+int ps_overwrite_freed_memory(void);
+
+/// Returns the free pages of every heap arena to the kernel (glibc's malloc_trim), which zeroes them: what the free
+/// lists still held of earlier plaintext goes with them.
+void ps_release_freed_memory(void);
+
+/// Zeroes `size` bytes of this thread's stack below the caller's frame, where the calls it has made left their
+/// locals (libsodium leaves a cipher's last partial block there).
+#include <stddef.h>
+void ps_scrub_stack_below(size_t size);
+
 /// prctl(PR_GET_DUMPABLE): 1 if this process may be dumped or traced, 0 if not, -1 with errno set.
 int ps_is_dumpable(void);
 

@@ -215,15 +215,16 @@ extension Device {
         }
     }
 
-    /// Zeroes the per-file keys of `files` (a lock, or the loss of the daemon), then tells the handlers, before the lock counts as done.
+    /// Zeroes the per-file keys of `files` (a lock, or the loss of the daemon), then tells the handlers, also when
+    /// there were none, before the lock counts as done.
     func discardKeys(of files: [EncryptedFile]) {
-        guard !files.isEmpty else { return }
         files.forEach { $0.discardKey() }
         mutex.withLock { keysDiscardedHandlers }.forEach { $0(files) }
     }
 
-    /// Calls `handler` whenever a lock has discarded the keys of open files, before the lock is reported complete,
-    /// so a file system serving them can drop what the kernel cached of their plaintext.
+    /// Calls `handler` at every lock once it has discarded the keys of open class A files (maybe none), before the
+    /// lock is reported complete, so a file system serving them can drop what the kernel and the process still hold
+    /// of their plaintext.
     package func onKeysDiscarded(_ handler: @escaping @Sendable ([EncryptedFile]) -> Void) {
         mutex.withLock { keysDiscardedHandlers.append(handler) }
     }

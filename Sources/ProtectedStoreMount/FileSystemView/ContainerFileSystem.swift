@@ -23,7 +23,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     private let sizes: PlaintextSizes
     private let logger: Logger
     private let invalidatorLock = NSLock()
-    private var invalidator: (@Sendable (String) -> Void)?
+    private var frontEnd: FrontEndAtLock?
     private let poolLock = NSLock()
     private var folderPool: FolderPool?
 
@@ -37,10 +37,21 @@ package final class ContainerFileSystem: @unchecked Sendable {
         container.device.onKeysDiscarded { [weak self] files in self?.dropCachedPlaintext(of: files) }
     }
 
-    /// Sets how to drop the kernel's cached pages of a path (the front end's cache invalidation); nil once the
-    /// front end is gone.
-    package func setPageCacheInvalidator(_ invalidate: (@Sendable (String) -> Void)?) {
-        invalidatorLock.withLock { invalidator = invalidate }
+    /// What the front end does at a lock: drop the kernel's cached pages of a path, then zero its own buffers that
+    /// may still hold plaintext.
+    package struct FrontEndAtLock: Sendable {
+        package let dropCachedPages: @Sendable (String) -> Void
+        package let zeroBuffers: @Sendable () -> Void
+
+        package init(dropCachedPages: @escaping @Sendable (String) -> Void, zeroBuffers: @escaping @Sendable () -> Void) {
+            self.dropCachedPages = dropCachedPages
+            self.zeroBuffers = zeroBuffers
+        }
+    }
+
+    /// Sets the front end's part of a lock; nil once the front end is gone.
+    package func setFrontEnd(_ frontEnd: FrontEndAtLock?) {
+        invalidatorLock.withLock { self.frontEnd = frontEnd }
     }
 
     /// Has mkdir take folders made ahead, their IVs already durable (`FolderPool`), until `stopMakingFoldersAhead()`,
@@ -701,14 +712,17 @@ package final class ContainerFileSystem: @unchecked Sendable {
     // MARK: Lock
 
     /// After a lock zeroed the keys of open class A files: the kernel must not keep serving their plaintext from its
-    /// page cache to descriptors (or mappings) opened before the lock.
+    /// page cache to descriptors (or mappings) opened before the lock, and this process's freed buffers must not keep
+    /// what it decrypted or was sent.
     private func dropCachedPlaintext(of files: [EncryptedFile]) {
         let paths = table.paths(of: files)
         // Under the lock, so the front end can't go away mid-way.
         invalidatorLock.withLock {
-            guard let invalidator else { return }
-            paths.forEach(invalidator)
+            guard let frontEnd else { return }
+            paths.forEach(frontEnd.dropCachedPages)
+            frontEnd.zeroBuffers()
         }
+        PlaintextHygiene.releaseFreedMemory()
     }
 
     private func withKeyBroughtBack<R>(_ file: EncryptedFile, _ body: () throws -> R) throws -> R {

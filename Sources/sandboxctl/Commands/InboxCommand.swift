@@ -276,6 +276,7 @@ struct InboxMountCommand: ParsableCommand {
                 return
             }
             if backgroundChild { setsid() }
+            try PlaintextHygiene.hardenProcess()
             MountCommand.bootstrapLogging(verbose: verbose)
             let logger = Logger(label: "sandboxctl.inbox-mount")
             let fileSystem = InboxDropFileSystem(container: container, sourceApplication: sourceApplication, annotation: checkedAnnotation,

@@ -78,6 +78,8 @@ struct LaunchCommand: ParsableCommand {
         // The program's standard error is the terminal's too: only the mount's errors join it.
         MountCommand.bootstrapLogging(level: .warning)
         let status = try reportingErrors { () throws -> Int32 in
+            // This process serves the container's plaintext to the app.
+            try PlaintextHygiene.hardenProcess()
             let bubblewrap = try Sandbox.findBubblewrap()
             try Sandbox.checkUserNamespaces()
             let root = device.resolvedRoot

@@ -66,6 +66,7 @@ struct MountCommand: ParsableCommand {
 
     private func serve(_ container: Container, at mountPoint: String) throws {
         if backgroundChild { setsid() }
+        try PlaintextHygiene.hardenProcess()
         Self.bootstrapLogging(verbose: verbose)
         let mount = FUSEMount(container: container, mountPoint: mountPoint, logger: Logger(label: "sandboxctl.mount"))
         try mount.run(overIOUring: transport.overIOUring) {
