@@ -480,7 +480,7 @@ final class DaemonServer: @unchecked Sendable {
                 reply.operations = DaemonRequest.Operation.allCases.filter(\.isAllowedForApps).map(\.rawValue)
                 return send(reply, to: connection)
             }
-            var reply = statusReply(id: request.id)
+            var reply = statusReply(id: request.id, withDiagnostics: false)
             reply.version = daemonProtocolVersion
             reply.keybagID = device.keybagID.hex
             reply.classBPublicKey = device.classBPublicKey.hex
@@ -502,7 +502,7 @@ final class DaemonServer: @unchecked Sendable {
                 if connection.appBundle == nil { ownerSubscribers += 1 }
                 registry.add(connection.id, available: device.state == .unlocked)
             }
-            send(connection.appBundle == nil ? statusReply(id: request.id) : appStatusReply(id: request.id), to: connection)
+            send(connection.appBundle == nil ? statusReply(id: request.id, withDiagnostics: false) : appStatusReply(id: request.id), to: connection)
             if let bundle = connection.appBundle, let app = apps[bundle] { relayParkedOpenURLs(of: app) }
         case .ack:
             guard connection.subscribed, let seq = request.seq else {
@@ -613,12 +613,15 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-    private func statusReply(id: UInt64) -> DaemonReply {
+    /// `withDiagnostics` false leaves out what costs a file read (the attempt counter, /proc/self/status): hello and
+    /// subscribe, which every connection sends, answer at the rate a flood of them comes.
+    private func statusReply(id: UInt64, withDiagnostics: Bool = true) -> DaemonReply {
         var reply = DaemonReply(id: id)
         reply.pid = getpid()
         reply.state = device.state.rawValue
         reply.gracePeriod = device.gracePeriod
         reply.subscribers = registry.count
+        guard withDiagnostics else { return reply }
         reply.failedPasscodeAttempts = device.failedPasscodeAttempts
         reply.coreDumpsDisabled = ps_is_dumpable() == 0
         reply.lockedMemoryKiB = Self.lockedMemoryKiB()
@@ -846,7 +849,7 @@ final class DaemonServer: @unchecked Sendable {
         // Only root may start a sandbox under another uid: a user's app runs as that user.
         let sandboxUID = request.uid ?? connection.uid
         guard sandboxUID == connection.uid || connection.uid == 0 else {
-            return send(appFailure(request, .permissionDenied, "uid \(connection.uid) may not register a sandbox running as uid \(sandboxUID)",
+            return send(appFailure(request, .invalidArgument, "uid \(connection.uid) may not register a sandbox running as uid \(sandboxUID)",
                                    "Register the app under your own uid"), to: connection)
         }
         // The socket goes in a folder of the launcher's user (or the sandbox's) that only it can enter; the daemon

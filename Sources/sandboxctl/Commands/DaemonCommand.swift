@@ -29,9 +29,11 @@ struct DaemonCommand: ParsableCommand {
 
             The daemon disables its core dumps and tracing by other processes (PR_SET_DUMPABLE 0) and keeps every key in \
             mlocked memory (best effort: raise `ulimit -l` for a non-root daemon). Passcode work runs on a stack it wipes, \
-            so nothing derived from the passcode outlives an unlock. A connection that sends no hello within 3 s is \
-            closed, a uid keeps at most 32 idle connections, and a descriptor is held in reserve, so a lock always gets \
-            through. SIGINT or SIGTERM zeroes the keys, removes the socket and exits 0. Log lines go to standard error; \
+            so nothing derived from the passcode outlives an unlock; unlocks run one at a time, so parallel guesses never \
+            stall the owner's. A lock, unlock or status always gets through however many connections a program of the \
+            same user opens (docs/PROTOCOL.md §1): a connection that sends no hello within 3 s is closed, a uid keeps at \
+            most 32 idle connections beyond those active in the last second, the soft descriptor limit is raised to the \
+            hard one and 64 descriptors are kept free, and subscriptions stop 1,024 short of the limit (`busy`). SIGINT or SIGTERM zeroes the keys, removes the socket and exits 0. Log lines go to standard error; \
             repeated refusals and bad frames are counted, one line a second.
             """
     )
