@@ -6,6 +6,9 @@ import SuiteThreads
 /// The owner's `lock`, `unlock` and `status` against a program of the same uid flooding the daemon's socket with
 /// connections (`ps-verify flood`): silent, idle or subscribed, at the rate this machine allows (docs/PROTOCOL.md §1).
 @Suite("daemon floods", .ownThread) struct DaemonFloodTests {
+    /// The daemon as it ships when `make test` built it: a flood measures the daemon's speed, which a debug build's halves.
+    static var daemonExecutable: URL { DaemonProcess.releaseExecutable ?? SpawnedProcess.builtExecutable("sandboxctl") }
+
     /// `ps-verify flood` on `socket`, running until `stop`.
     final class Flood {
         let spawned: SpawnedProcess
@@ -54,7 +57,7 @@ import SuiteThreads
     func idleAndSilentFloods(mode: String) throws {
         let test = try TestDevice()
         _ = try test.makeContainer()
-        let daemon = try DaemonProcess(test, grace: 0)
+        let daemon = try DaemonProcess(test, grace: 0, executable: Self.daemonExecutable)
         let flood = try Flood(DaemonInfo.defaultSocketPath(root: test.root), mode: mode, open: 4000)
         // The flood is under way before the owner starts: some thousands of connections.
         #expect(eventually(timeout: 30) { (try? daemonConnections(daemon.pid)) ?? 0 >= 500 })
@@ -70,7 +73,7 @@ import SuiteThreads
     func twoThousandSubscribers() throws {
         let test = try TestDevice()
         _ = try test.makeContainer()
-        let daemon = try DaemonProcess(test, grace: 0, descriptorLimit: "1024:8192")
+        let daemon = try DaemonProcess(test, grace: 0, executable: Self.daemonExecutable, descriptorLimit: "1024:8192")
         let flood = try Flood(DaemonInfo.defaultSocketPath(root: test.root), mode: "subscribed", open: 2000, total: 2000)
         #expect(eventually(timeout: 60) { (try? Device.attach(root: test.root).daemonStatus()?.subscribers) ?? 0 >= 2001 })
         let slowest = try Self.ownerGetsThrough(test, rounds: 3)
@@ -86,7 +89,7 @@ import SuiteThreads
         let test = try TestDevice()
         _ = try test.makeContainer()
         // 400 descriptors, soft and hard: at most 200 subscribers.
-        let daemon = try DaemonProcess(test, grace: 0, descriptorLimit: "400")
+        let daemon = try DaemonProcess(test, grace: 0, executable: Self.daemonExecutable, descriptorLimit: "400")
         let flood = try Flood(DaemonInfo.defaultSocketPath(root: test.root), mode: "subscribed", open: 1000, total: 1000)
         #expect(eventually(timeout: 60) { (try? Device.attach(root: test.root).daemonStatus()?.subscribers) ?? 0 >= 200 })
         let slowest = try Self.ownerGetsThrough(test, rounds: 3)
@@ -112,7 +115,7 @@ func daemonConnections(_ pid: Int32) throws -> Int {
         // 4 free attempts, then 2 s: the fifth wrong guess starts the wait.
         let test = try TestDevice(policy: PasscodePolicy(freeAttempts: 4, delays: [2]))
         _ = try test.makeContainer()
-        let daemon = try DaemonProcess(test, grace: 0)
+        let daemon = try DaemonProcess(test, grace: 0, executable: DaemonFloodTests.daemonExecutable)
         let guessers = try (0..<64).map { _ in try Device.attach(root: test.root, notificationCenter: NotificationCenter()) }
         let owner = try Device.attach(root: test.root, notificationCenter: NotificationCenter())
         defer { (guessers + [owner]).forEach { $0.powerOff() } }

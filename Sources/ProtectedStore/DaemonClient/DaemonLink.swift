@@ -35,6 +35,9 @@ package final class DaemonLink: @unchecked Sendable {
     /// Whether the connection subscribes to events (at once for a device; for an app once it has an observer, so the
     /// open-URL events waiting for it go to someone), also when it reconnects.
     private var subscribing: Bool
+    /// Whether the daemon took the subscription: at its subscriber limit it refuses it (`busy`), and the link then
+    /// serves requests without events.
+    private var subscribed: Bool
     private let mutex = NSLock()
     // Held around every send and around closing the descriptor, so a send never goes to a number that was
     // closed and reused meanwhile (it would carry a passcode or a key to a stranger).
@@ -72,15 +75,15 @@ package final class DaemonLink: @unchecked Sendable {
         let root = Device.absolute(root)
         let path = Device.absolute(socketPath ?? Self.socketPath(root: root))
         let received = FrameBuffer()
-        let (descriptor, hello) = try handshake(root: root, socketPath: path, buffer: received, subscribing: true)
-        return (DaemonLink(root: root, socketPath: path, isAppSocket: false, subscribing: true, descriptor: descriptor, received: received), hello)
+        let (descriptor, hello, subscribed) = try handshake(root: root, socketPath: path, buffer: received, subscribing: true)
+        return (DaemonLink(root: root, socketPath: path, isAppSocket: false, subscribing: true, subscribed: subscribed, descriptor: descriptor, received: received), hello)
     }
 
     /// Connects to a launched app's own socket (`sandboxctl launch`) and says hello; `subscribe()` starts the events.
     static func connect(appSocket: String) throws -> (DaemonLink, DaemonReply) {
         let received = FrameBuffer()
-        let (descriptor, hello) = try handshake(root: appSocket, socketPath: appSocket, buffer: received, subscribing: false)
-        return (DaemonLink(root: appSocket, socketPath: appSocket, isAppSocket: true, subscribing: false, descriptor: descriptor, received: received), hello)
+        let (descriptor, hello, _) = try handshake(root: appSocket, socketPath: appSocket, buffer: received, subscribing: false)
+        return (DaemonLink(root: appSocket, socketPath: appSocket, isAppSocket: true, subscribing: false, subscribed: false, descriptor: descriptor, received: received), hello)
     }
 
     /// Subscribes a link made without a subscription (the reply: the state the events start from); from then on it
@@ -88,15 +91,19 @@ package final class DaemonLink: @unchecked Sendable {
     func subscribe() throws -> DaemonReply? {
         guard !mutex.withLock({ subscribing }) else { return nil }
         let reply = try call(DaemonRequest(id: 0, op: .subscribe)).reply
-        mutex.withLock { subscribing = true }
+        mutex.withLock { subscribing = true; subscribed = true }
         return reply
     }
 
-    private init(root: String, socketPath: String, isAppSocket: Bool, subscribing: Bool, descriptor: Int32, received: FrameBuffer) {
+    /// Whether events come on this link (see `subscribed`).
+    var hearsEvents: Bool { mutex.withLock { subscribed } }
+
+    private init(root: String, socketPath: String, isAppSocket: Bool, subscribing: Bool, subscribed: Bool, descriptor: Int32, received: FrameBuffer) {
         self.root = root
         self.socketPath = socketPath
         self.isAppSocket = isAppSocket
         self.subscribing = subscribing
+        self.subscribed = subscribed
         self.descriptor = descriptor
         self.received = received
     }
@@ -243,11 +250,12 @@ package final class DaemonLink: @unchecked Sendable {
     /// Tries again every 200 ms until a daemon serves the root or the link is closed.
     private func reconnect() -> DaemonReply? {
         while !mutex.withLock({ closed }) {
-            if let (fd, hello) = try? Self.handshake(root: root, socketPath: isAppSocket ? socketPath : Self.socketPath(root: root), buffer: received,
-                                                     subscribing: mutex.withLock({ subscribing })) {
+            if let (fd, hello, subscribed) = try? Self.handshake(root: root, socketPath: isAppSocket ? socketPath : Self.socketPath(root: root), buffer: received,
+                                                                 subscribing: mutex.withLock({ subscribing })) {
                 let stillWanted: Bool = mutex.withLock {
                     guard !closed else { return false }
                     descriptor = fd
+                    self.subscribed = subscribed
                     connection += 1
                     return true
                 }
@@ -263,8 +271,9 @@ package final class DaemonLink: @unchecked Sendable {
     // MARK: Handshake
 
     /// Connects (checking that the daemon runs as this user or root), says hello and subscribes, with blocking reads:
-    /// no reader thread exists yet. Returns the subscribe reply, completed with the hello fields.
-    private static func handshake(root: String, socketPath: String, buffer: FrameBuffer, subscribing: Bool) throws -> (Int32, DaemonReply) {
+    /// no reader thread exists yet. Returns the subscribe reply, completed with the hello fields, and whether the
+    /// daemon took the subscription.
+    private static func handshake(root: String, socketPath: String, buffer: FrameBuffer, subscribing: Bool) throws -> (Int32, DaemonReply, Bool) {
         let fd = ps_unix_connect(socketPath)
         guard fd >= 0 else {
             let error = Errno(rawValue: errno)
@@ -300,13 +309,15 @@ package final class DaemonLink: @unchecked Sendable {
             let replies = try pipeline(subscribing ? [hello, DaemonRequest(id: 1, op: .subscribe)] : [hello], attachment: nil, on: fd, buffer: buffer)
             if let failure = replies[0].error { throw error(from: failure) }
             var helloReply = replies[0]
+            var subscribed = false
             if subscribing {
                 // At its subscriber limit the daemon still serves requests: this link works, without events.
                 if let failure = replies[1].error, failure.code != DaemonErrorCode.busy.rawValue { throw error(from: failure) }
+                subscribed = replies[1].error == nil
                 helloReply.state = replies[1].state ?? helloReply.state
             }
             setTimeouts(fd, seconds: 0)
-            return (fd, helloReply)
+            return (fd, helloReply, subscribed)
         } catch {
             Glibc.close(fd)
             buffer.wipe()
