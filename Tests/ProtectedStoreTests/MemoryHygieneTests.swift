@@ -235,14 +235,15 @@ struct PlaintextScan {
 
     init(pid: Int32, plaintexts: [Data]) throws {
         var words = Set<UInt64>()
-        // A bit per value of a word's low 16 bits: most memory words fail it without a hash lookup.
-        var filter = [UInt64](repeating: 0, count: 1024)
+        // A bit per value of a word's low 24 bits (2 MiB): with a few hundred thousand words most of it stays clear,
+        // so nearly every word of memory fails it without a hash lookup, which a debug build makes slow.
+        var filter = [UInt64](repeating: 0, count: 1 << 18)
         for plaintext in plaintexts {
             plaintext.withUnsafeBytes { bytes in
                 for offset in stride(from: 0, to: bytes.count - 7, by: 8) {
                     let word = bytes.loadUnaligned(fromByteOffset: offset, as: UInt64.self)
                     words.insert(word)
-                    filter[Int(word & 0xFFFF) >> 6] |= 1 << (word & 63)
+                    filter[Int(word & 0xFF_FFFF) >> 6] |= 1 << (word & 63)
                 }
             }
         }
@@ -254,7 +255,7 @@ struct PlaintextScan {
             var matched = 0
             for index in 0..<count {
                 let word = memory[index]
-                guard filter[Int(word & 0xFFFF) >> 6] & (1 << (word & 63)) != 0, words.contains(word) else { continue }
+                guard filter[Int(word & 0xFF_FFFF) >> 6] & (1 << (word & 63)) != 0, words.contains(word) else { continue }
                 matched += 1
                 if addresses.count < 8 { addresses.append("0x" + String(position + UInt64(index * 8), radix: 16)) }
             }
