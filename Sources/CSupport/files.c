@@ -12,7 +12,3 @@ long long ps_file_system_type(int fd) {
     struct statfs info;
     return fstatfs(fd, &info) == 0 ? (long long)info.f_type : -1;
 }
-
-int ps_open_path(const char *path) {
-    return open(path, O_PATH | O_CLOEXEC);
-}

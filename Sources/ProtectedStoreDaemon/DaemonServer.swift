@@ -312,9 +312,11 @@ final class DaemonServer: @unchecked Sendable {
         nextConnectionID += 1
         let connection = Connection(id: nextConnectionID, fd: fd, pid: pid, uid: uid, appBundle: appBundle, now: now)
         connections[connection.id] = connection
+        // Counted from here, since `close` uncounts every connection of the app, refused ones too.
+        let app = appBundle.flatMap { apps[$0] }
+        app?.connections += 1
         // An app's socket also serves the uid its sandbox runs as (a root launcher's apps run as another).
-        let appUID = appBundle.flatMap { apps[$0]?.uid }
-        guard knownPeer, allowedUIDs.contains(uid) || uid == appUID else {
+        guard knownPeer, allowedUIDs.contains(uid) || uid == app?.uid else {
             tally.note("connections refused for their uid", now: now, logger: logger,
                        "refused a connection from uid \(uid) (pid \(pid)): this daemon serves uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and ")) only")
             fail(connection, code: .permissionDenied, message: "this daemon serves the device's owner only (uid \(allowedUIDs.sorted().map(String.init).joined(separator: " and "))); your uid is \(uid)",
@@ -322,13 +324,10 @@ final class DaemonServer: @unchecked Sendable {
             return
         }
         logger.debug("connection \(connection.id) from pid \(pid)")
-        if let appBundle, let app = apps[appBundle] {
-            // An app gets a few connections of its own, outside its owner's budget, so it can't crowd out a lock.
-            app.connections += 1
-            if app.connections > ConnectionLimits.maximumConnectionsPerApp {
-                tally.note("app connections refused over the cap", now: now, logger: logger, "\(appBundle) holds \(ConnectionLimits.maximumConnectionsPerApp) connections: refused another")
-                close(connection, reason: nil)
-            }
+        // An app gets a few connections of its own, outside its owner's budget, so it can't crowd out a lock.
+        if let app, app.connections > ConnectionLimits.maximumConnectionsPerApp {
+            tally.note("app connections refused over the cap", now: now, logger: logger, "\(app.bundle) holds \(ConnectionLimits.maximumConnectionsPerApp) connections: refused another")
+            close(connection, reason: nil)
         }
     }
 
@@ -341,17 +340,20 @@ final class DaemonServer: @unchecked Sendable {
             idleByUID[connection.uid, default: []].append(connection)
         }
         for (uid, idle) in idleByUID where idle.count > ConnectionLimits.maximumIdlePerUID {
-            var excess = idle.count - ConnectionLimits.maximumIdlePerUID
-            for connection in idle.sorted(by: { $0.lastActive < $1.lastActive }) where excess > 0 {
+            let excess = idle.count - ConnectionLimits.maximumIdlePerUID
+            var closed = 0
+            for connection in idle.sorted(by: { $0.lastActive < $1.lastActive }) where closed < excess {
                 if hasUnreadInput(connection) {
                     readAvailable(connection)
                     guard connections[connection.id] != nil, connection.isIdle else { continue }
                 }
                 close(connection, reason: nil)
-                excess -= 1
+                closed += 1
             }
-            tally.note("idle connections closed over the cap", now: now, logger: logger,
-                       "uid \(uid) holds more than \(ConnectionLimits.maximumIdlePerUID) idle connections: closed the least recently active")
+            if closed > 0 {
+                tally.note("idle connections closed over the cap", now: now, logger: logger,
+                           "uid \(uid) holds more than \(ConnectionLimits.maximumIdlePerUID) idle connections: closed the \(closed) least recently active")
+            }
         }
     }
 

@@ -109,9 +109,7 @@ public final class KeyDaemon: Sendable {
     /// read its memory (`PR_SET_DUMPABLE` 0). `sandboxctl daemon` calls it first; a test hosting a daemon need not.
     /// The keys themselves are in `SecureBytes`, which libsodium mlocks on a best-effort basis (within `ulimit -l`).
     public static func hardenProcess() throws {
-        guard ps_disable_core_dumps() == 0 else {
-            throw ProtectedStoreError.io(Errno(rawValue: errno), path: "/proc/self", doing: "disable core dumps (prctl PR_SET_DUMPABLE)")
-        }
+        try ProcessHardening.disableCoreDumps()
     }
 
     /// Zeroes every key, closes every connection and removes the socket. Safe from any thread, more than once.

@@ -35,8 +35,8 @@ package final class FUSEMount: @unchecked Sendable {
         // on the stored items as that user, so the store's own file system makes ext4's permission checks (where the
         // mount answers from something it holds open, it checks itself). With it, the kernel would ask for the
         // folder's attributes again before each change in it: one request more per created or removed file.
-        // allow_other only for a root launcher's sandbox: its mount point is in root's private folder, so the
-        // sandbox, which bubblewrap gives the mount through a descriptor, is the only other user reaching it.
+        // allow_other only for a root launcher's sandbox: its mount point is in a folder only the sandbox's own uid
+        // can enter, so that uid is the only other one reaching it.
         let options = "nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl" + (servesOtherUsers ? ",allow_other" : "")
         // A git clone or tar -x makes hundreds of folders: each then costs a rename instead of two fsyncs.
         fileSystem.makeFoldersAhead()
@@ -231,9 +231,9 @@ private func serve(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (
     }
 }
 
-/// Runs an operation that answers with a byte count (or 0), or the negated errno.
-/// A read or a write: plaintext passes through the calls it makes, and libsodium leaves a cipher's last partial block
-/// on their stack (ScrubbedStack says more), so the stack below this frame is zeroed once it is answered.
+/// Runs a read or a write, which answers with a byte count (or 0), or the negated errno. Plaintext passes through the
+/// calls it makes, and libsodium leaves a cipher's last partial block on their stack (ScrubbedStack says more), so
+/// the stack below this frame is zeroed once it is answered.
 private func transfer(_ operation: String, _ path: UnsafePointer<CChar>?, _ body: (ContainerFileSystem) throws -> Int) -> Int32 {
     defer { ps_scrub_stack_below(32 << 10) }
     return Int32(answer(operation, path, body))

@@ -1,7 +1,5 @@
 import CSupport
-import Foundation
-import ProtectedStore
-import SystemPackage
+import ProtectedStoreCore
 
 /// What a process serving plaintext (`sandboxctl mount`, `launch`, `inbox mount`) does so that none of a class A
 /// file's outlives a lock in it, nor is read out of it by another process of the user (docs/SECURITY.md).
@@ -9,9 +7,7 @@ package enum PlaintextHygiene {
     /// Before any plaintext: no core file and no tracing or /proc/PID/mem reads by other processes of the user
     /// (PR_SET_DUMPABLE 0, as the daemon), and heap blocks overwritten as they are freed.
     package static func hardenProcess() throws {
-        guard ps_disable_core_dumps() == 0 else {
-            throw ProtectedStoreError.io(Errno(rawValue: errno), path: "/proc/self", doing: "disable core dumps (prctl PR_SET_DUMPABLE)")
-        }
+        try ProcessHardening.disableCoreDumps()
         _ = ps_overwrite_freed_memory()
     }
 

@@ -32,12 +32,10 @@ struct FloodCommand: ParsableCommand {
     }
 
     func run() throws {
-        var hello = DaemonRequest(id: 0, op: .hello)
-        hello.version = daemonProtocolVersion
         let greeting: [UInt8] = switch mode {
         case .silent: []
-        case .idle: try Frame.encode(hello)
-        case .subscribed: try Frame.encode(hello) + Frame.encode(DaemonRequest(id: 1, op: .subscribe))
+        case .idle: try Frame.encode(DaemonRequest.hello)
+        case .subscribed: try Frame.encode(DaemonRequest.hello) + Frame.encode(DaemonRequest(id: 1, op: .subscribe))
         }
         let state = FloodState(total: total)
         // Standard input's end stops the flood: the test that started it decides when.

@@ -23,10 +23,6 @@ int ps_fallocate(int fd, int mode, long long offset, long long length);
 /// renameat2(RENAME_EXCHANGE): swaps the two names atomically. Returns 0, or -1 with errno set.
 int ps_rename_exchange(int old_directory, const char *old_name, int new_directory, const char *new_name);
 
-/// open(O_PATH | O_CLOEXEC): a descriptor naming `path` without opening it for reading (O_PATH is _GNU_SOURCE's).
-/// Returns it, or -1 with errno set.
-int ps_open_path(const char *path);
-
 /// access(2) of an open file by this process's effective user and groups (faccessat with AT_EMPTY_PATH, declared
 /// only under _GNU_SOURCE). Returns 0, or -1 with errno set (EACCES when `mode` is not allowed).
 int ps_access_open_file(int fd, int mode);

@@ -304,9 +304,7 @@ package final class DaemonLink: @unchecked Sendable {
         do {
             // Hello and subscribe in one write: the daemon reads them together, so this connection is never one that
             // holds nothing, which a flood of idle connections could get closed (docs/PROTOCOL.md §1).
-            var hello = DaemonRequest(id: 0, op: .hello)
-            hello.version = daemonProtocolVersion
-            let replies = try pipeline(subscribing ? [hello, DaemonRequest(id: 1, op: .subscribe)] : [hello], attachment: nil, on: fd, buffer: buffer)
+            let replies = try pipeline(subscribing ? [.hello, DaemonRequest(id: 1, op: .subscribe)] : [.hello], attachment: nil, on: fd, buffer: buffer)
             if let failure = replies[0].error { throw error(from: failure) }
             var helloReply = replies[0]
             var subscribed = false
@@ -328,9 +326,7 @@ package final class DaemonLink: @unchecked Sendable {
     /// One request and its reply on a blocking socket without a reader thread (handshakes, the lock benchmark).
     /// The hello every connection starts with.
     package static func greet(on fd: Int32, buffer: FrameBuffer) throws -> DaemonReply {
-        var hello = DaemonRequest(id: 0, op: .hello)
-        hello.version = daemonProtocolVersion
-        return try exchange(hello, on: fd, buffer: buffer)
+        try exchange(.hello, on: fd, buffer: buffer)
     }
 
     private static func setTimeouts(_ fd: Int32, seconds: Int) {

@@ -57,6 +57,13 @@ package struct DaemonRequest: Codable, Sendable {
     }
 
     package var operation: Operation? { Operation(rawValue: op) }
+
+    /// The hello every connection starts with, naming this protocol version.
+    package static var hello: DaemonRequest {
+        var hello = DaemonRequest(id: 0, op: .hello)
+        hello.version = daemonProtocolVersion
+        return hello
+    }
 }
 
 /// A reply to a request (`id` set) or an event (`event` set).

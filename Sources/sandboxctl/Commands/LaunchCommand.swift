@@ -357,31 +357,8 @@ final class Sandbox: @unchecked Sendable {
         }
     }
 
-    /// A host path the sandbox shows, handed to bubblewrap as a descriptor opened here: a root launcher's bubblewrap
-    /// runs as a user who may not reach it by its path.
-    private struct Bind {
-        let source: String
-        let destination: String
-        let writable: Bool
-    }
-
-    /// What the sandbox shows of this machine beyond /usr and /etc, in mount order: the --read-only paths, the
-    /// program, the socket's folder, the container.
-    private func binds(home: String) -> [Bind] {
-        var binds = readOnlyPaths.map { Bind(source: $0, destination: $0, writable: false) }
-        // The program itself, when it lives outside /usr.
-        if let program = resolvedProgram(), !program.hasPrefix("/usr/"), !readOnlyPaths.contains(where: { program.hasPrefix($0) }) {
-            binds.append(Bind(source: program, destination: program, writable: false))
-        }
-        // The folder, not the socket: a restarted daemon makes a new socket there, which the sandbox then sees.
-        // Read-only (connecting needs no write access to the mount): the app can't replace the socket or fill the folder.
-        binds.append(Bind(source: slot.socketFolder, destination: (Self.appSocketInside as NSString).deletingLastPathComponent, writable: false))
-        binds.append(Bind(source: home, destination: LaunchCommand.home, writable: true))
-        return binds
-    }
-
-    /// bubblewrap's arguments: what the sandbox contains. `binds` are on descriptors from `firstBindDescriptor` on.
-    private func bubblewrapArguments(binds: [Bind], firstBindDescriptor: Int32, infoDescriptor: Int32, blockDescriptor: Int32) -> [String] {
+    /// bubblewrap's arguments: what the sandbox contains.
+    private func bubblewrapArguments(home: String, infoDescriptor: Int32, blockDescriptor: Int32) -> [String] {
         // No user namespace inside: without one the app can't make a nested PID namespace a suspension would miss.
         var arguments = ["--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
                          "--info-fd", "\(infoDescriptor)", "--block-fd", "\(blockDescriptor)", "--hostname", "app"]
@@ -402,10 +379,15 @@ final class Sandbox: @unchecked Sendable {
                    "ssl", "ca-certificates", "mime.types"]
         if shareNetwork { etc += ["resolv.conf", "hosts", "host.conf", "gai.conf"] }
         for name in etc { arguments += ["--ro-bind-try", "/etc/\(name)", "/etc/\(name)"] }
-        for (index, bind) in binds.enumerated() {
-            arguments += [bind.writable ? "--bind-fd" : "--ro-bind-fd", "\(firstBindDescriptor + Int32(index))", bind.destination]
+        for path in readOnlyPaths { arguments += ["--ro-bind", path, path] }
+        // The program itself, when it lives outside /usr.
+        if let program = resolvedProgram(), !program.hasPrefix("/usr/"), !readOnlyPaths.contains(where: { program.hasPrefix($0) }) {
+            arguments += ["--ro-bind", program, program]
         }
-        arguments += ["--chdir", LaunchCommand.home, "--clearenv",
+        // The folder, not the socket: a restarted daemon makes a new socket there, which the sandbox then sees.
+        // Read-only (connecting needs no write access to the mount): the app can't replace the socket or fill the folder.
+        arguments += ["--ro-bind", slot.socketFolder, (Self.appSocketInside as NSString).deletingLastPathComponent]
+        arguments += ["--bind", home, LaunchCommand.home, "--chdir", LaunchCommand.home, "--clearenv",
                       "--setenv", Application.socketEnvironmentVariable, Self.appSocketInside,
                       "--setenv", "HOME", LaunchCommand.home, "--setenv", "TMPDIR", "\(LaunchCommand.home)/tmp",
                       "--setenv", "SANDBOXCTL_BUNDLE", container.bundleIdentifier,
@@ -428,15 +410,13 @@ final class Sandbox: @unchecked Sendable {
         return FileSystem.executable(named: program)
     }
 
-    /// Starts bubblewrap (as root: through setpriv, under the sandbox's own ids) with the info descriptor as fd 3, the
-    /// block descriptor as fd 4 and the binds from fd 5 on; returns its pid, the read end of the first, and the write
-    /// end of the second (a byte lets the program start).
+    /// Starts bubblewrap (as root: through setpriv, under the sandbox's own ids) with the info descriptor as fd 3 and
+    /// the block descriptor as fd 4; returns its pid, the read end of the first, and the write end of the second (a
+    /// byte lets the program start).
     private func spawnBubblewrap(home: String) throws -> (pid_t, FileHandle, FileHandle) {
         let info = Pipe(), block = Pipe()
-        let infoDescriptor: Int32 = 3, blockDescriptor: Int32 = 4, firstBindDescriptor: Int32 = 5
-        let binds = binds(home: home)
-        var arguments = [bubblewrap] + bubblewrapArguments(binds: binds, firstBindDescriptor: firstBindDescriptor,
-                                                           infoDescriptor: infoDescriptor, blockDescriptor: blockDescriptor)
+        let infoDescriptor: Int32 = 3, blockDescriptor: Int32 = 4
+        var arguments = [bubblewrap] + bubblewrapArguments(home: home, infoDescriptor: infoDescriptor, blockDescriptor: blockDescriptor)
         if let hostIdentity {
             arguments = [try Self.findSetpriv(), "--reuid=\(hostIdentity.uid)", "--regid=\(hostIdentity.gid)", "--clear-groups",
                          "--inh-caps=-all", "--bounding-set=-all", "--"] + arguments
@@ -444,26 +424,14 @@ final class Sandbox: @unchecked Sendable {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        // Every source on a descriptor above all the targets first, so no dup2 overwrites another's source.
-        let aboveTargets = firstBindDescriptor + Int32(binds.count) + 16
-        var sources = [fcntl(info.fileHandleForWriting.fileDescriptor, F_DUPFD_CLOEXEC, aboveTargets),
-                       fcntl(block.fileHandleForReading.fileDescriptor, F_DUPFD_CLOEXEC, aboveTargets)]
-        defer { sources.forEach { close($0) } }
-        for bind in binds {
-            let opened = ps_open_path(bind.source)
-            let source = opened < 0 ? -1 : fcntl(opened, F_DUPFD_CLOEXEC, aboveTargets)
-            let reason = String(cString: strerror(errno))
-            if opened >= 0 { close(opened) }
-            guard source >= 0 else {
-                throw ProtectedStoreError(.notFound, path: bind.source, problem: "cannot show \(bind.source) in the sandbox (\(reason))", remedy: "Check that it exists")
-            }
-            sources.append(source)
-        }
-        for (target, source) in zip([infoDescriptor, blockDescriptor] + (0..<Int32(binds.count)).map { firstBindDescriptor + $0 }, sources) {
-            posix_spawn_file_actions_adddup2(&actions, source, target)
-        }
+        // Both through descriptors above the targets first, so one dup2 can't overwrite the other's source.
+        let infoSource = fcntl(info.fileHandleForWriting.fileDescriptor, F_DUPFD_CLOEXEC, 10)
+        let blockSource = fcntl(block.fileHandleForReading.fileDescriptor, F_DUPFD_CLOEXEC, 10)
+        defer { close(infoSource); close(blockSource) }
+        posix_spawn_file_actions_adddup2(&actions, infoSource, infoDescriptor)
+        posix_spawn_file_actions_adddup2(&actions, blockSource, blockDescriptor)
         // Nothing else of this process reaches the sandbox: not the daemon connection, not the FUSE device.
-        ps_spawn_close_from(&actions, firstBindDescriptor + Int32(binds.count))
+        ps_spawn_close_from(&actions, blockDescriptor + 1)
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
