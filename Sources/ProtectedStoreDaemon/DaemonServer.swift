@@ -21,7 +21,7 @@ final class DaemonServer: @unchecked Sendable {
     let socketPath: String
     private let listener: Int32
     private let allowedUIDs: Set<uid_t>
-    private let logger: Logger
+    let logger: Logger
     private let wakeRead: Int32
     private let wakeWrite: Int32
     private let limits: ConnectionLimits
@@ -31,9 +31,9 @@ final class DaemonServer: @unchecked Sendable {
     private let passcodeChecks = DispatchQueue(label: "sandboxctl.daemon.passcode-checks")
 
     // Loop thread only.
-    private var connections: [UInt64: Connection] = [:]
+    var connections: [UInt64: Connection] = [:]
     private var nextConnectionID: UInt64 = 0
-    private var registry = SubscriberRegistry()
+    var registry = SubscriberRegistry()
     /// The owner's connections now subscribed (apps' are not counted: their sockets have their own cap).
     private var ownerSubscribers = 0
     private var lockDone: (@Sendable () -> Void)?
@@ -57,53 +57,13 @@ final class DaemonServer: @unchecked Sendable {
     private var reserveDescriptor: Int32 = -1
     private var tally = LogTally()
     // Loop thread only: launched apps by bundle, and app events waiting for their acknowledgements.
-    private var apps: [String: LaunchedApp] = [:]
-    private var appEventWaits: [UInt64: AppEventWait] = [:]
-    private var nextWaitID: UInt64 = 0
+    var apps: [String: LaunchedApp] = [:]
+    var appEventWaits: [UInt64: AppEventWait] = [:]
+    var nextWaitID: UInt64 = 0
 
-    /// An app registered by its launcher: its own listening socket, and its processes, which `app-suspend` stops.
-    private final class LaunchedApp {
-        let bundle: String
-        let sandboxPID: Int32
-        /// The uid the sandbox runs as: the only one besides the owner's that its socket serves.
-        let uid: uid_t
-        let listener: Int32
-        let socketPath: String
-        /// The launcher's connection: the app is forgotten when it closes.
-        let owner: UInt64
-        var suspended = false
-        var since = Date()
-        /// Connections open on its socket.
-        var connections = 0
-        /// A suspend, resume or terminate in progress: one at a time.
-        var busy = false
-        /// Open-URL events relayed before the app had a subscriber: its first one gets them (its launch options).
-        var parkedOpenURLs: [(payload: OpenURLPayload, reply: () -> Void)] = []
 
-        init(bundle: String, sandboxPID: Int32, uid: uid_t, listener: Int32, socketPath: String, owner: UInt64) {
-            self.bundle = bundle
-            self.sandboxPID = sandboxPID
-            self.uid = uid
-            self.listener = listener
-            self.socketPath = socketPath
-            self.owner = owner
-        }
 
-        var status: AppStatus {
-            AppStatus(bundle: bundle, pid: sandboxPID, state: suspended ? "suspended" : "running", since: since.timeIntervalSince1970)
-        }
-    }
-
-    /// An app event sent to an app's subscribers; `finish` runs with whether any acknowledged it, once all of them
-    /// acknowledged or left, or the time ran out.
-    private struct AppEventWait {
-        let event: SubscriberRegistry.Event
-        var remaining: Set<UInt64>
-        var acknowledged = false
-        let finish: (Bool) -> Void
-    }
-
-    private final class Connection {
+    final class Connection {
         let id: UInt64
         let fd: Int32
         let pid: Int32
@@ -382,7 +342,7 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-    private func send(_ reply: DaemonReply, attachment: SecureBytes? = nil, to connection: Connection) {
+    func send(_ reply: DaemonReply, attachment: SecureBytes? = nil, to connection: Connection) {
         guard connections[connection.id] != nil else { return }
         var bytes: [UInt8]
         do {
@@ -401,7 +361,7 @@ final class DaemonServer: @unchecked Sendable {
     }
 
     /// Replies to a connection by id, from work that finished off the loop; nothing if it has gone meanwhile.
-    private func send(_ reply: DaemonReply, toConnection id: UInt64) {
+    func send(_ reply: DaemonReply, toConnection id: UInt64) {
         if let connection = connections[id] { send(reply, to: connection) }
     }
 
@@ -429,7 +389,7 @@ final class DaemonServer: @unchecked Sendable {
         send(.failure(id: id, code: code, message: message, remedy: remedy), to: connection)
     }
 
-    private func close(_ connection: Connection, reason: String?) {
+    func close(_ connection: Connection, reason: String?) {
         guard connections.removeValue(forKey: connection.id) != nil else { return }
         if let reason { tally.note("connections closed", now: .now, logger: logger, "connection \(connection.id) closed: \(reason)") }
         Glibc.close(connection.fd)
@@ -673,7 +633,7 @@ final class DaemonServer: @unchecked Sendable {
         }
     }
 
-    private static func libraryError(_ error: any Error) -> ProtectedStoreError {
+    static func libraryError(_ error: any Error) -> ProtectedStoreError {
         (error as? ProtectedStoreError) ?? ProtectedStoreError(.io, problem: "\(error)", remedy: "See the daemon's log")
     }
 
@@ -715,7 +675,7 @@ final class DaemonServer: @unchecked Sendable {
         if rest.isEmpty || !execute({ self.sendEvents(rest, then: handedOver) }) { handedOver() }
     }
 
-    private func sendEvent(_ delivery: SubscriberRegistry.Delivery) {
+    func sendEvent(_ delivery: SubscriberRegistry.Delivery) {
         guard let connection = connections[delivery.subscriber] else { return }
         var reply = DaemonReply(id: nil)
         reply.event = delivery.event.wireName
@@ -737,224 +697,9 @@ final class DaemonServer: @unchecked Sendable {
         device.lock(gracePeriod: grace, then: done)
     }
 
-    private func completeLockIfAcknowledged() {
+    func completeLockIfAcknowledged() {
         guard lockDone != nil, registry.lockAcknowledged else { return }
         registry.lockCompleted()
         lockDone.take()?()
-    }
-
-    // MARK: Launched apps (docs/PROTOCOL.md §6)
-
-    private func appStatusReply(id: UInt64) -> DaemonReply {
-        var reply = DaemonReply(id: id)
-        reply.state = device.state.rawValue
-        return reply
-    }
-
-    private func appFailure(_ request: DaemonRequest, _ kind: ProtectedStoreError.Kind, _ problem: String, _ remedy: String) -> DaemonReply {
-        .failure(id: request.id, ProtectedStoreError(kind, path: request.bundle, problem: problem, remedy: remedy))
-    }
-
-    private func handleApp(_ operation: DaemonRequest.Operation, _ request: DaemonRequest, on connection: Connection) {
-        if operation == .apps {
-            var reply = DaemonReply(id: request.id)
-            reply.apps = apps.values.map(\.status).sorted { $0.bundle < $1.bundle }
-            return send(reply, to: connection)
-        }
-        guard let bundle = request.bundle else {
-            return send(appFailure(request, .invalidArgument, "\(operation.rawValue) needs a bundle", "See docs/PROTOCOL.md"), to: connection)
-        }
-        if operation == .appRegister { return register(bundle, request, on: connection) }
-        guard let app = apps[bundle] else {
-            return send(appFailure(request, .notFound, "no app of this bundle is running", "Start it with `sandboxctl launch \(bundle) -- COMMAND`"), to: connection)
-        }
-        if operation == .appOpenURL {
-            guard let path = request.path, let sequence = request.sequence else {
-                return send(appFailure(request, .invalidArgument, "app-open-url needs the item's path and sequence", "See docs/PROTOCOL.md"), to: connection)
-            }
-            let connectionID = connection.id
-            let payload = OpenURLPayload(path: path, sourceApplication: request.sourceApplication, annotation: request.annotation, sequence: sequence)
-            return relayOpenURL(payload, to: app) { [self] in send(DaemonReply(id: request.id), toConnection: connectionID) }
-        }
-        guard !app.busy else {
-            return send(appFailure(request, .invalidArgument, "the app is being suspended, resumed or ended already", "Try again when that is done"), to: connection)
-        }
-        let timeout = request.timeout ?? 5
-        guard timeout >= 0, timeout <= 600, timeout.isFinite else {
-            return send(appFailure(request, .invalidArgument, "time \(timeout) s is out of range", "Give 0 to 600 seconds"), to: connection)
-        }
-        let connectionID = connection.id
-        let reply = { [self] in
-            var reply = DaemonReply(id: request.id)
-            reply.apps = apps[bundle].map { [$0.status] } ?? []
-            send(reply, toConnection: connectionID)
-        }
-        switch operation {
-        case .appSuspend:
-            guard !app.suspended else { return reply() }
-            app.busy = true
-            logger.info("\(bundle): did-enter-background, then suspended")
-            sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] _ in
-                app.busy = false
-                guard apps[bundle] === app else { return reply() }
-                for id in subscribers(of: bundle) { registry.setSuspended(id, true) }
-                completeLockIfAcknowledged()
-                AppProcesses.signal(SIGSTOP, inSandboxOf: app.sandboxPID)
-                app.suspended = true
-                app.since = Date()
-                reply()
-            }
-        case .appResume:
-            guard app.suspended else { return reply() }
-            logger.info("\(bundle): resumed, will-enter-foreground")
-            AppProcesses.signal(SIGCONT, inSandboxOf: app.sandboxPID)
-            app.suspended = false
-            app.since = Date()
-            let ids = subscribers(of: bundle)
-            for id in ids { registry.setSuspended(id, false) }
-            // The protection events it missed follow its acknowledgement of this one (SubscriberRegistry).
-            for delivery in registry.send(.willEnterForeground, to: ids) { sendEvent(delivery) }
-            reply()
-        case .appTerminate:
-            // A suspended app can't run to handle it: iOS ends suspended apps without notice too.
-            guard !app.suspended else { return reply() }
-            app.busy = true
-            logger.info("\(bundle): will-terminate")
-            sendLifecycle(.willTerminate, to: app, timeout: timeout) { _ in
-                app.busy = false
-                reply()
-            }
-        default:
-            break
-        }
-    }
-
-    private func register(_ bundle: String, _ request: DaemonRequest, on connection: Connection) {
-        guard connection.appBundle == nil else { return }
-        guard let pid = request.pid, pid > 1, let socketPath = request.socketPath, socketPath.hasPrefix("/") else {
-            return send(appFailure(request, .invalidArgument, "app-register needs the sandbox's pid and an absolute socket path", "See docs/PROTOCOL.md"), to: connection)
-        }
-        guard apps[bundle] == nil else {
-            return send(appFailure(request, .alreadyExists, "the app is already running (pid \(apps[bundle]!.sandboxPID))", "End it first with `sandboxctl terminate \(bundle)`"), to: connection)
-        }
-        do {
-            _ = try device.container(bundleIdentifier: bundle)
-        } catch {
-            return send(.failure(id: request.id, Self.libraryError(error)), to: connection)
-        }
-        // The pid must be a sandbox the registering launcher started: in a PID namespace of its own (else a suspend
-        // would stop every process of this one, the daemon included) and a descendant of the launcher.
-        guard AppProcesses.isSandbox(pid, startedBy: connection.pid) else {
-            return send(appFailure(request, .invalidArgument, "pid \(pid) is not a sandbox started by the registering process (pid \(connection.pid))",
-                                   "Register the first process of a bubblewrap sandbox your launcher started"), to: connection)
-        }
-        // Only root may start a sandbox under another uid: a user's app runs as that user.
-        let sandboxUID = request.uid ?? connection.uid
-        guard sandboxUID == connection.uid || connection.uid == 0 else {
-            return send(appFailure(request, .invalidArgument, "uid \(connection.uid) may not register a sandbox running as uid \(sandboxUID)",
-                                   "Register the app under your own uid"), to: connection)
-        }
-        // The socket goes in a folder of the launcher's user (or the sandbox's) that only it can enter; the daemon
-        // (maybe root) does no other path operation there than replacing a socket a killed daemon left, and changes no
-        // mode: the folder's protects it.
-        let folder = (socketPath as NSString).deletingLastPathComponent
-        var folderInfo = stat(), existing = stat()
-        guard lstat(folder, &folderInfo) == 0, folderInfo.st_mode & S_IFMT == S_IFDIR, [connection.uid, sandboxUID].contains(folderInfo.st_uid),
-              folderInfo.st_mode & 0o077 == 0 else {
-            return send(appFailure(request, .invalidArgument, "the socket's folder \(folder) is not a directory of uid \(sandboxUID) that only it can enter (mode 0700)",
-                                   "Give a socket path in a private folder of yours"), to: connection)
-        }
-        if lstat(socketPath, &existing) == 0 {
-            guard existing.st_mode & S_IFMT == S_IFSOCK else {
-                return send(appFailure(request, .alreadyExists, "\(socketPath) exists and is not a socket", "Remove it, or give another path"), to: connection)
-            }
-            unlink(socketPath)
-        }
-        let listener = ps_unix_listen(socketPath, 64)
-        guard listener >= 0 else {
-            return send(appFailure(request, .io, "cannot listen on \(socketPath) (\(String(cString: strerror(errno))))", "Check the launcher's runtime folder"), to: connection)
-        }
-        // Connecting needs write access to the socket: the sandbox's uid gets it when it is not ours.
-        if sandboxUID != geteuid(), lchown(socketPath, sandboxUID, gid_t.max) != 0 {
-            let reason = String(cString: strerror(errno))
-            Glibc.close(listener)
-            unlink(socketPath)
-            return send(appFailure(request, .permissionDenied, "cannot give the app's socket \(socketPath) to uid \(sandboxUID) (\(reason))",
-                                   "Run the daemon as root, or launch the app as the device's owner"), to: connection)
-        }
-        // A sandbox whose daemon died while it was suspended would otherwise stay stopped: registered means running.
-        AppProcesses.signal(SIGCONT, inSandboxOf: pid)
-        apps[bundle] = LaunchedApp(bundle: bundle, sandboxPID: pid, uid: sandboxUID, listener: listener, socketPath: socketPath, owner: connection.id)
-        logger.info("\(bundle): launched (sandbox pid \(pid)), its socket \(socketPath)")
-        var reply = DaemonReply(id: request.id)
-        reply.apps = [apps[bundle]!.status]
-        send(reply, to: connection)
-    }
-
-    /// The launcher is gone: the app's socket and connections go too, and a stopped app is let go on.
-    private func forget(_ app: LaunchedApp) {
-        guard apps[app.bundle] === app else { return }
-        apps[app.bundle] = nil
-        Glibc.close(app.listener)
-        unlink(app.socketPath)
-        if app.suspended { AppProcesses.signal(SIGCONT, inSandboxOf: app.sandboxPID) }
-        // Their launcher is gone with its connection: nobody waits for these replies.
-        app.parkedOpenURLs = []
-        for connection in Array(connections.values) where connection.appBundle == app.bundle { close(connection, reason: nil) }
-        logger.info("\(app.bundle): ended")
-    }
-
-    private func subscribers(of bundle: String) -> [UInt64] {
-        connections.values.filter { $0.appBundle == bundle && $0.subscribed }.map(\.id)
-    }
-
-    /// Sends `event` to the app's subscribers and calls `finish` once each acknowledged or left, or after `timeout`.
-    private func sendLifecycle(_ event: LifecycleEvent, to app: LaunchedApp, timeout: TimeInterval, finish: @escaping (Bool) -> Void) {
-        let ids = subscribers(of: app.bundle)
-        guard !ids.isEmpty else { return finish(false) }
-        let waitID = wait(for: .lifecycle(event), from: ids, finish: finish)
-        for delivery in registry.send(event, to: ids) { sendEvent(delivery) }
-        DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { [weak self] in
-            self?.execute { self?.finishWait(waitID) }
-        }
-    }
-
-    /// Sends an Inbox item's open-URL event to the app's subscribers and replies once one of them handled it. With
-    /// none yet, or if all leave without acknowledging, it waits for the next one: an open-URL event is never lost,
-    /// and the launcher records it delivered only after the reply.
-    private func relayOpenURL(_ payload: OpenURLPayload, to app: LaunchedApp, reply: @escaping () -> Void) {
-        let ids = subscribers(of: app.bundle)
-        guard !ids.isEmpty else { return app.parkedOpenURLs.append((payload, reply)) }
-        _ = wait(for: .openURL(payload), from: ids) { [self] acknowledged in
-            guard !acknowledged else { return reply() }
-            if apps[app.bundle] === app { relayOpenURL(payload, to: app, reply: reply) }
-        }
-        for delivery in registry.send(payload, to: ids) { sendEvent(delivery) }
-    }
-
-    private func relayParkedOpenURLs(of app: LaunchedApp) {
-        let parked = app.parkedOpenURLs
-        app.parkedOpenURLs = []
-        for (payload, reply) in parked { relayOpenURL(payload, to: app, reply: reply) }
-    }
-
-    private func wait(for event: SubscriberRegistry.Event, from ids: [UInt64], finish: @escaping (Bool) -> Void) -> UInt64 {
-        nextWaitID += 1
-        appEventWaits[nextWaitID] = AppEventWait(event: event, remaining: Set(ids), finish: finish)
-        return nextWaitID
-    }
-
-    private func appEventAcknowledged(_ event: SubscriberRegistry.Event, by subscriber: UInt64) {
-        for (id, var wait) in appEventWaits where wait.event == event && wait.remaining.remove(subscriber) != nil {
-            wait.acknowledged = true
-            appEventWaits[id] = wait
-            // An open-URL event is handled once one observer of the app has it; a lifecycle event waits for all.
-            if wait.remaining.isEmpty || !event.isLifecycle { finishWait(id) }
-        }
-    }
-
-    private func finishWait(_ id: UInt64) {
-        guard let wait = appEventWaits.removeValue(forKey: id) else { return }
-        wait.finish(wait.acknowledged)
     }
 }

@@ -82,7 +82,11 @@ package struct SubscriberRegistry {
     /// A new event: sent at once to every idle subscriber, folded into the record of busy or suspended ones.
     mutating func broadcast(_ event: ProtectedDataEvent) -> [Delivery] {
         latest = event
-        awaiting = event == .willBecomeUnavailable ? Set(subscribers.filter { !$0.value.suspended }.keys) : nil
+        // Not those it sends nothing to now and whose own handler may run long: a suspended app, one in the middle of
+        // a lifecycle or open-URL event (its background time has its own limit). A subscriber only slow to acknowledge
+        // an earlier protection event is waited for: its *will* follows at once.
+        awaiting = event == .willBecomeUnavailable
+            ? Set(subscribers.filter { !$0.value.suspended && !($0.value.outstanding?.event.isAppEvent ?? false) }.keys) : nil
         var deliveries: [Delivery] = []
         for (id, subscriber) in subscribers {
             if subscriber.outstanding == nil && !subscriber.suspended {
@@ -101,7 +105,7 @@ package struct SubscriberRegistry {
     }
 
     /// An open-URL event for `ids`: sent now to those with nothing outstanding that are not suspended, else queued
-    /// behind their lifecycle events.
+    /// behind their lifecycle events and the protection events they missed.
     mutating func send(_ payload: OpenURLPayload, to ids: [ID]) -> [Delivery] {
         sendAppEvent(.openURL(payload), to: ids)
     }
@@ -130,19 +134,29 @@ package struct SubscriberRegistry {
         }
     }
 
-    /// The subscriber handled event `seq`: which event that was, and what to send it next (a waiting lifecycle event,
-    /// else the next coalesced protection event if its view is behind and its app is not suspended).
+    /// The subscriber handled event `seq`: which event that was, and what to send it next (a waiting lifecycle event;
+    /// else, unless its app is suspended, the next coalesced protection event if its view is behind, else a waiting
+    /// open-URL event).
     mutating func acknowledge(_ id: ID, seq: UInt64) -> (handled: Event?, next: [Delivery]) {
         guard var subscriber = subscribers[id], let outstanding = subscriber.outstanding, outstanding.seq == seq else { return (nil, []) }
         subscriber.outstanding = nil
         subscribers[id] = subscriber
         // Its view is *will* (this event, or one before it): it has closed what a lock needs closed.
         if subscriber.view == .willBecomeUnavailable { awaiting?.remove(id) }
-        if let next = subscriber.pendingAppEvents.first, next.isLifecycle || !subscriber.suspended {
+        // Lifecycle events first, then the protection events it missed, then open-URL events: after *will enter
+        // foreground* the net change comes before a URL to open (docs/DESIGN.md, "The app lifecycle").
+        if let next = subscriber.pendingAppEvents.first, next.isLifecycle {
             subscribers[id]?.pendingAppEvents.removeFirst()
             return (outstanding.event, [send(next, to: id)])
         }
-        return (outstanding.event, subscriber.suspended ? [] : catchUp(id))
+        guard !subscriber.suspended else { return (outstanding.event, []) }
+        let missed = catchUp(id)
+        if !missed.isEmpty { return (outstanding.event, missed) }
+        if let next = subscriber.pendingAppEvents.first {
+            subscribers[id]?.pendingAppEvents.removeFirst()
+            return (outstanding.event, [send(next, to: id)])
+        }
+        return (outstanding.event, [])
     }
 
     /// The protection event that brings the subscriber's view up to date, if any (one per kind, as iOS coalesces).

@@ -383,6 +383,34 @@ struct SubscriberRegistryTests {
         #expect(registry.acknowledge(1, seq: next[0].seq).next.map(\.event) == [.protection(.didBecomeAvailable)])
     }
 
+    @Test("after will-enter-foreground: the protection change it missed, then the open-URL event that came meanwhile")
+    func openURLAfterCatchUp() {
+        var registry = SubscriberRegistry()
+        registry.add(1, available: true)
+        registry.setSuspended(1, true)
+        #expect(registry.broadcast(.willBecomeUnavailable).isEmpty)
+        registry.lockCompleted()
+        let item = OpenURLPayload(path: "Documents/Inbox/a.txt", sourceApplication: nil, annotation: nil, sequence: 1)
+        #expect(registry.send(item, to: [1]).isEmpty, "nothing reaches a suspended app")
+        registry.setSuspended(1, false)
+        let foreground = registry.send(.willEnterForeground, to: [1])
+        let net = registry.acknowledge(1, seq: foreground[0].seq).next
+        #expect(net.map(\.event) == [.protection(.willBecomeUnavailable)])
+        #expect(registry.acknowledge(1, seq: net[0].seq).next.map(\.event) == [.openURL(item)])
+    }
+
+    @Test("a lock does not wait for a subscriber in the middle of a lifecycle event: it was sent nothing")
+    func lockSkipsBusyApp() {
+        var registry = SubscriberRegistry()
+        registry.add(1, available: true)
+        registry.add(2, available: true)
+        _ = registry.send(.didEnterBackground, to: [1])
+        let will = registry.broadcast(.willBecomeUnavailable)
+        #expect(will.map(\.subscriber) == [2])
+        _ = registry.acknowledge(2, seq: will[0].seq)
+        #expect(registry.lockAcknowledged)
+    }
+
     @Test("a subscriber that leaves no longer holds up a lock; stale acknowledgements are ignored")
     func leaving() {
         var registry = SubscriberRegistry()

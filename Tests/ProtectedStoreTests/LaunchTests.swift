@@ -45,10 +45,10 @@ struct LaunchTests {
     }
 
     /// `sandboxctl watch --json` run as the app inside its sandbox (this build and its Swift runtime shown read-only).
-    private func launchWatch(_ test: TestDevice, _ bundle: String) throws -> SpawnedProcess {
+    private func launchWatch(_ test: TestDevice, _ bundle: String, _ watchArguments: [String] = []) throws -> SpawnedProcess {
         let tool = CLI.executable.deletingLastPathComponent().path
         let runtime = try #require(Self.swiftRuntimeFolder)
-        return try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"])
+        return try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"] + watchArguments)
     }
 
     /// Runs one line in the launched shell; returns its output lines and status.
@@ -124,7 +124,7 @@ struct LaunchTests {
         #expect(apps.count == 1)
         #expect(apps.first?["bundle"] as? String == bundle)
         #expect(apps.first?["pid"] as? Int == Int(app.pid))
-        #expect(apps.first?["state"] as? String == "running")
+        #expect(apps.first?["state"] as? String == "active")
 
         let second = try launchNow(test, bundle)
         #expect(second.status == 1)
@@ -168,7 +168,12 @@ struct LaunchTests {
         let entry = try #require((try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]])?.first)
         #expect(entry["state"] as? String == "suspended")
         let sandboxPID = try #require(entry["sandboxPID"] as? Int)
-        #expect(processStates(sandboxPID).allSatisfy { $0 == "T" }, "every process of the app is stopped")
+        if entry["freezer"] as? String == "cgroup" {
+            #expect(processStates(sandboxPID).allSatisfy { $0 != "T" }, "frozen, not stopped with a signal the app could see")
+            #expect(try cgroupEvents(of: sandboxPID).contains("frozen 1"))
+        } else {
+            #expect(processStates(sandboxPID).allSatisfy { $0 == "T" }, "every process of the app is stopped")
+        }
 
         // A lock and an unlock while it is stopped: the lock does not wait for it, and it is sent nothing.
         let lockStart = Date()
@@ -183,12 +188,109 @@ struct LaunchTests {
         let resumed = (0..<2).compactMap { _ in nextEvent(app) }
         #expect(resumed.map(\.event) == ["willEnterForeground", "didBecomeAvailable"], "\(resumed)")
         #expect(app.nextLine(timeout: 1) == nil, "one event per kind")
-        #expect(resumed.first?.applicationState == "active")
+        #expect(resumed.first?.applicationState == "background", "still in the background while it handles will-enter-foreground")
+        #expect(resumed.last?.applicationState == "active")
         #expect(processStates(sandboxPID).allSatisfy { $0 != "T" })
+        #expect(try !cgroupEvents(of: sandboxPID).contains("frozen 1"))
 
         #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
         #expect(nextEvent(app)?.event == "willTerminate")
         #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
+    }
+
+    /// The lines of `cgroup.events` of the cgroup the sandbox's first process is in (v2 hierarchy).
+    private func cgroupEvents(of sandboxPID: Int) throws -> [String] {
+        try String(contentsOfFile: cgroupFolder(of: sandboxPID) + "/cgroup.events", encoding: .utf8).split(separator: "\n").map(String.init)
+    }
+
+    private func cgroupFolder(of sandboxPID: Int) throws -> String {
+        let line = try #require(try String(contentsOfFile: "/proc/\(sandboxPID)/cgroup", encoding: .utf8).split(separator: "\n").first { $0.hasPrefix("0::") })
+        let mount = try #require(String(decoding: FileHandle(forReadingAtPath: "/proc/self/mountinfo")?.readDataToEndOfFile() ?? Data(), as: UTF8.self)
+            .split(separator: "\n").first { $0.contains(" - cgroup2 ") }?.split(separator: " ")[4])
+        return String(mount) + line.dropFirst(3)
+    }
+
+    /// The CPU time the app's cgroup has used, in microseconds (`cpu.stat`, a core file of every v2 cgroup).
+    private func cpuMicroseconds(of sandboxPID: Int) throws -> Int {
+        let stat = try String(contentsOfFile: cgroupFolder(of: sandboxPID) + "/cpu.stat", encoding: .utf8)
+        return try #require(stat.split(separator: "\n").first { $0.hasPrefix("usage_usec ") }.flatMap { Int($0.dropFirst(11)) })
+    }
+
+    @Test("the freezer: an app forking in a loop uses no CPU while suspended and sees no signal; ended while suspended, its SIGTERM handler never runs")
+    func freezer() throws {
+        let bundle = "com.example.launch.freezer"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        // A SIGTERM handler that would leave a marker, and a loop forking children that fork too.
+        let script = "trap 'echo handled > $HOME/Documents/terminated; exit 0' TERM; trap 'echo cont > $HOME/Documents/continued' CONT; echo started; "
+            + "while true; do (sh -c 'i=0; while [ $i -lt 200 ]; do i=$((i+1)); done' &); sleep 0.01; done"
+        let app = try launch(test, bundle, [], ["/bin/sh", "-c", script])
+        #expect(app.nextLine(timeout: 30) == "started", "\(app.standardError)")
+        let suspended = try sandboxctl(test, ["suspend", bundle])
+        #expect(suspended.status == 0 && suspended.stdout.contains("Suspended"), "\(suspended.stdout)\(suspended.stderr)")
+        let entry = try #require((try JSONSerialization.jsonObject(with: Data(try sandboxctl(test, ["ps", "--json"]).stdout.utf8)) as? [[String: Any]])?.first)
+        #expect(entry["state"] as? String == "suspended")
+        let sandboxPID = try #require(entry["sandboxPID"] as? Int)
+        guard entry["freezer"] as? String == "cgroup" else {
+            print("freezer test: the daemon has no cgroup of its own here (freezer \(entry["freezer"] ?? "none")): only the SIGSTOP fallback ran")
+            #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+            return
+        }
+        let processes = AppProcesses.inSandbox(of: pid_t(sandboxPID)).count
+        let before = try cpuMicroseconds(of: sandboxPID)
+        Thread.sleep(forTimeInterval: 2)
+        #expect(try cpuMicroseconds(of: sandboxPID) == before, "a frozen app ran")
+        #expect(AppProcesses.inSandbox(of: pid_t(sandboxPID)).count == processes, "a process was forked while frozen")
+        #expect(processStates(sandboxPID).allSatisfy { $0 != "T" })
+
+        let terminated = try sandboxctl(test, ["terminate", bundle])
+        #expect(terminated.status == 0, "\(terminated.stderr)")
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGKILL, "killed while frozen, not asked")
+        let left = try sandboxctl(test, ["ls", "\(bundle):Documents"])
+        #expect(!left.stdout.contains("terminated") && !left.stdout.contains("continued"), "a handler of the suspended app ran: \(left.stdout)")
+        let group = try cgroupFolder(of: Int(daemon.spawned.pid)) + "/sandboxctl-app-\(bundle)-\(sandboxPID)"
+        #expect(eventually(timeout: 10) { !FileManager.default.fileExists(atPath: group) }, "the app's cgroup \(group) is removed")
+    }
+
+    @Test("an app whose did-enter-background outlives its background time is ended, never frozen mid-work; a lock then waits for nothing")
+    func backgroundTimeRunsOut() throws {
+        let bundle = "com.example.launch.overrun"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let app = try launchWatch(test, bundle, ["--hold", "20"])
+        #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+        let suspended = try sandboxctl(test, ["suspend", bundle, "--background-time", "1"])
+        #expect(suspended.status == 0, "\(suspended.stderr)")
+        #expect(suspended.stdout.contains("Ended \(bundle)") && suspended.stdout.contains("background time (1.0 s)"), "\(suspended.stdout)")
+        #expect(nextEvent(app)?.event == "didEnterBackground")
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGKILL)
+        let lockStart = Date()
+        #expect(try sandboxctl(test, ["lock", "--grace", "20"]).status == 0)
+        #expect(Date().timeIntervalSince(lockStart) < 15, "the lock waited for an ended app")
+    }
+
+    @Test("resume during the background time cancels the suspension: will-enter-foreground follows did-enter-background, the app stays active")
+    func resumeDuringBackgroundTime() throws {
+        let bundle = "com.example.launch.comeback"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let app = try launchWatch(test, bundle, ["--hold", "2"])
+        #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+        let suspend = try SpawnedProcess(CLI.executable, ["suspend", bundle, "--background-time", "30", "--root", test.root, "--device-secret", test.secretPath])
+        #expect(nextEvent(app)?.event == "didEnterBackground")
+        let state = try #require((try JSONSerialization.jsonObject(with: Data(try sandboxctl(test, ["ps", "--json"]).stdout.utf8)) as? [[String: Any]])?.first)
+        #expect(state["state"] as? String == "background", "in its background time")
+        let resumed = try sandboxctl(test, ["resume", bundle])
+        #expect(resumed.status == 0, "\(resumed.stderr)")
+        let answer = suspend.nextLine(timeout: 30)
+        #expect(answer?.contains("came back to the foreground") == true, "\(answer ?? suspend.standardError)")
+        #expect(suspend.waitForExit(timeout: 30) == 0)
+        let foreground = nextEvent(app)
+        #expect(foreground?.event == "willEnterForeground" && foreground?.applicationState == "background", "\(String(describing: foreground))")
+        let after = try #require((try JSONSerialization.jsonObject(with: Data(try sandboxctl(test, ["ps", "--json"]).stdout.utf8)) as? [[String: Any]])?.first)
+        #expect(after["state"] as? String == "active")
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+        #expect(nextEvent(app)?.event == "willTerminate")
     }
 
     @Test("an Inbox delivery before the launch is the app's launch option: its first observer gets the open-URL event, then it is recorded delivered")

@@ -15,11 +15,14 @@ public enum ApplicationEvent: Sendable, Equatable {
 /// Called on one serial queue, in the order the events happened; the daemon waits for them to return (within the
 /// grace period, or `--background-time` before a suspension).
 public protocol ApplicationDelegate: AnyObject {
-    /// The app is about to be suspended (`sandboxctl suspend`): save state now; it is stopped once this returns.
+    /// The app went to the background (`sandboxctl suspend`): save state now; it is frozen once this returns, and
+    /// ended if this has not returned within its background time (`--background-time`, 5 s by default).
     func applicationDidEnterBackground(_ application: Application)
-    /// The app was resumed (`sandboxctl resume`) and is back in the foreground.
+    /// The app is coming back to the foreground (`sandboxctl resume`), also during its background time;
+    /// `applicationState` is still `.background` here. The protected-data change it missed follows, then open-URL events.
     func applicationWillEnterForeground(_ application: Application)
-    /// The app is about to end (`sandboxctl terminate`, or a signal to the launcher): SIGTERM follows.
+    /// The app is about to end (`sandboxctl terminate`, or a signal to the launcher): SIGTERM follows. Only a running
+    /// app hears it: a suspended one is ended without notice, as on iOS.
     func applicationWillTerminate(_ application: Application)
     /// The device is locking: close class A files and finish class A writes; their keys go once this returns.
     func applicationProtectedDataWillBecomeUnavailable(_ application: Application)
@@ -60,7 +63,7 @@ public final class Application: @unchecked Sendable {
 
     /// Posted before a suspension, as `UIApplication.didEnterBackgroundNotification` is.
     public static let didEnterBackgroundNotification = Notification.Name("UIApplicationDidEnterBackgroundNotification")
-    /// Posted after a resume, as `UIApplication.willEnterForegroundNotification` is.
+    /// Posted after a resume, before the delegates hear of it, as `UIApplication.willEnterForegroundNotification` is.
     public static let willEnterForegroundNotification = Notification.Name("UIApplicationWillEnterForegroundNotification")
     /// Posted before the app is ended, as `UIApplication.willTerminateNotification` is.
     public static let willTerminateNotification = Notification.Name("UIApplicationWillTerminateNotification")
@@ -69,7 +72,7 @@ public final class Application: @unchecked Sendable {
     /// Posted after an unlock, as UIApplication's is.
     public static let protectedDataDidBecomeAvailableNotification = Notification.Name("UIApplicationProtectedDataDidBecomeAvailable")
 
-    /// Whether the app runs in the foreground, or was sent to the background before a suspension.
+    /// Whether the app runs in the foreground, or was sent to the background (its background time, then a suspension).
     public enum State: String, Sendable {
         /// Running in the foreground.
         case active
@@ -123,7 +126,7 @@ public final class Application: @unchecked Sendable {
 
     deinit { link.close() }
 
-    /// Active, or background between *did enter background* and *will enter foreground*.
+    /// Active, or background from *did enter background* until every observer has handled *will enter foreground*.
     public var applicationState: State { mutex.withLock { state } }
 
     /// Whether protected data (class A) is available, as of the last event handled.
@@ -217,23 +220,12 @@ public final class Application: @unchecked Sendable {
             handledEvents += 1
             switch event {
             case .lifecycle(.didEnterBackground): state = .background
-            case .lifecycle(.willEnterForeground): state = .active
-            case .lifecycle(.willTerminate), .openURL: break
+            // Still in the background while its observers handle it, as on iOS.
+            case .lifecycle(.willEnterForeground), .lifecycle(.willTerminate), .openURL: break
             case .protectedData(let protection): protectedDataAvailable = protection == .didBecomeAvailable
             }
             delegates.removeAll { $0.delegate == nil }
             return (delegates.compactMap(\.delegate), Array(continuations.values))
-        }
-        for observer in observers {
-            switch event {
-            case .lifecycle(.didEnterBackground): observer.applicationDidEnterBackground(self)
-            case .lifecycle(.willEnterForeground): observer.applicationWillEnterForeground(self)
-            case .lifecycle(.willTerminate): observer.applicationWillTerminate(self)
-            case .protectedData(.willBecomeUnavailable): observer.applicationProtectedDataWillBecomeUnavailable(self)
-            case .protectedData(.didBecomeAvailable): observer.applicationProtectedDataDidBecomeAvailable(self)
-            case .openURL(let request):
-                observer.application(self, open: request.url, sourceApplication: request.sourceApplication, annotation: request.annotation)
-            }
         }
         let name: Notification.Name = switch event {
         case .lifecycle(.didEnterBackground): Self.didEnterBackgroundNotification
@@ -245,7 +237,22 @@ public final class Application: @unchecked Sendable {
         }
         var userInfo: [AnyHashable: Any]?
         if case .openURL(let request) = event { userInfo = request.notificationUserInfo }
-        notificationCenter.post(name: name, object: self, userInfo: userInfo)
+        // The seeds' order: *will enter foreground*'s notification before the delegates, every other one after.
+        let notifiesFirst = event == .lifecycle(.willEnterForeground)
+        if notifiesFirst { notificationCenter.post(name: name, object: self, userInfo: userInfo) }
+        for observer in observers {
+            switch event {
+            case .lifecycle(.didEnterBackground): observer.applicationDidEnterBackground(self)
+            case .lifecycle(.willEnterForeground): observer.applicationWillEnterForeground(self)
+            case .lifecycle(.willTerminate): observer.applicationWillTerminate(self)
+            case .protectedData(.willBecomeUnavailable): observer.applicationProtectedDataWillBecomeUnavailable(self)
+            case .protectedData(.didBecomeAvailable): observer.applicationProtectedDataDidBecomeAvailable(self)
+            case .openURL(let request):
+                observer.application(self, open: request.url, sourceApplication: request.sourceApplication, annotation: request.annotation)
+            }
+        }
+        if !notifiesFirst { notificationCenter.post(name: name, object: self, userInfo: userInfo) }
         for stream in streams { stream.yield(event) }
+        if event == .lifecycle(.willEnterForeground) { mutex.withLock { state = .active } }
     }
 }

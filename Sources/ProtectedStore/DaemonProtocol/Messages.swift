@@ -199,16 +199,22 @@ package struct AppStatus: Codable, Sendable, Equatable {
     package var bundle: String
     /// The sandbox's first process.
     package var pid: Int32
-    /// `running` or `suspended`.
+    /// `active`, `background` or `suspended`; in a reply to `app-suspend` or `app-terminate`, `ended` when the
+    /// daemon ended the app without notice, `reason` saying why.
     package var state: String
     /// Seconds since 1970 when it entered that state.
     package var since: Double
+    /// How the app is suspended: `cgroup` (its cgroup frozen) or `sigstop` (the fallback).
+    package var freezer: String?
+    package var reason: String?
 
-    package init(bundle: String, pid: Int32, state: String, since: Double) {
+    package init(bundle: String, pid: Int32, state: String, since: Double, freezer: String? = nil, reason: String? = nil) {
         self.bundle = bundle
         self.pid = pid
         self.state = state
         self.since = since
+        self.freezer = freezer
+        self.reason = reason
     }
 }
 

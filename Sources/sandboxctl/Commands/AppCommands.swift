@@ -5,13 +5,18 @@ import ProtectedStore
 struct PsCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ps",
-        abstract: "List the apps running through `sandboxctl launch`: bundle, pid, state (running or suspended) and since when.",
-        discussion: "The state is the key daemon's (exit 69 without one); pid is the `sandboxctl launch` process."
+        abstract: "List the apps running through `sandboxctl launch`: bundle, pid, state (active, background or suspended) and since when.",
+        discussion: """
+            The state is the key daemon's (exit 69 without one): active (in the foreground), background (sent 'did \
+            enter background', in its background time) or suspended (frozen); "suspended (SIGSTOP)" where the app \
+            could not get a cgroup of its own and is stopped with signals instead (the daemon's log says why). pid is \
+            the `sandboxctl launch` process.
+            """
     )
 
     @OptionGroup var device: DeviceOptions
 
-    @Flag(help: "Print JSON: an array of {bundle, pid, sandboxPID, state, since, command}.")
+    @Flag(help: "Print JSON: an array of {bundle, pid, sandboxPID, state, freezer (cgroup or sigstop), since, command}.")
     var json = false
 
     func run() throws {
@@ -24,17 +29,19 @@ struct PsCommand: ParsableCommand {
             if json {
                 let objects: [[String: Any]] = rows.map {
                     ["bundle": $0.status.bundle, "pid": Int($0.record.launcherPID), "sandboxPID": Int($0.status.pid), "state": $0.status.state,
+                     "freezer": $0.status.freezer ?? "",
                      "since": formatter.string(from: Date(timeIntervalSince1970: $0.status.since)), "command": $0.record.command]
                 }
                 print(String(decoding: try JSONSerialization.data(withJSONObject: objects, options: [.sortedKeys]), as: UTF8.self))
                 return
             }
             guard !rows.isEmpty else { return print("No apps running.") }
-            print("BUNDLE".padding(toLength: 32, withPad: " ", startingAt: 0) + "PID      STATE      SINCE                 COMMAND")
+            print("BUNDLE".padding(toLength: 32, withPad: " ", startingAt: 0) + "PID      STATE                SINCE                 COMMAND")
             for (status, record) in rows {
                 print(status.bundle.padding(toLength: 32, withPad: " ", startingAt: 0)
                       + "\(record.launcherPID)".padding(toLength: 9, withPad: " ", startingAt: 0)
-                      + status.state.padding(toLength: 11, withPad: " ", startingAt: 0)
+                      + (status.state == "suspended" && status.freezer == "sigstop" ? "suspended (SIGSTOP)" : status.state)
+                        .padding(toLength: 21, withPad: " ", startingAt: 0)
                       + formatter.string(from: Date(timeIntervalSince1970: status.since)).padding(toLength: 22, withPad: " ", startingAt: 0)
                       + record.command.joined(separator: " "))
             }
@@ -45,13 +52,16 @@ struct PsCommand: ParsableCommand {
 struct SuspendCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "suspend",
-        abstract: "Suspend a launched app: 'did enter background' to its observers, then SIGSTOP to its processes.",
+        abstract: "Send a launched app to the background: 'did enter background' to its observers, then, once they returned, freeze it.",
         discussion: """
-            The app's observers have --background-time seconds to save their state and return (iOS gives about 5); the \
-            processes are stopped when all have returned or the time is up. While suspended the app is sent nothing: a \
-            lock does not wait for it. `sandboxctl resume` continues it with 'will enter foreground', then one \
-            protected-data event for the net change while it was suspended (a lock and an unlock: 'did become \
-            available' alone). Needs the key daemon (69 without).
+            The app is in the background (`ps`) while its observers handle 'did enter background': they have \
+            --background-time seconds to save their state and return (iOS gives about 5). Then its cgroup is frozen: no \
+            process of it runs, none sees a signal, no fork escapes (SIGSTOP where it has no cgroup of its own; `ps` \
+            says so). An app whose observers have not all returned when the time is up is ended, as iOS ends it, never \
+            frozen in the middle of its work: the command prints why. While suspended the app is sent nothing: a lock \
+            does not wait for it. `sandboxctl resume`, also during the background time, brings it back with 'will enter \
+            foreground', then one protected-data event for the net change (a lock and an unlock: 'did become \
+            available' alone), then the Inbox items that came meanwhile. Needs the key daemon (69 without).
             """
     )
 
@@ -69,8 +79,12 @@ struct SuspendCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            _ = try device.attach().appRequest(.appSuspend, bundle: bundleIdentifier, timeout: backgroundTime)
-            print("Suspended \(bundleIdentifier).")
+            let status = try device.attach().appRequest(.appSuspend, bundle: bundleIdentifier, timeout: backgroundTime).first
+            switch status?.state {
+            case "ended": print("Ended \(bundleIdentifier): \(status?.reason ?? "ended by the daemon").")
+            case "active": print("\(bundleIdentifier) came back to the foreground during its background time: not suspended.")
+            default: print("Suspended \(bundleIdentifier).")
+            }
         }
     }
 }
@@ -78,8 +92,8 @@ struct SuspendCommand: ParsableCommand {
 struct ResumeCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "resume",
-        abstract: "Resume a suspended app: SIGCONT, then 'will enter foreground' and one protected-data event for the net change while it was suspended.",
-        discussion: "Needs the key daemon (69 without)."
+        abstract: "Bring an app back to the foreground: thawed if suspended, 'will enter foreground', then one protected-data event for the net change.",
+        discussion: "During its background time this cancels the suspension. Needs the key daemon (69 without)."
     )
 
     @OptionGroup var device: DeviceOptions
@@ -99,7 +113,10 @@ struct TerminateCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "terminate",
         abstract: "End a launched app: 'will terminate' to its observers, SIGTERM to its processes, SIGKILL after its launch's --terminate-timeout.",
-        discussion: "Returns once the app has exited and its container is unmounted."
+        discussion: """
+            A suspended app is ended without notice, as iOS ends one: killed while frozen, never thawed, so no handler \
+            of it runs. Returns once the app has exited and its container is unmounted.
+            """
     )
 
     @OptionGroup var device: DeviceOptions

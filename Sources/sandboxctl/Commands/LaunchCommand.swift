@@ -211,6 +211,13 @@ final class Sandbox: @unchecked Sendable {
     /// Mounts (`overIOUring` false: over /dev/fuse even where FUSE over io_uring is on), runs the program to its end,
     /// unmounts; returns the program's exit status.
     func run(overIOUring: Bool) throws -> Int32 {
+        guard resolvedProgram() != nil else {
+            throw ProtectedStoreError(.notFound, path: command[0], problem: "the program is not found (as a path, or in PATH)",
+                                      remedy: "Give its absolute path; a program outside /usr is shown in the sandbox where it is")
+        }
+        for path in hostPathsNotInSandbox() {
+            FileHandle.standardError.write(Data("sandboxctl: note: \(path) is not inside the sandbox (it shows /usr, a few /etc files, the container and --read-only paths): add --read-only \((path as NSString).deletingLastPathComponent) if the program needs it\n".utf8))
+        }
         if let hostIdentity { try slot.shareSandboxFolder(uid: hostIdentity.uid, gid: hostIdentity.gid) }
         let home = slot.homeMount
         try prepareMountPoint(home)
@@ -318,23 +325,13 @@ final class Sandbox: @unchecked Sendable {
             return sandboxPID
         }
         guard let pid else { return }
-        // A suspend or resume in progress makes the daemon refuse this for a moment: wait for it, within the timeout.
-        let deadline = Date().addingTimeInterval(terminateTimeout)
-        while true {
-            do {
-                _ = try device.appRequest(.appTerminate, bundle: container.bundleIdentifier, timeout: terminateTimeout)
-                break
-            } catch let error as ProtectedStoreError where error.kind == .invalidArgument && Date() < deadline {
-                usleep(50_000)
-            } catch {
-                break
-            }
+        // The daemon sends 'will terminate' to a running app, and ends a suspended one itself, without notice.
+        let endedByDaemon = (try? device.appRequest(.appTerminate, bundle: container.bundleIdentifier, timeout: terminateTimeout))?
+            .contains { $0.state == "ended" } ?? false
+        if !endedByDaemon {
+            // bubblewrap's init (the first process) passes nothing on; the program and its children get SIGTERM.
+            for process in AppProcesses.inSandbox(of: pid).dropFirst() { kill(process, SIGTERM) }
         }
-        // bubblewrap's init (the first process) passes nothing on; the program and its children get SIGTERM. All get
-        // SIGCONT, in case they are suspended: a stopped init could not reap the program.
-        let processes = AppProcesses.inSandbox(of: pid)
-        for process in processes.dropFirst() { kill(process, SIGTERM) }
-        for process in processes { kill(process, SIGCONT) }
         DispatchQueue.global().asyncAfter(deadline: .now() + terminateTimeout) {
             // Killing the namespace's first process kills every process in it; checked first, since the number may
             // have been reused by then (the sandbox gone, a process of ours under that pid).
@@ -398,6 +395,18 @@ final class Sandbox: @unchecked Sendable {
             arguments += ["--setenv", name, String(setting.dropFirst(name.count + 1))]
         }
         return arguments + ["--"] + command
+    }
+
+    /// Absolute paths among the arguments (words of a `sh -c` script too) that exist here but not in the sandbox: the
+    /// program would fail with a bare "not found".
+    private func hostPathsNotInSandbox() -> [String] {
+        let visible = ["/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/", "/etc/", "/proc/", "/dev/", LaunchCommand.home + "/"] + readOnlyPaths.map { $0.hasSuffix("/") ? $0 : $0 + "/" }
+        let words = command.dropFirst().flatMap { $0.split(whereSeparator: { " \t\n;&|'\"()<>=".contains($0) }) }.map(String.init)
+        var seen: Set<String> = []
+        return words.filter { word in
+            word.hasPrefix("/") && word.count > 1 && !visible.contains { (word + "/").hasPrefix($0) } && FileManager.default.fileExists(atPath: word)
+                && seen.insert(word).inserted
+        }
     }
 
     /// The program's path on this machine: as given if it has a "/", else found in PATH's absolute folders; nil if not

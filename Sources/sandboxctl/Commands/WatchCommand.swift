@@ -29,6 +29,13 @@ struct WatchCommand: AsyncParsableCommand {
     @Argument(help: ArgumentHelp("A container whose open-URL events to receive as well.", valueName: "bundle"))
     var bundleIdentifier: String?
 
+    @Option(help: ArgumentHelp("As the app: hold each event this many seconds after printing it before returning, as a slow handler would (to see a background time run out).", valueName: "seconds"))
+    var hold: Double = 0
+
+    func validate() throws {
+        guard hold >= 0, hold <= 600 else { throw ValidationError("--hold must be between 0 and 600 seconds.") }
+    }
+
     func run() async throws {
         if device.root == nil, bundleIdentifier == nil, ProcessInfo.processInfo.environment[Application.socketEnvironmentVariable] != nil {
             return try watchAsApp()
@@ -69,7 +76,7 @@ extension WatchCommand {
     private func watchAsApp() throws {
         let application = try reportingErrors { try Application.attach() }
         let printer = LinePrinter(json: json)
-        let observer = AppEventPrinter(printer: printer)
+        let observer = AppEventPrinter(printer: printer, hold: hold)
         try reportingErrors { try application.addDelegate(observer) }
         FileHandle.standardError.write(Data("Watching \(application.bundleIdentifier) as the app (protected data: \(application.state.rawValue)); Ctrl-C to stop\n".utf8))
         withExtendedLifetime((application, observer)) {
@@ -85,11 +92,16 @@ private extension Application {
 
 private final class AppEventPrinter: ApplicationDelegate {
     let printer: LinePrinter
+    let hold: Double
 
-    init(printer: LinePrinter) { self.printer = printer }
+    init(printer: LinePrinter, hold: Double) {
+        self.printer = printer
+        self.hold = hold
+    }
 
     private func print(_ event: String, _ text: String, _ application: Application) {
         printer.print(event: event, state: application.state, text: text, fields: ["applicationState": application.applicationState.rawValue])
+        if hold > 0 { Thread.sleep(forTimeInterval: hold) }
     }
 
     func applicationDidEnterBackground(_ application: Application) { print("didEnterBackground", "did enter background", application) }

@@ -1,0 +1,47 @@
+import Foundation
+
+/// A launched app's place among the seeds' states, and the moves between them the daemon makes (docs/DESIGN.md, "The
+/// app lifecycle"): the one record of it, so a suspension scheduled by one entry into the background is never carried
+/// out after a resume, a later entry or an ending.
+struct AppLifecycle {
+    /// The states a running app is in; "not running" is no record at all.
+    enum State: String {
+        /// In the foreground.
+        case active
+        /// *did enter background* sent: the app runs for its background time, then is suspended.
+        case background
+        /// Frozen: no process of it runs; it is sent nothing.
+        case suspended
+    }
+
+    private(set) var state = State.active
+    /// When the app entered `state`.
+    private(set) var since = Date()
+    /// Entries into the background so far: names the suspension each one schedules.
+    private(set) var backgroundEntries = 0
+    /// *will terminate* was sent, or the app is being ended: no suspension follows.
+    private(set) var ending = false
+
+    /// To the background from the foreground; returns the entry its suspension must name, nil if not in the foreground.
+    mutating func enterBackground() -> Int? {
+        guard state == .active, !ending else { return nil }
+        move(to: .background)
+        backgroundEntries += 1
+        return backgroundEntries
+    }
+
+    /// Whether the suspension scheduled by entry `entry` is still due: nothing brought the app back or ended it since.
+    func isSuspensionDue(_ entry: Int) -> Bool { state == .background && backgroundEntries == entry && !ending }
+
+    mutating func suspend() { move(to: .suspended) }
+
+    /// Back to the foreground from the background (which cancels the suspension) or from a suspension.
+    mutating func enterForeground() { move(to: .active) }
+
+    mutating func end() { ending = true }
+
+    private mutating func move(to next: State) {
+        state = next
+        since = Date()
+    }
+}

@@ -1,0 +1,300 @@
+import CSupport
+import Dispatch
+import Foundation
+import ProtectedStore
+
+// Launched apps (docs/PROTOCOL.md §6): their registration, sockets and lifecycle requests, on the loop thread.
+extension DaemonServer {
+
+    /// An app registered by its launcher: its own listening socket, its state, and its processes, which its freezer
+    /// suspends and ends.
+    final class LaunchedApp {
+        let bundle: String
+        let sandboxPID: Int32
+        /// The uid the sandbox runs as: the only one besides the owner's that its socket serves.
+        let uid: uid_t
+        let listener: Int32
+        let socketPath: String
+        /// The launcher's connection: the app is forgotten when it closes.
+        let owner: UInt64
+        var lifecycle = AppLifecycle()
+        let freezer: AppFreezer
+        /// Connections open on its socket.
+        var connections = 0
+        /// Open-URL events relayed before the app had a subscriber: its first one gets them (its launch options).
+        var parkedOpenURLs: [(payload: OpenURLPayload, reply: () -> Void)] = []
+
+        init(bundle: String, sandboxPID: Int32, uid: uid_t, listener: Int32, socketPath: String, owner: UInt64, freezer: AppFreezer) {
+            self.freezer = freezer
+            self.bundle = bundle
+            self.sandboxPID = sandboxPID
+            self.uid = uid
+            self.listener = listener
+            self.socketPath = socketPath
+            self.owner = owner
+        }
+
+        var status: AppStatus {
+            AppStatus(bundle: bundle, pid: sandboxPID, state: lifecycle.state.rawValue, since: lifecycle.since.timeIntervalSince1970,
+                      freezer: freezer.mechanism.rawValue)
+        }
+    }
+
+    /// An app event sent to an app's subscribers; `finish` runs once all of them acknowledged or left, or the time ran
+    /// out: for a lifecycle event with whether every one returned in time, for an open-URL event whether one handled it.
+    struct AppEventWait {
+        let event: SubscriberRegistry.Event
+        var remaining: Set<UInt64>
+        var acknowledged = false
+        let finish: (Bool) -> Void
+    }
+
+    func appStatusReply(id: UInt64) -> DaemonReply {
+        var reply = DaemonReply(id: id)
+        reply.state = device.state.rawValue
+        return reply
+    }
+
+    func appFailure(_ request: DaemonRequest, _ kind: ProtectedStoreError.Kind, _ problem: String, _ remedy: String) -> DaemonReply {
+        .failure(id: request.id, ProtectedStoreError(kind, path: request.bundle, problem: problem, remedy: remedy))
+    }
+
+    func handleApp(_ operation: DaemonRequest.Operation, _ request: DaemonRequest, on connection: Connection) {
+        if operation == .apps {
+            var reply = DaemonReply(id: request.id)
+            reply.apps = apps.values.map(\.status).sorted { $0.bundle < $1.bundle }
+            return send(reply, to: connection)
+        }
+        guard let bundle = request.bundle else {
+            return send(appFailure(request, .invalidArgument, "\(operation.rawValue) needs a bundle", "See docs/PROTOCOL.md"), to: connection)
+        }
+        if operation == .appRegister { return register(bundle, request, on: connection) }
+        guard let app = apps[bundle] else {
+            return send(appFailure(request, .notFound, "no app of this bundle is running", "Start it with `sandboxctl launch \(bundle) -- COMMAND`"), to: connection)
+        }
+        if operation == .appOpenURL {
+            guard let path = request.path, let sequence = request.sequence else {
+                return send(appFailure(request, .invalidArgument, "app-open-url needs the item's path and sequence", "See docs/PROTOCOL.md"), to: connection)
+            }
+            let connectionID = connection.id
+            let payload = OpenURLPayload(path: path, sourceApplication: request.sourceApplication, annotation: request.annotation, sequence: sequence)
+            return relayOpenURL(payload, to: app) { [self] in send(DaemonReply(id: request.id), toConnection: connectionID) }
+        }
+        let timeout = request.timeout ?? 5
+        guard timeout >= 0, timeout <= 600, timeout.isFinite else {
+            return send(appFailure(request, .invalidArgument, "time \(timeout) s is out of range", "Give 0 to 600 seconds"), to: connection)
+        }
+        let connectionID = connection.id
+        let reply = { [self] (ended: String?) in
+            var reply = DaemonReply(id: request.id)
+            reply.apps = apps[bundle].map { [$0.status] } ?? []
+            if let ended { reply.apps = [AppStatus(bundle: bundle, pid: app.sandboxPID, state: "ended", since: Date().timeIntervalSince1970, reason: ended)] }
+            send(reply, toConnection: connectionID)
+        }
+        switch operation {
+        case .appSuspend:
+            guard let entry = app.lifecycle.enterBackground() else { return reply(nil) }
+            logger.info("\(bundle): did-enter-background; suspended once it returns, or ended if it has not within \(timeout) s")
+            sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] allReturned in
+                // Brought back to the foreground, or ended, during its background time: no suspension.
+                guard apps[bundle] === app, app.lifecycle.isSuspensionDue(entry) else { return reply(nil) }
+                guard allReturned else {
+                    // As iOS ends an app that overruns its background time: never frozen in the middle of its work.
+                    let reason = "it did not return from did-enter-background within its background time (\(timeout) s)"
+                    endWithoutNotice(app, reason: reason)
+                    return reply(reason)
+                }
+                suspend(app) { reply(nil) }
+            }
+        case .appResume:
+            switch app.lifecycle.state {
+            case .active: return reply(nil)
+            case .background: logger.info("\(bundle): back during its background time, its suspension cancelled: will-enter-foreground")
+            case .suspended:
+                app.freezer.thaw()
+                logger.info("\(bundle): resumed, will-enter-foreground")
+            }
+            app.lifecycle.enterForeground()
+            let ids = subscribers(of: bundle)
+            for id in ids { registry.setSuspended(id, false) }
+            // After its acknowledgement: the protection events it missed, then open-URL events (SubscriberRegistry).
+            for delivery in registry.send(.willEnterForeground, to: ids) { sendEvent(delivery) }
+            reply(nil)
+        case .appTerminate:
+            guard !app.lifecycle.ending else { return reply(nil) }
+            app.lifecycle.end()
+            // A suspended app can't run to handle it: iOS ends suspended apps without notice, never thawed.
+            if app.lifecycle.state == .suspended {
+                endWithoutNotice(app, reason: "it was suspended: ended without notice")
+                return reply("it was suspended: ended without notice")
+            }
+            logger.info("\(bundle): will-terminate")
+            sendLifecycle(.willTerminate, to: app, timeout: timeout) { _ in reply(nil) }
+        default:
+            break
+        }
+    }
+
+    /// Freezes the app after its background time: its subscribers are sent nothing more and no lock waits for them.
+    /// `done` runs on the loop once the kernel reports every process frozen.
+    func suspend(_ app: LaunchedApp, then done: @escaping () -> Void) {
+        for id in subscribers(of: app.bundle) { registry.setSuspended(id, true) }
+        completeLockIfAcknowledged()
+        app.lifecycle.suspend()
+        app.freezer.freeze()
+        logger.info("\(app.bundle): suspended (\(app.freezer.mechanism == .cgroup ? "its cgroup frozen" : "SIGSTOP"))")
+        let freezer = app.freezer
+        // Runs on the loop thread only (through `execute`, or once the loop has ended).
+        nonisolated(unsafe) let done = done
+        DispatchQueue.global().async { [self] in
+            freezer.waitUntilFrozen()
+            if !execute(done) { done() }
+        }
+    }
+
+    /// Kills every process of the app at once, as iOS ends an app: its launcher sees it exit and unmounts.
+    func endWithoutNotice(_ app: LaunchedApp, reason: String) {
+        app.lifecycle.end()
+        logger.warning("\(app.bundle): ended without notice: \(reason)")
+        app.freezer.kill()
+    }
+
+    func register(_ bundle: String, _ request: DaemonRequest, on connection: Connection) {
+        guard connection.appBundle == nil else { return }
+        guard let pid = request.pid, pid > 1, let socketPath = request.socketPath, socketPath.hasPrefix("/") else {
+            return send(appFailure(request, .invalidArgument, "app-register needs the sandbox's pid and an absolute socket path", "See docs/PROTOCOL.md"), to: connection)
+        }
+        guard apps[bundle] == nil else {
+            return send(appFailure(request, .alreadyExists, "the app is already running (pid \(apps[bundle]!.sandboxPID))", "End it first with `sandboxctl terminate \(bundle)`"), to: connection)
+        }
+        do {
+            _ = try device.container(bundleIdentifier: bundle)
+        } catch {
+            return send(.failure(id: request.id, Self.libraryError(error)), to: connection)
+        }
+        // The pid must be a sandbox the registering launcher started: in a PID namespace of its own (else a suspend
+        // would stop every process of this one, the daemon included) and a descendant of the launcher.
+        guard AppProcesses.isSandbox(pid, startedBy: connection.pid) else {
+            return send(appFailure(request, .invalidArgument, "pid \(pid) is not a sandbox started by the registering process (pid \(connection.pid))",
+                                   "Register the first process of a bubblewrap sandbox your launcher started"), to: connection)
+        }
+        // Only root may start a sandbox under another uid: a user's app runs as that user.
+        let sandboxUID = request.uid ?? connection.uid
+        guard sandboxUID == connection.uid || connection.uid == 0 else {
+            return send(appFailure(request, .invalidArgument, "uid \(connection.uid) may not register a sandbox running as uid \(sandboxUID)",
+                                   "Register the app under your own uid"), to: connection)
+        }
+        // The socket goes in a folder of the launcher's user (or the sandbox's) that only it can enter; the daemon
+        // (maybe root) does no other path operation there than replacing a socket a killed daemon left, and changes no
+        // mode: the folder's protects it.
+        let folder = (socketPath as NSString).deletingLastPathComponent
+        var folderInfo = stat(), existing = stat()
+        guard lstat(folder, &folderInfo) == 0, folderInfo.st_mode & S_IFMT == S_IFDIR, [connection.uid, sandboxUID].contains(folderInfo.st_uid),
+              folderInfo.st_mode & 0o077 == 0 else {
+            return send(appFailure(request, .invalidArgument, "the socket's folder \(folder) is not a directory of uid \(sandboxUID) that only it can enter (mode 0700)",
+                                   "Give a socket path in a private folder of yours"), to: connection)
+        }
+        if lstat(socketPath, &existing) == 0 {
+            guard existing.st_mode & S_IFMT == S_IFSOCK else {
+                return send(appFailure(request, .alreadyExists, "\(socketPath) exists and is not a socket", "Remove it, or give another path"), to: connection)
+            }
+            unlink(socketPath)
+        }
+        let listener = ps_unix_listen(socketPath, 64)
+        guard listener >= 0 else {
+            return send(appFailure(request, .io, "cannot listen on \(socketPath) (\(String(cString: strerror(errno))))", "Check the launcher's runtime folder"), to: connection)
+        }
+        // Connecting needs write access to the socket: the sandbox's uid gets it when it is not ours.
+        if sandboxUID != geteuid(), lchown(socketPath, sandboxUID, gid_t.max) != 0 {
+            let reason = String(cString: strerror(errno))
+            Glibc.close(listener)
+            unlink(socketPath)
+            return send(appFailure(request, .permissionDenied, "cannot give the app's socket \(socketPath) to uid \(sandboxUID) (\(reason))",
+                                   "Run the daemon as root, or launch the app as the device's owner"), to: connection)
+        }
+        // Registered means running. A sandbox whose daemon died while it was suspended would otherwise stay stopped;
+        // moved out of its old frozen cgroup into the new one, it runs again.
+        let freezer = AppFreezer.make(bundle: bundle, sandboxPID: pid)
+        if freezer.mechanism == .signals { AppProcesses.signal(SIGCONT, inSandboxOf: pid) }
+        apps[bundle] = LaunchedApp(bundle: bundle, sandboxPID: pid, uid: sandboxUID, listener: listener, socketPath: socketPath, owner: connection.id,
+                                   freezer: freezer)
+        logger.info("\(bundle): launched (sandbox pid \(pid)), its socket \(socketPath)")
+        if let cgroup = freezer.cgroup {
+            logger.info("\(bundle): suspended through its cgroup \(cgroup)")
+        } else {
+            logger.warning("\(bundle): suspended with SIGSTOP, which the app can see: \(freezer.fallbackReason ?? "")")
+        }
+        var reply = DaemonReply(id: request.id)
+        reply.apps = [apps[bundle]!.status]
+        send(reply, to: connection)
+    }
+
+    /// The launcher is gone: the app's socket and connections go too, and a stopped app is let go on.
+    func forget(_ app: LaunchedApp) {
+        guard apps[app.bundle] === app else { return }
+        apps[app.bundle] = nil
+        Glibc.close(app.listener)
+        unlink(app.socketPath)
+        if app.lifecycle.state == .suspended { app.freezer.thaw() }
+        app.freezer.remove()
+        // Their launcher is gone with its connection: nobody waits for these replies.
+        app.parkedOpenURLs = []
+        for connection in Array(connections.values) where connection.appBundle == app.bundle { close(connection, reason: nil) }
+        logger.info("\(app.bundle): ended")
+    }
+
+    func subscribers(of bundle: String) -> [UInt64] {
+        connections.values.filter { $0.appBundle == bundle && $0.subscribed }.map(\.id)
+    }
+
+    /// Sends `event` to the app's subscribers and calls `finish` once each acknowledged or left (true), or after
+    /// `timeout` (false).
+    func sendLifecycle(_ event: LifecycleEvent, to app: LaunchedApp, timeout: TimeInterval, finish: @escaping (Bool) -> Void) {
+        let ids = subscribers(of: app.bundle)
+        guard !ids.isEmpty else { return finish(true) }
+        let waitID = wait(for: .lifecycle(event), from: ids, finish: finish)
+        for delivery in registry.send(event, to: ids) { sendEvent(delivery) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { [weak self] in
+            self?.execute { self?.finishWait(waitID) }
+        }
+    }
+
+    /// Sends an Inbox item's open-URL event to the app's subscribers and replies once one of them handled it. With
+    /// none yet, or if all leave without acknowledging, it waits for the next one: an open-URL event is never lost,
+    /// and the launcher records it delivered only after the reply.
+    func relayOpenURL(_ payload: OpenURLPayload, to app: LaunchedApp, reply: @escaping () -> Void) {
+        let ids = subscribers(of: app.bundle)
+        guard !ids.isEmpty else { return app.parkedOpenURLs.append((payload, reply)) }
+        _ = wait(for: .openURL(payload), from: ids) { [self] acknowledged in
+            guard !acknowledged else { return reply() }
+            if apps[app.bundle] === app { relayOpenURL(payload, to: app, reply: reply) }
+        }
+        for delivery in registry.send(payload, to: ids) { sendEvent(delivery) }
+    }
+
+    func relayParkedOpenURLs(of app: LaunchedApp) {
+        let parked = app.parkedOpenURLs
+        app.parkedOpenURLs = []
+        for (payload, reply) in parked { relayOpenURL(payload, to: app, reply: reply) }
+    }
+
+    func wait(for event: SubscriberRegistry.Event, from ids: [UInt64], finish: @escaping (Bool) -> Void) -> UInt64 {
+        nextWaitID += 1
+        appEventWaits[nextWaitID] = AppEventWait(event: event, remaining: Set(ids), finish: finish)
+        return nextWaitID
+    }
+
+    func appEventAcknowledged(_ event: SubscriberRegistry.Event, by subscriber: UInt64) {
+        for (id, var wait) in appEventWaits where wait.event == event && wait.remaining.remove(subscriber) != nil {
+            wait.acknowledged = true
+            appEventWaits[id] = wait
+            // An open-URL event is handled once one observer of the app has it; a lifecycle event waits for all.
+            if wait.remaining.isEmpty || !event.isLifecycle { finishWait(id) }
+        }
+    }
+
+    func finishWait(_ id: UInt64) {
+        guard let wait = appEventWaits.removeValue(forKey: id) else { return }
+        wait.finish(wait.event.isLifecycle ? wait.remaining.isEmpty : wait.acknowledged)
+    }
+}
