@@ -6,6 +6,8 @@ import Foundation
 struct AppLifecycle {
     /// The states a running app is in; "not running" is no record at all.
     enum State: String {
+        /// In the foreground, not taking events: its launch in progress, or an interruption.
+        case inactive
         /// In the foreground.
         case active
         /// *did enter background* sent: the app runs for its background time, then is suspended.
@@ -14,7 +16,7 @@ struct AppLifecycle {
         case suspended
     }
 
-    private(set) var state = State.active
+    private(set) var state = State.inactive
     /// When the app entered `state`.
     private(set) var since = Date()
     /// Entries into the background so far: names the suspension each one schedules.
@@ -22,12 +24,28 @@ struct AppLifecycle {
     /// *will terminate* was sent, or the app is being ended: no suspension follows.
     private(set) var ending = false
 
-    /// To the background from the foreground; returns the entry its suspension must name, nil if not in the foreground.
-    mutating func enterBackground() -> Int? {
-        guard state == .active, !ending else { return nil }
+    /// To the background from the foreground; returns the entry its suspension must name and whether it was active
+    /// (so *will resign active* goes first), nil if not in the foreground.
+    mutating func enterBackground() -> (entry: Int, wasActive: Bool)? {
+        guard state == .active || state == .inactive, !ending else { return nil }
+        let wasActive = state == .active
         move(to: .background)
         backgroundEntries += 1
-        return backgroundEntries
+        return (backgroundEntries, wasActive)
+    }
+
+    /// Active once its launch finished, unless it was sent to the background or ended meanwhile.
+    mutating func finishLaunching() -> Bool {
+        guard state == .inactive, !ending else { return false }
+        move(to: .active)
+        return true
+    }
+
+    /// An interruption: active to inactive, or back; false when the app is not in the state to leave.
+    mutating func interrupt(ending interruption: Bool) -> Bool {
+        guard state == (interruption ? .inactive : .active), !ending else { return false }
+        move(to: interruption ? .active : .inactive)
+        return true
     }
 
     /// Whether the suspension scheduled by entry `entry` is still due: nothing brought the app back or ended it since.

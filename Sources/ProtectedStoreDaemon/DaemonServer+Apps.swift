@@ -8,7 +8,8 @@ extension DaemonServer {
 
     /// An app registered by its launcher: its own listening socket, its state, and its processes, which its freezer
     /// suspends and ends.
-    final class LaunchedApp {
+    /// Touched on the loop thread only (a timer posts back to it through `execute`).
+    final class LaunchedApp: @unchecked Sendable {
         let bundle: String
         let sandboxPID: Int32
         /// The uid the sandbox runs as: the only one besides the owner's that its socket serves.
@@ -21,11 +22,20 @@ extension DaemonServer {
         let freezer: AppFreezer
         /// Connections open on its socket.
         var connections = 0
-        /// Open-URL events relayed before the app had a subscriber: its first one gets them (its launch options).
+        /// Open-URL events relayed before the app finished launching: the first is its launch option.
         var parkedOpenURLs: [(payload: OpenURLPayload, reply: () -> Void)] = []
+        /// How long each launch event may take before the app is ended.
+        let launchTimeout: TimeInterval
+        /// The launch events were sent (to its first subscriber), or no observer came within the launch timeout.
+        var launchStarted = false
+        var launchDone = false
+        /// What *will* and *did finish launching* carry: the Inbox item it is launched to open.
+        var launchOptions: OpenURLPayload?
 
-        init(bundle: String, sandboxPID: Int32, uid: uid_t, listener: Int32, socketPath: String, owner: UInt64, freezer: AppFreezer) {
+        init(bundle: String, sandboxPID: Int32, uid: uid_t, listener: Int32, socketPath: String, owner: UInt64, freezer: AppFreezer,
+             launchTimeout: TimeInterval) {
             self.freezer = freezer
+            self.launchTimeout = launchTimeout
             self.bundle = bundle
             self.sandboxPID = sandboxPID
             self.uid = uid
@@ -42,16 +52,20 @@ extension DaemonServer {
 
     /// An app event sent to an app's subscribers; `finish` runs once all of them acknowledged or left, or the time ran
     /// out: for a lifecycle event with whether every one returned in time, for an open-URL event whether one handled it.
+    /// A launch event's observers may answer false: `refused` then.
     struct AppEventWait {
         let event: SubscriberRegistry.Event
         var remaining: Set<UInt64>
         var acknowledged = false
-        let finish: (Bool) -> Void
+        var refused = false
+        let finish: (_ returned: Bool, _ refused: Bool) -> Void
     }
 
-    func appStatusReply(id: UInt64) -> DaemonReply {
+    /// On an app's own socket: the device's state, and the app's (`apps`), so its `Application` starts in it.
+    func appStatusReply(id: UInt64, bundle: String?) -> DaemonReply {
         var reply = DaemonReply(id: id)
         reply.state = device.state.rawValue
+        if let app = bundle.flatMap({ apps[$0] }) { reply.apps = [app.status] }
         return reply
     }
 
@@ -93,9 +107,10 @@ extension DaemonServer {
         }
         switch operation {
         case .appSuspend:
-            guard let entry = app.lifecycle.enterBackground() else { return reply(nil) }
+            guard let (entry, wasActive) = app.lifecycle.enterBackground() else { return reply(nil) }
             logger.info("\(bundle): did-enter-background; suspended once it returns, or ended if it has not within \(timeout) s")
-            sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] allReturned in
+            if wasActive { post(.willResignActive, to: app) }
+            sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] allReturned, _ in
                 // Brought back to the foreground, or ended, during its background time: no suspension.
                 guard apps[bundle] === app, app.lifecycle.isSuspensionDue(entry) else { return reply(nil) }
                 guard allReturned else {
@@ -108,7 +123,7 @@ extension DaemonServer {
             }
         case .appResume:
             switch app.lifecycle.state {
-            case .active: return reply(nil)
+            case .active, .inactive: return reply(nil)
             case .background: logger.info("\(bundle): back during its background time, its suspension cancelled: will-enter-foreground")
             case .suspended:
                 app.freezer.thaw()
@@ -117,8 +132,16 @@ extension DaemonServer {
             app.lifecycle.enterForeground()
             let ids = subscribers(of: bundle)
             for id in ids { registry.setSuspended(id, false) }
-            // After its acknowledgement: the protection events it missed, then open-URL events (SubscriberRegistry).
+            // After its acknowledgement: the protection events it missed, then open-URL events, then did-become-active
+            // (SubscriberRegistry).
             for delivery in registry.send(.willEnterForeground, to: ids) { sendEvent(delivery) }
+            post(.didBecomeActive, to: app)
+            reply(nil)
+        case .appInterrupt:
+            let ending = request.end ?? false
+            guard app.launchDone, app.lifecycle.interrupt(ending: ending) else { return reply(nil) }
+            logger.info("\(bundle): \(ending ? "interruption ended, did-become-active" : "interrupted, will-resign-active")")
+            post(ending ? .didBecomeActive : .willResignActive, to: app)
             reply(nil)
         case .appTerminate:
             guard !app.lifecycle.ending else { return reply(nil) }
@@ -129,7 +152,7 @@ extension DaemonServer {
                 return reply("it was suspended: ended without notice")
             }
             logger.info("\(bundle): will-terminate")
-            sendLifecycle(.willTerminate, to: app, timeout: timeout) { _ in reply(nil) }
+            sendLifecycle(.willTerminate, to: app, timeout: timeout) { _, _ in reply(nil) }
         default:
             break
         }
@@ -163,6 +186,9 @@ extension DaemonServer {
         guard connection.appBundle == nil else { return }
         guard let pid = request.pid, pid > 1, let socketPath = request.socketPath, socketPath.hasPrefix("/") else {
             return send(appFailure(request, .invalidArgument, "app-register needs the sandbox's pid and an absolute socket path", "See docs/PROTOCOL.md"), to: connection)
+        }
+        if let timeout = request.timeout, !(timeout > 0 && timeout <= 600) {
+            return send(appFailure(request, .invalidArgument, "launch timeout \(timeout) s is out of range", "Give more than 0 and at most 600 seconds"), to: connection)
         }
         guard apps[bundle] == nil else {
             return send(appFailure(request, .alreadyExists, "the app is already running (pid \(apps[bundle]!.sandboxPID))", "End it first with `sandboxctl terminate \(bundle)`"), to: connection)
@@ -216,9 +242,19 @@ extension DaemonServer {
         // moved out of its old frozen cgroup into the new one, it runs again.
         let freezer = AppFreezer.make(bundle: bundle, sandboxPID: pid)
         if freezer.mechanism == .signals { AppProcesses.signal(SIGCONT, inSandboxOf: pid) }
-        apps[bundle] = LaunchedApp(bundle: bundle, sandboxPID: pid, uid: sandboxUID, listener: listener, socketPath: socketPath, owner: connection.id,
-                                   freezer: freezer)
+        let launchTimeout = request.timeout ?? 20
+        let app = LaunchedApp(bundle: bundle, sandboxPID: pid, uid: sandboxUID, listener: listener, socketPath: socketPath, owner: connection.id,
+                              freezer: freezer, launchTimeout: launchTimeout)
+        apps[bundle] = app
         logger.info("\(bundle): launched (sandbox pid \(pid)), its socket \(socketPath)")
+        if request.launched == true {
+            // It launched under an earlier daemon: no launch events again.
+            launchWithoutObservers(app)
+        } else {
+            DispatchQueue.global().asyncAfter(deadline: .now() + launchTimeout) { [weak self] in
+                self?.execute { self?.launchWithoutObservers(app) }
+            }
+        }
         if let cgroup = freezer.cgroup {
             logger.info("\(bundle): suspended through its cgroup \(cgroup)")
         } else {
@@ -247,11 +283,16 @@ extension DaemonServer {
         connections.values.filter { $0.appBundle == bundle && $0.subscribed }.map(\.id)
     }
 
+    /// Sends `event` to the app's subscribers without waiting for them.
+    func post(_ event: LifecycleEvent, to app: LaunchedApp) {
+        for delivery in registry.send(event, to: subscribers(of: app.bundle)) { sendEvent(delivery) }
+    }
+
     /// Sends `event` to the app's subscribers and calls `finish` once each acknowledged or left (true), or after
-    /// `timeout` (false).
-    func sendLifecycle(_ event: LifecycleEvent, to app: LaunchedApp, timeout: TimeInterval, finish: @escaping (Bool) -> Void) {
+    /// `timeout` (false), with whether one refused it (a launch event answered false).
+    func sendLifecycle(_ event: LifecycleEvent, to app: LaunchedApp, timeout: TimeInterval, finish: @escaping (Bool, Bool) -> Void) {
         let ids = subscribers(of: app.bundle)
-        guard !ids.isEmpty else { return finish(true) }
+        guard !ids.isEmpty else { return finish(true, false) }
         let waitID = wait(for: .lifecycle(event), from: ids, finish: finish)
         for delivery in registry.send(event, to: ids) { sendEvent(delivery) }
         DispatchQueue.global().asyncAfter(deadline: .now() + timeout) { [weak self] in
@@ -264,12 +305,56 @@ extension DaemonServer {
     /// and the launcher records it delivered only after the reply.
     func relayOpenURL(_ payload: OpenURLPayload, to app: LaunchedApp, reply: @escaping () -> Void) {
         let ids = subscribers(of: app.bundle)
-        guard !ids.isEmpty else { return app.parkedOpenURLs.append((payload, reply)) }
-        _ = wait(for: .openURL(payload), from: ids) { [self] acknowledged in
+        guard !ids.isEmpty, app.launchDone else { return app.parkedOpenURLs.append((payload, reply)) }
+        _ = wait(for: .openURL(payload), from: ids) { [self] acknowledged, _ in
             guard !acknowledged else { return reply() }
             if apps[app.bundle] === app { relayOpenURL(payload, to: app, reply: reply) }
         }
         for delivery in registry.send(payload, to: ids) { sendEvent(delivery) }
+    }
+
+    /// A subscriber on the app's socket: the first one starts the launch events; later ones get the parked open-URL
+    /// events (if it subscribed again after losing its connection).
+    func appSubscribed(_ app: LaunchedApp) {
+        guard app.launchStarted else { return launch(app) }
+        if app.launchDone { relayParkedOpenURLs(of: app) }
+    }
+
+    /// *will finish launching* and *did finish launching* with the launch options (the first Inbox item waiting), each
+    /// within the launch timeout or the app is ended; an answer of false drops that item's open-URL event (recorded
+    /// delivered: the app declined it, as the seeds' rule says); then the waiting open-URL events and *did become
+    /// active*.
+    func launch(_ app: LaunchedApp) {
+        app.launchStarted = true
+        let options = app.parkedOpenURLs.first?.payload
+        app.launchOptions = options
+        logger.info("\(app.bundle): will-finish-launching\(options.map { " to open \($0.path)" } ?? "")")
+        sendLifecycle(.willFinishLaunching, to: app, timeout: app.launchTimeout) { [self] returned, refusedFirst in
+            guard apps[app.bundle] === app else { return }
+            guard returned else { return endWithoutNotice(app, reason: "it did not finish launching within \(app.launchTimeout) s (will-finish-launching)") }
+            sendLifecycle(.didFinishLaunching, to: app, timeout: app.launchTimeout) { [self] returned, refusedSecond in
+                guard apps[app.bundle] === app else { return }
+                guard returned else { return endWithoutNotice(app, reason: "it did not finish launching within \(app.launchTimeout) s (did-finish-launching)") }
+                app.launchOptions = nil
+                app.launchDone = true
+                if let options, refusedFirst || refusedSecond, app.parkedOpenURLs.first?.payload == options {
+                    logger.info("\(app.bundle): declined to open \(options.path) at its launch")
+                    app.parkedOpenURLs.removeFirst().reply()
+                }
+                relayParkedOpenURLs(of: app)
+                if app.lifecycle.finishLaunching() { post(.didBecomeActive, to: app) }
+            }
+        }
+    }
+
+    /// A program that attaches no observer within its launch timeout gets no launch events: it is active from then.
+    func launchWithoutObservers(_ app: LaunchedApp) {
+        guard apps[app.bundle] === app, !app.launchStarted else { return }
+        app.launchStarted = true
+        app.launchDone = true
+        _ = app.lifecycle.finishLaunching()
+        if !app.lifecycle.ending { logger.info("\(app.bundle): active without launch events (no observer within \(app.launchTimeout) s, or launched under an earlier daemon)") }
+        relayParkedOpenURLs(of: app)
     }
 
     func relayParkedOpenURLs(of app: LaunchedApp) {
@@ -278,15 +363,16 @@ extension DaemonServer {
         for (payload, reply) in parked { relayOpenURL(payload, to: app, reply: reply) }
     }
 
-    func wait(for event: SubscriberRegistry.Event, from ids: [UInt64], finish: @escaping (Bool) -> Void) -> UInt64 {
+    func wait(for event: SubscriberRegistry.Event, from ids: [UInt64], finish: @escaping (Bool, Bool) -> Void) -> UInt64 {
         nextWaitID += 1
         appEventWaits[nextWaitID] = AppEventWait(event: event, remaining: Set(ids), finish: finish)
         return nextWaitID
     }
 
-    func appEventAcknowledged(_ event: SubscriberRegistry.Event, by subscriber: UInt64) {
+    func appEventAcknowledged(_ event: SubscriberRegistry.Event, by subscriber: UInt64, accepted: Bool) {
         for (id, var wait) in appEventWaits where wait.event == event && wait.remaining.remove(subscriber) != nil {
             wait.acknowledged = true
+            if !accepted { wait.refused = true }
             appEventWaits[id] = wait
             // An open-URL event is handled once one observer of the app has it; a lifecycle event waits for all.
             if wait.remaining.isEmpty || !event.isLifecycle { finishWait(id) }
@@ -295,6 +381,6 @@ extension DaemonServer {
 
     func finishWait(_ id: UInt64) {
         guard let wait = appEventWaits.removeValue(forKey: id) else { return }
-        wait.finish(wait.event.isLifecycle ? wait.remaining.isEmpty : wait.acknowledged)
+        wait.finish(wait.event.isLifecycle ? wait.remaining.isEmpty : wait.acknowledged, wait.refused)
     }
 }

@@ -439,6 +439,7 @@ final class DaemonServer: @unchecked Sendable {
                 reply.version = daemonProtocolVersion
                 reply.state = device.state.rawValue
                 reply.bundle = bundle
+                reply.apps = apps[bundle].map { [$0.status] }
                 reply.operations = DaemonRequest.Operation.allCases.filter(\.isAllowedForApps).map(\.rawValue)
                 return send(reply, to: connection)
             }
@@ -451,7 +452,7 @@ final class DaemonServer: @unchecked Sendable {
             reply.operations = DaemonRequest.Operation.allCases.map(\.rawValue)
             send(reply, to: connection)
         case .status:
-            send(connection.appBundle == nil ? statusReply(id: request.id) : appStatusReply(id: request.id), to: connection)
+            send(connection.appBundle == nil ? statusReply(id: request.id) : appStatusReply(id: request.id, bundle: connection.appBundle), to: connection)
         case .subscribe:
             if !connection.subscribed, connection.appBundle == nil, ownerSubscribers >= limits.maximumSubscribers {
                 tally.note("subscriptions refused over the cap", now: .now, logger: logger,
@@ -464,8 +465,9 @@ final class DaemonServer: @unchecked Sendable {
                 if connection.appBundle == nil { ownerSubscribers += 1 }
                 registry.add(connection.id, available: device.state == .unlocked)
             }
-            send(connection.appBundle == nil ? statusReply(id: request.id, withDiagnostics: false) : appStatusReply(id: request.id), to: connection)
-            if let bundle = connection.appBundle, let app = apps[bundle] { relayParkedOpenURLs(of: app) }
+            send(connection.appBundle == nil ? statusReply(id: request.id, withDiagnostics: false) : appStatusReply(id: request.id, bundle: connection.appBundle),
+                 to: connection)
+            if let bundle = connection.appBundle, let app = apps[bundle] { appSubscribed(app) }
         case .ack:
             guard connection.subscribed, let seq = request.seq else {
                 return fail(connection, code: .badFrame, message: "ack needs a subscription and a seq", remedy: "Subscribe first; acknowledge the seq of the event received", id: request.id)
@@ -473,8 +475,8 @@ final class DaemonServer: @unchecked Sendable {
             let (handled, next) = registry.acknowledge(connection.id, seq: seq)
             for delivery in next { sendEvent(delivery) }
             completeLockIfAcknowledged()
-            if let handled, handled.isAppEvent { appEventAcknowledged(handled, by: connection.id) }
-        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL:
+            if let handled, handled.isAppEvent { appEventAcknowledged(handled, by: connection.id, accepted: request.accepted ?? true) }
+        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL, .appInterrupt:
             handleApp(operation, request, on: connection)
         case .lock:
             let grace = request.grace ?? device.gracePeriod
@@ -681,7 +683,14 @@ final class DaemonServer: @unchecked Sendable {
         reply.event = delivery.event.wireName
         reply.seq = delivery.seq
         if delivery.event == .protection(.willBecomeUnavailable) { reply.grace = mutex.withLock { lockGrace } }
-        if case .openURL(let payload) = delivery.event {
+        var payload: OpenURLPayload?
+        switch delivery.event {
+        case .openURL(let item): payload = item
+        case .lifecycle(.willFinishLaunching), .lifecycle(.didFinishLaunching):
+            payload = connection.appBundle.flatMap { apps[$0]?.launchOptions }
+        default: break
+        }
+        if let payload {
             reply.path = payload.path
             reply.sourceApplication = payload.sourceApplication
             reply.annotation = payload.annotation

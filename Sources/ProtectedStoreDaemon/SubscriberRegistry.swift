@@ -27,6 +27,10 @@ package struct SubscriberRegistry {
             if case .lifecycle = self { true } else { false }
         }
 
+        /// Sent before the protection events a subscriber missed and before open-URL events: every lifecycle event
+        /// but *did become active*, which comes last (after *will enter foreground*, the net change, then URLs to open).
+        var goesFirst: Bool { isLifecycle && self != .lifecycle(.didBecomeActive) }
+
         /// A launched app's own event (lifecycle or open-URL), which the daemon waits for per app.
         var isAppEvent: Bool {
             if case .protection = self { false } else { true }
@@ -116,7 +120,7 @@ package struct SubscriberRegistry {
             // Lifecycle events are sent around a suspension by the caller; nothing else reaches a stopped app.
             guard subscriber.outstanding == nil, event.isLifecycle || !subscriber.suspended else {
                 var queue = subscriber.pendingAppEvents
-                let position = event.isLifecycle ? (queue.firstIndex { !$0.isLifecycle } ?? queue.count) : queue.count
+                let position = event.goesFirst ? (queue.firstIndex { !$0.goesFirst } ?? queue.count) : queue.count
                 queue.insert(event, at: position)
                 subscribers[id]?.pendingAppEvents = queue
                 return nil
@@ -143,9 +147,9 @@ package struct SubscriberRegistry {
         subscribers[id] = subscriber
         // Its view is *will* (this event, or one before it): it has closed what a lock needs closed.
         if subscriber.view == .willBecomeUnavailable { awaiting?.remove(id) }
-        // Lifecycle events first, then the protection events it missed, then open-URL events: after *will enter
-        // foreground* the net change comes before a URL to open (docs/DESIGN.md, "The app lifecycle").
-        if let next = subscriber.pendingAppEvents.first, next.isLifecycle {
+        // Lifecycle events first, then the protection events it missed, then open-URL events and *did become active*:
+        // after *will enter foreground* the net change comes before a URL to open (docs/DESIGN.md, "The app lifecycle").
+        if let next = subscriber.pendingAppEvents.first, next.goesFirst {
             subscribers[id]?.pendingAppEvents.removeFirst()
             return (outstanding.event, [send(next, to: id)])
         }

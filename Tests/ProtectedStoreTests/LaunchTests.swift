@@ -117,14 +117,15 @@ struct LaunchTests {
         let bundle = "com.example.launch.single"
         let (test, daemon) = try device(bundle)
         defer { _ = daemon }
-        let app = try launch(test, bundle, [], ["/bin/sh", "-c", "echo started; exec sleep 600"])
+        let app = try launch(test, bundle, ["--launch-timeout", "5"], ["/bin/sh", "-c", "echo started; exec sleep 600"])
         #expect(app.nextLine(timeout: 30) == "started", "\(app.standardError)")
         let listed = try sandboxctl(test, ["ps", "--json"])
         let apps = try #require(try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]])
         #expect(apps.count == 1)
         #expect(apps.first?["bundle"] as? String == bundle)
         #expect(apps.first?["pid"] as? Int == Int(app.pid))
-        #expect(apps.first?["state"] as? String == "active")
+        #expect(apps.first?["state"] as? String == "inactive", "a program with no observer: inactive until its launch timeout")
+        #expect(eventually(timeout: 30) { (try? sandboxctl(test, ["ps", "--json"]).stdout.contains("\"state\":\"active\"")) == true }, "then active")
 
         let second = try launchNow(test, bundle)
         #expect(second.status == 1)
@@ -146,6 +147,13 @@ struct LaunchTests {
         return (event, object["applicationState"] as? String ?? "")
     }
 
+    /// The events an app's observer gets first: will and did finish launching, then did become active, inactive until it.
+    private func expectLaunchEvents(_ app: SpawnedProcess, sourceLocation: SourceLocation = #_sourceLocation) {
+        let events = (0..<3).compactMap { _ in nextEvent(app) }
+        #expect(events.map(\.event) == ["willFinishLaunching", "didFinishLaunching", "didBecomeActive"], "\(app.standardError)", sourceLocation: sourceLocation)
+        #expect(events.map(\.applicationState) == ["inactive", "inactive", "active"], sourceLocation: sourceLocation)
+    }
+
     private func processStates(_ sandboxPID: Int) -> [String] {
         AppProcesses.inSandbox(of: pid_t(sandboxPID)).compactMap { pid in
             let status = String(decoding: FileHandle(forReadingAtPath: "/proc/\(pid)/status")?.readDataToEndOfFile() ?? Data(), as: UTF8.self)
@@ -160,8 +168,19 @@ struct LaunchTests {
         defer { _ = daemon }
         let app = try launchWatch(test, bundle)
         #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+        expectLaunchEvents(app)
+
+        // An interruption: inactive, then active again.
+        #expect(try sandboxctl(test, ["interrupt", bundle]).stdout == "\(bundle) is inactive.\n")
+        let interrupted = nextEvent(app)
+        #expect(interrupted?.event == "willResignActive" && interrupted?.applicationState == "active", "\(String(describing: interrupted))")
+        #expect(try sandboxctl(test, ["interrupt", bundle, "--end"]).stdout == "\(bundle) is active.\n")
+        let back = nextEvent(app)
+        #expect(back?.event == "didBecomeActive" && back?.applicationState == "active", "\(String(describing: back))")
 
         #expect(try sandboxctl(test, ["suspend", bundle, "--background-time", "10"]).status == 0)
+        let resign = nextEvent(app)
+        #expect(resign?.event == "willResignActive" && resign?.applicationState == "active", "\(String(describing: resign))")
         let background = nextEvent(app)
         #expect(background?.event == "didEnterBackground" && background?.applicationState == "background", "\(app.standardError)")
         let listed = try sandboxctl(test, ["ps", "--json"])
@@ -185,11 +204,10 @@ struct LaunchTests {
         #expect(try sandboxctl(test, ["resume", bundle]).status == 0)
         // It last saw did-become-available; a lock came and went: one event for the net change, did, after
         // will-enter-foreground (its class A files opened before the lock were revoked).
-        let resumed = (0..<2).compactMap { _ in nextEvent(app) }
-        #expect(resumed.map(\.event) == ["willEnterForeground", "didBecomeAvailable"], "\(resumed)")
+        let resumed = (0..<3).compactMap { _ in nextEvent(app) }
+        #expect(resumed.map(\.event) == ["willEnterForeground", "didBecomeAvailable", "didBecomeActive"], "\(resumed)")
         #expect(app.nextLine(timeout: 1) == nil, "one event per kind")
-        #expect(resumed.first?.applicationState == "background", "still in the background while it handles will-enter-foreground")
-        #expect(resumed.last?.applicationState == "active")
+        #expect(resumed.map(\.applicationState) == ["background", "inactive", "active"], "still in the background while it handles will-enter-foreground")
         #expect(processStates(sandboxPID).allSatisfy { $0 != "T" })
         #expect(try !cgroupEvents(of: sandboxPID).contains("frozen 1"))
 
@@ -257,12 +275,13 @@ struct LaunchTests {
         let bundle = "com.example.launch.overrun"
         let (test, daemon) = try device(bundle)
         defer { _ = daemon }
-        let app = try launchWatch(test, bundle, ["--hold", "20"])
+        let app = try launchWatch(test, bundle, ["--background-work", "20"])
         #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+        expectLaunchEvents(app)
         let suspended = try sandboxctl(test, ["suspend", bundle, "--background-time", "1"])
         #expect(suspended.status == 0, "\(suspended.stderr)")
         #expect(suspended.stdout.contains("Ended \(bundle)") && suspended.stdout.contains("background time (1.0 s)"), "\(suspended.stdout)")
-        #expect(nextEvent(app)?.event == "didEnterBackground")
+        #expect((0..<2).compactMap { _ in nextEvent(app)?.event } == ["willResignActive", "didEnterBackground"])
         #expect(app.waitForExit(timeout: 30) == 128 + SIGKILL)
         let lockStart = Date()
         #expect(try sandboxctl(test, ["lock", "--grace", "20"]).status == 0)
@@ -274,10 +293,11 @@ struct LaunchTests {
         let bundle = "com.example.launch.comeback"
         let (test, daemon) = try device(bundle)
         defer { _ = daemon }
-        let app = try launchWatch(test, bundle, ["--hold", "2"])
+        let app = try launchWatch(test, bundle, ["--background-work", "2"])
         #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+        expectLaunchEvents(app)
         let suspend = try SpawnedProcess(CLI.executable, ["suspend", bundle, "--background-time", "30", "--root", test.root, "--device-secret", test.secretPath])
-        #expect(nextEvent(app)?.event == "didEnterBackground")
+        #expect((0..<2).compactMap { _ in nextEvent(app)?.event } == ["willResignActive", "didEnterBackground"])
         let state = try #require((try JSONSerialization.jsonObject(with: Data(try sandboxctl(test, ["ps", "--json"]).stdout.utf8)) as? [[String: Any]])?.first)
         #expect(state["state"] as? String == "background", "in its background time")
         let resumed = try sandboxctl(test, ["resume", bundle])
@@ -287,6 +307,7 @@ struct LaunchTests {
         #expect(suspend.waitForExit(timeout: 30) == 0)
         let foreground = nextEvent(app)
         #expect(foreground?.event == "willEnterForeground" && foreground?.applicationState == "background", "\(String(describing: foreground))")
+        #expect(nextEvent(app)?.event == "didBecomeActive")
         let after = try #require((try JSONSerialization.jsonObject(with: Data(try sandboxctl(test, ["ps", "--json"]).stdout.utf8)) as? [[String: Any]])?.first)
         #expect(after["state"] as? String == "active")
         #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
@@ -303,12 +324,21 @@ struct LaunchTests {
         let delivered = try sandboxctl(test, ["inbox", "deliver", bundle, item, "--from", "com.example.mail", "--annotation", #"{"subject":"Q3"}"#])
         #expect(delivered.status == 0, "\(delivered.stderr)")
         let app = try launchWatch(test, bundle)
+        // The launch options name the item, in both launch events; then its open-URL event, then did become active.
+        for name in ["willFinishLaunching", "didFinishLaunching"] {
+            let line = try #require(app.nextLine(timeout: 30), "\(app.standardError)")
+            let launch = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            #expect(launch["event"] as? String == name && launch["url"] as? String == "Documents/Inbox/report.txt", "\(line)")
+            #expect(launch["sourceApplication"] as? String == "com.example.mail")
+            #expect((launch["annotation"] as? [String: Any])?["subject"] as? String == "Q3")
+        }
         let line = try #require(app.nextLine(timeout: 30), "\(app.standardError)")
         let event = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
         #expect(event["event"] as? String == "openURL")
         #expect(event["path"] as? String == "Documents/Inbox/report.txt")
         #expect(event["sourceApplication"] as? String == "com.example.mail")
         #expect((event["annotation"] as? [String: Any])?["subject"] as? String == "Q3")
+        #expect(nextEvent(app)?.event == "didBecomeActive")
         // Handled by the app: recorded delivered once the relay returned (the next one is asked for).
         #expect(eventually(timeout: 20) { (try? sandboxctl(test, ["inbox", "list", bundle, "--json"]).stdout.contains("\"delivered\"")) == true })
         // A delivery while it runs reaches it too.
@@ -326,6 +356,7 @@ struct LaunchTests {
         let (test, daemon) = try device(bundle)
         let app = try launchWatch(test, bundle)
         #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+        expectLaunchEvents(app)
 
         daemon.spawned.signal(SIGTERM)
         #expect(daemon.spawned.waitForExit(timeout: 20) == 0)

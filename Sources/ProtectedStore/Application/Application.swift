@@ -15,6 +15,16 @@ public enum ApplicationEvent: Sendable, Equatable {
 /// Called on one serial queue, in the order the events happened; the daemon waits for them to return (within the
 /// grace period, or `--background-time` before a suspension).
 public protocol ApplicationDelegate: AnyObject {
+    /// The first event of a launch; the app is inactive. `launchOptions` name the Inbox item it is launched to open
+    /// (`.url`, `.sourceApplication`, `.annotation`); false declines to open it (no open-URL event for that item).
+    func application(_ application: Application, willFinishLaunchingWithOptions launchOptions: [Application.LaunchOptionsKey: Any]?) -> Bool
+    /// The launch is done (same options, same answer's rule); *did become active* follows.
+    func application(_ application: Application, didFinishLaunchingWithOptions launchOptions: [Application.LaunchOptionsKey: Any]?) -> Bool
+    /// The app is active: after its launch, an interruption's end (`sandboxctl interrupt --end`) or a return to the
+    /// foreground (after *will enter foreground*, the protected-data change it missed and the URLs to open).
+    func applicationDidBecomeActive(_ application: Application)
+    /// The app is about to become inactive: an interruption (`sandboxctl interrupt`), or the first step to the background.
+    func applicationWillResignActive(_ application: Application)
     /// The app went to the background (`sandboxctl suspend`): save state now; it is frozen once this returns, and
     /// ended if this has not returned within its background time (`--background-time`, 5 s by default).
     func applicationDidEnterBackground(_ application: Application)
@@ -35,6 +45,14 @@ public protocol ApplicationDelegate: AnyObject {
 
 /// Empty defaults, so a delegate implements only the events it cares about.
 extension ApplicationDelegate {
+    /// Returns true.
+    public func application(_ application: Application, willFinishLaunchingWithOptions launchOptions: [Application.LaunchOptionsKey: Any]?) -> Bool { true }
+    /// Returns true.
+    public func application(_ application: Application, didFinishLaunchingWithOptions launchOptions: [Application.LaunchOptionsKey: Any]?) -> Bool { true }
+    /// Does nothing.
+    public func applicationDidBecomeActive(_ application: Application) {}
+    /// Does nothing.
+    public func applicationWillResignActive(_ application: Application) {}
     /// Does nothing.
     public func applicationDidEnterBackground(_ application: Application) {}
     /// Does nothing.
@@ -61,6 +79,13 @@ public final class Application: @unchecked Sendable {
     /// Where `sandboxctl launch` puts the app's socket inside the sandbox.
     public static let socketEnvironmentVariable = "SANDBOXCTL_APP_SOCKET"
 
+    /// Posted after *did finish launching*, as `UIApplication.didFinishLaunchingNotification` is (its user info: the
+    /// launch options).
+    public static let didFinishLaunchingNotification = Notification.Name("UIApplicationDidFinishLaunchingNotification")
+    /// Posted after *did become active*, as `UIApplication.didBecomeActiveNotification` is.
+    public static let didBecomeActiveNotification = Notification.Name("UIApplicationDidBecomeActiveNotification")
+    /// Posted after *will resign active*, as `UIApplication.willResignActiveNotification` is.
+    public static let willResignActiveNotification = Notification.Name("UIApplicationWillResignActiveNotification")
     /// Posted before a suspension, as `UIApplication.didEnterBackgroundNotification` is.
     public static let didEnterBackgroundNotification = Notification.Name("UIApplicationDidEnterBackgroundNotification")
     /// Posted after a resume, before the delegates hear of it, as `UIApplication.willEnterForegroundNotification` is.
@@ -72,12 +97,29 @@ public final class Application: @unchecked Sendable {
     /// Posted after an unlock, as UIApplication's is.
     public static let protectedDataDidBecomeAvailableNotification = Notification.Name("UIApplicationProtectedDataDidBecomeAvailable")
 
-    /// Whether the app runs in the foreground, or was sent to the background (its background time, then a suspension).
+    /// Where the app is, as `UIApplication.State` (a suspended app runs no code to ask).
     public enum State: String, Sendable {
-        /// Running in the foreground.
+        /// In the foreground and taking events.
         case active
+        /// In the foreground, not taking events: during its launch, an interruption, or on its way to or from the
+        /// background.
+        case inactive
         /// Sent to the background: *did enter background* was delivered, and a suspension follows.
         case background
+    }
+
+    /// A key of the launch options, as `UIApplication.LaunchOptionsKey`.
+    public struct LaunchOptionsKey: RawRepresentable, Hashable, Sendable {
+        /// UIKit's name of the key.
+        public let rawValue: String
+        /// Creates a key.
+        public init(rawValue: String) { self.rawValue = rawValue }
+        /// The Inbox item the app is launched to open: a file URL inside the sandbox.
+        public static let url = LaunchOptionsKey(rawValue: "UIApplicationLaunchOptionsURLKey")
+        /// Who delivered the item, when the delivery said.
+        public static let sourceApplication = LaunchOptionsKey(rawValue: "UIApplicationLaunchOptionsSourceApplicationKey")
+        /// The delivery's annotation (a JSON value decoded), when it had one.
+        public static let annotation = LaunchOptionsKey(rawValue: "UIApplicationLaunchOptionsAnnotationKey")
     }
 
     /// The launched app's bundle identifier.
@@ -88,7 +130,8 @@ public final class Application: @unchecked Sendable {
     private let mutex = NSLock()
     private var delegates: [WeakDelegate] = []
     private var continuations: [UUID: AsyncStream<ApplicationEvent>.Continuation] = [:]
-    private var state = State.active
+    private var state: State
+    private var options: [LaunchOptionsKey: Any]?
     private var protectedDataAvailable: Bool
     /// Events handled so far (on `queue`).
     private var handledEvents = 0
@@ -111,14 +154,20 @@ public final class Application: @unchecked Sendable {
             throw ProtectedStoreError(.unsupportedFormat, path: socket, problem: "the socket is not an app's own socket (its hello names no app)",
                                       remedy: "Use the socket `sandboxctl launch` gives the app")
         }
-        let application = Application(bundleIdentifier: bundle, link: link, available: isAvailable(hello.state),
+        let state: State = switch hello.apps?.first?.state {
+        case "active": .active
+        case "background": .background
+        default: .inactive
+        }
+        let application = Application(bundleIdentifier: bundle, link: link, available: isAvailable(hello.state), state: state,
                                       notificationCenter: notificationCenter)
         link.start { [weak application] notice in application?.received(notice) }
         return application
     }
 
-    private init(bundleIdentifier: String, link: DaemonLink, available: Bool, notificationCenter: NotificationCenter) {
+    private init(bundleIdentifier: String, link: DaemonLink, available: Bool, state: State, notificationCenter: NotificationCenter) {
         self.bundleIdentifier = bundleIdentifier
+        self.state = state
         self.link = link
         self.protectedDataAvailable = available
         self.notificationCenter = notificationCenter
@@ -126,8 +175,12 @@ public final class Application: @unchecked Sendable {
 
     deinit { link.close() }
 
-    /// Active, or background from *did enter background* until every observer has handled *will enter foreground*.
+    /// Inactive during the launch and an interruption, active from *did become active*, background from *did enter
+    /// background* until every observer has handled *will enter foreground* (then inactive until *did become active*).
     public var applicationState: State { mutex.withLock { state } }
+
+    /// The options of this launch, during *will* and *did finish launching*; nil after, and for a launch to open nothing.
+    public var launchOptions: [LaunchOptionsKey: Any]? { mutex.withLock { options } }
 
     /// Whether protected data (class A) is available, as of the last event handled.
     public var isProtectedDataAvailable: Bool { mutex.withLock { protectedDataAvailable } }
@@ -180,13 +233,16 @@ public final class Application: @unchecked Sendable {
 
     private func received(_ notice: DaemonLink.Notice) {
         switch notice {
-        case .lifecycle(let event, let seq, let connection):
-            deliver(.lifecycle(event), seq: seq, connection: connection)
+        case .lifecycle(let event, let payload, let seq, let connection):
+            let launch = event == .willFinishLaunching || event == .didFinishLaunching
+            queue.async { [self] in
+                if launch { mutex.withLock { options = payload.map { Self.launchOptions(Self.request(payload: $0)) } } }
+                let accepted = handle(.lifecycle(event))
+                if event == .didFinishLaunching { mutex.withLock { options = nil } }
+                link.acknowledge(seq: seq, connection: connection, accepted: launch ? accepted : nil)
+            }
         case .openURL(let payload, let seq, let connection):
-            let home = ProcessInfo.processInfo.environment["HOME"] ?? "/"
-            let request = OpenURLRequest(url: URL(fileURLWithPath: (home as NSString).appendingPathComponent(payload.path)), path: payload.path,
-                                         sourceApplication: payload.sourceApplication, annotationJSON: payload.annotation, sequenceNumber: payload.sequence)
-            deliver(.openURL(request), seq: seq, connection: connection)
+            deliver(.openURL(Self.request(payload: payload)), seq: seq, connection: connection)
         case .event(let event, let seq, _, let connection):
             deliver(.protectedData(event), seq: seq, connection: connection)
         case .lost:
@@ -211,23 +267,46 @@ public final class Application: @unchecked Sendable {
         }
     }
 
+    /// An Inbox item as the app sees it: its URL inside the sandbox, under HOME.
+    private static func request(payload: OpenURLPayload) -> OpenURLRequest {
+        let home = ProcessInfo.processInfo.environment["HOME"] ?? "/"
+        return OpenURLRequest(url: URL(fileURLWithPath: (home as NSString).appendingPathComponent(payload.path)), path: payload.path,
+                              sourceApplication: payload.sourceApplication, annotationJSON: payload.annotation, sequenceNumber: payload.sequence)
+    }
+
+    private static func launchOptions(_ request: OpenURLRequest) -> [LaunchOptionsKey: Any] {
+        var options: [LaunchOptionsKey: Any] = [.url: request.url]
+        if let source = request.sourceApplication { options[.sourceApplication] = source }
+        if let annotation = request.annotation { options[.annotation] = annotation }
+        return options
+    }
+
     /// Whether the daemon's state, as a hello or subscribe reply names it, makes protected data available here.
     private static func isAvailable(_ state: String?) -> Bool { Device.attachedState(state) == .unlocked }
 
-    /// On `queue`: updates the state, then tells every observer.
-    private func handle(_ event: ApplicationEvent) {
-        let (observers, streams) = mutex.withLock { () -> ([any ApplicationDelegate], [AsyncStream<ApplicationEvent>.Continuation]) in
+    /// On `queue`: updates the state, then tells every observer; returns whether every delegate accepted a launch
+    /// event (true for any other).
+    @discardableResult
+    private func handle(_ event: ApplicationEvent) -> Bool {
+        let (observers, streams, launchOptions) = mutex.withLock {
+            () -> ([any ApplicationDelegate], [AsyncStream<ApplicationEvent>.Continuation], [LaunchOptionsKey: Any]?) in
             handledEvents += 1
             switch event {
             case .lifecycle(.didEnterBackground): state = .background
-            // Still in the background while its observers handle it, as on iOS.
-            case .lifecycle(.willEnterForeground), .lifecycle(.willTerminate), .openURL: break
+            case .lifecycle(.didBecomeActive): state = .active
+            case .lifecycle(.willFinishLaunching): state = .inactive
             case .protectedData(let protection): protectedDataAvailable = protection == .didBecomeAvailable
+            // Each of these changes the state once its observers have handled it, as on iOS.
+            case .lifecycle, .openURL: break
             }
             delegates.removeAll { $0.delegate == nil }
-            return (delegates.compactMap(\.delegate), Array(continuations.values))
+            return (delegates.compactMap(\.delegate), Array(continuations.values), options)
         }
-        let name: Notification.Name = switch event {
+        let name: Notification.Name? = switch event {
+        case .lifecycle(.willFinishLaunching): nil
+        case .lifecycle(.didFinishLaunching): Self.didFinishLaunchingNotification
+        case .lifecycle(.didBecomeActive): Self.didBecomeActiveNotification
+        case .lifecycle(.willResignActive): Self.willResignActiveNotification
         case .lifecycle(.didEnterBackground): Self.didEnterBackgroundNotification
         case .lifecycle(.willEnterForeground): Self.willEnterForegroundNotification
         case .lifecycle(.willTerminate): Self.willTerminateNotification
@@ -237,11 +316,21 @@ public final class Application: @unchecked Sendable {
         }
         var userInfo: [AnyHashable: Any]?
         if case .openURL(let request) = event { userInfo = request.notificationUserInfo }
+        if event == .lifecycle(.didFinishLaunching), let launchOptions {
+            userInfo = Dictionary(uniqueKeysWithValues: launchOptions.map { (AnyHashable($0.key.rawValue), $0.value) })
+        }
         // The seeds' order: *will enter foreground*'s notification before the delegates, every other one after.
         let notifiesFirst = event == .lifecycle(.willEnterForeground)
-        if notifiesFirst { notificationCenter.post(name: name, object: self, userInfo: userInfo) }
+        if notifiesFirst, let name { notificationCenter.post(name: name, object: self, userInfo: userInfo) }
+        var accepted = true
         for observer in observers {
             switch event {
+            case .lifecycle(.willFinishLaunching):
+                if !observer.application(self, willFinishLaunchingWithOptions: launchOptions) { accepted = false }
+            case .lifecycle(.didFinishLaunching):
+                if !observer.application(self, didFinishLaunchingWithOptions: launchOptions) { accepted = false }
+            case .lifecycle(.didBecomeActive): observer.applicationDidBecomeActive(self)
+            case .lifecycle(.willResignActive): observer.applicationWillResignActive(self)
             case .lifecycle(.didEnterBackground): observer.applicationDidEnterBackground(self)
             case .lifecycle(.willEnterForeground): observer.applicationWillEnterForeground(self)
             case .lifecycle(.willTerminate): observer.applicationWillTerminate(self)
@@ -251,8 +340,9 @@ public final class Application: @unchecked Sendable {
                 observer.application(self, open: request.url, sourceApplication: request.sourceApplication, annotation: request.annotation)
             }
         }
-        if !notifiesFirst { notificationCenter.post(name: name, object: self, userInfo: userInfo) }
+        if !notifiesFirst, let name { notificationCenter.post(name: name, object: self, userInfo: userInfo) }
         for stream in streams { stream.yield(event) }
-        if event == .lifecycle(.willEnterForeground) { mutex.withLock { state = .active } }
+        if event == .lifecycle(.willResignActive) || event == .lifecycle(.willEnterForeground) { mutex.withLock { state = .inactive } }
+        return accepted
     }
 }

@@ -1,6 +1,14 @@
 /// A launched app's lifecycle events (`sandboxctl launch`, `suspend`, `resume`, `terminate`), named after
 /// `UIApplicationDelegate`'s methods.
 public enum LifecycleEvent: String, Sendable, CaseIterable, CustomStringConvertible {
+    /// The first event of a launch, with the launch options; the app is inactive.
+    case willFinishLaunching
+    /// The launch is done, with the same options; *did become active* follows.
+    case didFinishLaunching
+    /// The app is in the foreground and active: after its launch, an interruption's end or a return to the foreground.
+    case didBecomeActive
+    /// The app is becoming inactive: an interruption (`sandboxctl interrupt`), or the first step to the background.
+    case willResignActive
     /// Sent before the app is suspended; it has the suspension's background time to save its state and return.
     case didEnterBackground
     /// Sent when a suspended app resumes, before the protection events it missed.

@@ -22,7 +22,8 @@ package final class DaemonLink: @unchecked Sendable {
     enum Notice: Sendable {
         case event(ProtectedDataEvent, seq: UInt64, grace: TimeInterval, connection: UInt64)
         /// On an app's own socket (`Application`).
-        case lifecycle(LifecycleEvent, seq: UInt64, connection: UInt64)
+        /// `options`: a launch event's launch options (the Inbox item the app is launched to open).
+        case lifecycle(LifecycleEvent, options: OpenURLPayload?, seq: UInt64, connection: UInt64)
         case openURL(OpenURLPayload, seq: UInt64, connection: UInt64)
         case lost
         case restored(DaemonReply)
@@ -152,9 +153,11 @@ package final class DaemonLink: @unchecked Sendable {
     }
 
     /// Acknowledges event `seq` of connection `connection`; moot if that connection is gone.
-    func acknowledge(seq: UInt64, connection: UInt64) {
+    /// `accepted`: the answer to a launch event.
+    func acknowledge(seq: UInt64, connection: UInt64, accepted: Bool? = nil) {
         var request = DaemonRequest(id: 0, op: .ack)
         request.seq = seq
+        request.accepted = accepted
         guard var bytes = try? Frame.encode(request) else { return }
         _ = send(&bytes, onConnection: connection)
     }
@@ -236,7 +239,10 @@ package final class DaemonLink: @unchecked Sendable {
         } else if let name = reply.event, let event = ProtectedDataEvent(wireName: name), let seq = reply.seq {
             notify(.event(event, seq: seq, grace: reply.grace ?? Device.defaultGracePeriod, connection: connection))
         } else if let name = reply.event, let event = LifecycleEvent(wireName: name), let seq = reply.seq {
-            notify(.lifecycle(event, seq: seq, connection: connection))
+            let options = reply.path.flatMap { path in
+                reply.sequence.map { OpenURLPayload(path: path, sourceApplication: reply.sourceApplication, annotation: reply.annotation, sequence: $0) }
+            }
+            notify(.lifecycle(event, options: options, seq: seq, connection: connection))
         } else if reply.event == "open-url", let path = reply.path, let sequence = reply.sequence, let seq = reply.seq {
             let payload = OpenURLPayload(path: path, sourceApplication: reply.sourceApplication, annotation: reply.annotation, sequence: sequence)
             notify(.openURL(payload, seq: seq, connection: connection))

@@ -109,7 +109,7 @@ extension Device {
                     finished()
                 }
             }
-        case .lifecycle(_, let seq, let connection), .openURL(_, let seq, let connection):
+        case .lifecycle(_, _, let seq, let connection), .openURL(_, let seq, let connection):
             // Only an app's own socket sends these, and a device never attaches through one.
             link.acknowledge(seq: seq, connection: connection)
         case .lost:
@@ -203,9 +203,10 @@ extension Array where Element == UInt8 {
 
 extension Device {
     /// A launched-app request to the daemon this device is attached to (`sandboxctl launch`, `ps`, `suspend`,
-    /// `resume`, `terminate`; docs/PROTOCOL.md §6): the apps it concerns, as the daemon tracks them.
+    /// `resume`, `interrupt`, `terminate`; docs/PROTOCOL.md §6): the apps it concerns, as the daemon tracks them.
     package func appRequest(_ operation: DaemonRequest.Operation, bundle: String? = nil, timeout: TimeInterval? = nil,
-                            sandboxPID: Int32? = nil, socketPath: String? = nil, sandboxUID: uid_t? = nil, openURL: OpenURLRequest? = nil) throws -> [AppStatus] {
+                            sandboxPID: Int32? = nil, socketPath: String? = nil, sandboxUID: uid_t? = nil, openURL: OpenURLRequest? = nil,
+                            launched: Bool? = nil, endingInterruption: Bool? = nil) throws -> [AppStatus] {
         guard let link = (holder as? DaemonKeyHolder)?.link else {
             throw ProtectedStoreError(.daemonUnavailable, path: root, problem: "launched apps are tracked by the key daemon, and this device is not attached to one",
                                       remedy: "Start `sandboxctl daemon`")
@@ -216,6 +217,8 @@ extension Device {
         request.pid = sandboxPID
         request.socketPath = socketPath
         request.uid = sandboxUID
+        request.launched = launched
+        request.end = endingInterruption
         request.path = openURL?.path
         request.sourceApplication = openURL?.sourceApplication
         request.annotation = openURL?.annotationJSON

@@ -18,6 +18,7 @@ package struct DaemonRequest: Codable, Sendable {
         case appResume = "app-resume"
         case appTerminate = "app-terminate"
         case appOpenURL = "app-open-url"
+        case appInterrupt = "app-interrupt"
 
         /// What a connection on an app's own socket may ask: events for itself, nothing about the device.
         package var isAllowedForApps: Bool { [.hello, .status, .subscribe, .ack].contains(self) }
@@ -43,8 +44,15 @@ package struct DaemonRequest: Codable, Sendable {
     package var socketPath: String?
     /// `app-register`: the uid the sandbox runs as, when it is not the registering one (a root launcher's).
     package var uid: UInt32?
-    /// `app-suspend`, `app-terminate`: seconds the app's observers have to handle the event.
+    /// `app-suspend`, `app-terminate`: seconds the app's observers have to handle the event; `app-register`: the
+    /// launch timeout (each launch event's).
     package var timeout: Double?
+    /// `app-register`: the app ran under an earlier daemon (registered again after a restart): no launch events.
+    package var launched: Bool?
+    /// `app-interrupt`: true to end the interruption.
+    package var end: Bool?
+    /// `ack` of *will* or *did finish launching*: the observers' answer (false: the launch option's URL is not opened).
+    package var accepted: Bool?
     /// `app-open-url`: the Inbox item's container path, sender, annotation (JSON text) and place in the Inbox order.
     package var path: String?
     package var sourceApplication: String?
@@ -199,7 +207,7 @@ package struct AppStatus: Codable, Sendable, Equatable {
     package var bundle: String
     /// The sandbox's first process.
     package var pid: Int32
-    /// `active`, `background` or `suspended`; in a reply to `app-suspend` or `app-terminate`, `ended` when the
+    /// `inactive`, `active`, `background` or `suspended`; in a reply to `app-suspend` or `app-terminate`, `ended` when the
     /// daemon ended the app without notice, `reason` saying why.
     package var state: String
     /// Seconds since 1970 when it entered that state.
@@ -240,6 +248,10 @@ extension LifecycleEvent {
     /// The event's name on the wire.
     package var wireName: String {
         switch self {
+        case .willFinishLaunching: "will-finish-launching"
+        case .didFinishLaunching: "did-finish-launching"
+        case .didBecomeActive: "did-become-active"
+        case .willResignActive: "will-resign-active"
         case .didEnterBackground: "did-enter-background"
         case .willEnterForeground: "will-enter-foreground"
         case .willTerminate: "will-terminate"

@@ -5,9 +5,11 @@ import ProtectedStore
 struct PsCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ps",
-        abstract: "List the apps running through `sandboxctl launch`: bundle, pid, state (active, background or suspended) and since when.",
+        abstract: "List the apps running through `sandboxctl launch`: bundle, pid, state (inactive, active, background or suspended) and since when.",
         discussion: """
-            The state is the key daemon's (exit 69 without one): active (in the foreground), background (sent 'did \
+            The state is the key daemon's (exit 69 without one): inactive (launching, or interrupted: `sandboxctl \
+            interrupt`; a program that attaches no observer is inactive until its --launch-timeout), active (in the \
+            foreground), background (sent 'did \
             enter background', in its background time) or suspended (frozen); "suspended (SIGSTOP)" where the app \
             could not get a cgroup of its own and is stopped with signals instead (the daemon's log says why). pid is \
             the `sandboxctl launch` process.
@@ -105,6 +107,33 @@ struct ResumeCommand: ParsableCommand {
         try reportingErrors {
             _ = try device.attach().appRequest(.appResume, bundle: bundleIdentifier)
             print("Resumed \(bundleIdentifier).")
+        }
+    }
+}
+
+struct InterruptCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "interrupt",
+        abstract: "Interrupt an active app, as an incoming call or an alert does: 'will resign active', and it is inactive until --end.",
+        discussion: """
+            With --end: 'did become active', and it is active again. An app that is not in the state to leave (not \
+            active, or with --end not inactive; still launching; in the background) is left as it is. Needs the key \
+            daemon (69 without).
+            """
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Argument(help: ArgumentHelp("The app's bundle identifier.", valueName: "bundle"))
+    var bundleIdentifier: String
+
+    @Flag(help: "End the interruption instead: the app becomes active again.")
+    var end = false
+
+    func run() throws {
+        try reportingErrors {
+            let status = try device.attach().appRequest(.appInterrupt, bundle: bundleIdentifier, endingInterruption: end).first
+            print("\(bundleIdentifier) is \(status?.state ?? "gone").")
         }
     }
 }

@@ -58,6 +58,9 @@ struct LaunchCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Seconds between SIGTERM and SIGKILL when the program is ended.", valueName: "seconds"))
     var terminateTimeout: Double = 5
 
+    @Option(help: ArgumentHelp("Seconds the app's observers have for each of 'will finish launching' and 'did finish launching' before the app is ended (iOS's watchdog gives about 20); a program that attaches no observer within them is active without launch events.", valueName: "seconds"))
+    var launchTimeout: Double = 20
+
     @OptionGroup var transport: TransportOptions
 
     @Argument(parsing: .postTerminator, help: ArgumentHelp("The program and its arguments, after --.", valueName: "command"))
@@ -72,6 +75,7 @@ struct LaunchCommand: ParsableCommand {
             throw ValidationError("--read-only \(path): give an absolute path.")
         }
         guard terminateTimeout >= 0, terminateTimeout <= 3600 else { throw ValidationError("--terminate-timeout must be between 0 and 3600 seconds.") }
+        guard launchTimeout > 0, launchTimeout <= 600 else { throw ValidationError("--launch-timeout must be more than 0 and at most 600 seconds.") }
     }
 
     func run() throws {
@@ -89,7 +93,7 @@ struct LaunchCommand: ParsableCommand {
             defer { slot.release() }
             let app = try Sandbox(device: attached, container: container, slot: slot, bubblewrap: bubblewrap, command: command,
                                   environment: environment, shareNetwork: shareNetwork, readOnlyPaths: readOnlyPaths,
-                                  terminateTimeout: terminateTimeout)
+                                  terminateTimeout: terminateTimeout, launchTimeout: launchTimeout)
             return try app.run(overIOUring: transport.overIOUring)
         }
         if status != 0 { throw ExitCode(status) }
@@ -135,6 +139,7 @@ final class Sandbox: @unchecked Sendable {
     private let shareNetwork: Bool
     private let readOnlyPaths: [String]
     private let terminateTimeout: Double
+    private let launchTimeout: Double
     /// Who the sandbox runs as on the host when that is not this process's user: only a root launcher's sandbox.
     private let hostIdentity: HostIdentity?
     private let logger = Logger(label: "sandboxctl.launch")
@@ -143,7 +148,7 @@ final class Sandbox: @unchecked Sendable {
     private var ending = false
 
     init(device: Device, container: Container, slot: LaunchSlot, bubblewrap: String, command: [String], environment: [String], shareNetwork: Bool,
-         readOnlyPaths: [String], terminateTimeout: Double) throws {
+         readOnlyPaths: [String], terminateTimeout: Double, launchTimeout: Double) throws {
         self.device = device
         self.container = container
         self.slot = slot
@@ -153,6 +158,7 @@ final class Sandbox: @unchecked Sendable {
         self.shareNetwork = shareNetwork
         self.readOnlyPaths = readOnlyPaths
         self.terminateTimeout = terminateTimeout
+        self.launchTimeout = launchTimeout
         self.hostIdentity = try HostIdentity.forSandbox(deviceRoot: device.root)
     }
 
@@ -267,7 +273,7 @@ final class Sandbox: @unchecked Sendable {
                 throw ProtectedStoreError(.io, path: bubblewrap, problem: "bubblewrap did not start the sandbox (see its message above)", remedy: "Fix what it says and launch again")
             }
             mutex.withLock { sandboxPID = pid_t(childPID) }
-            try register()
+            try register(again: false)
             try slot.write(AppRecord(bundle: container.bundleIdentifier, launcherPID: getpid(), sandboxPID: pid_t(childPID), command: command))
             try go.write(contentsOf: Data([1]))
             try? go.close()
@@ -292,9 +298,10 @@ final class Sandbox: @unchecked Sendable {
     }
 
     /// Tells the daemon about the app: its sandbox's first process, and the socket the app's own connections come in on.
-    private func register() throws {
-        _ = try device.appRequest(.appRegister, bundle: container.bundleIdentifier, sandboxPID: mutex.withLock { sandboxPID }, socketPath: slot.appSocket,
-                                  sandboxUID: hostIdentity?.uid)
+    /// `again`: after a daemon restart, so the app, launched already, gets no launch events.
+    private func register(again: Bool) throws {
+        _ = try device.appRequest(.appRegister, bundle: container.bundleIdentifier, timeout: launchTimeout, sandboxPID: mutex.withLock { sandboxPID },
+                                  socketPath: slot.appSocket, sandboxUID: hostIdentity?.uid, launched: again)
     }
 
     /// A restarted daemon knows no apps: registers again once one serves the device, so the app's observers, which
@@ -306,7 +313,7 @@ final class Sandbox: @unchecked Sendable {
             guard !mutex.withLock({ ending }), let apps = try? device.appRequest(.apps),
                   !apps.contains(where: { $0.bundle == container.bundleIdentifier }) else { return }
             do {
-                try register()
+                try register(again: true)
                 logger.warning("the key daemon came back: \(container.bundleIdentifier) registered again")
             } catch {
                 logger.warning("cannot register \(container.bundleIdentifier) with the key daemon again: \(error)")

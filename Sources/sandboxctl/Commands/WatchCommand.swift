@@ -15,8 +15,9 @@ struct WatchCommand: AsyncParsableCommand {
             printed, so another receiver won't get it again).
 
             Inside a sandbox of `sandboxctl launch` (SANDBOXCTL_APP_SOCKET set, no --root), it attaches as the app \
-            through the app's own socket and prints its lifecycle events too (didEnterBackground, willEnterForeground, \
-            willTerminate) and its open-URL events (the Inbox items pending at launch first), each before it is \
+            through the app's own socket and prints its lifecycle events too (willFinishLaunching and \
+            didFinishLaunching with the launch options, didBecomeActive, willResignActive, didEnterBackground, \
+            willEnterForeground, willTerminate) with the app's state, and its open-URL events (the Inbox items pending at launch first), each before it is \
             acknowledged.
             """
     )
@@ -29,11 +30,11 @@ struct WatchCommand: AsyncParsableCommand {
     @Argument(help: ArgumentHelp("A container whose open-URL events to receive as well.", valueName: "bundle"))
     var bundleIdentifier: String?
 
-    @Option(help: ArgumentHelp("As the app: hold each event this many seconds after printing it before returning, as a slow handler would (to see a background time run out).", valueName: "seconds"))
-    var hold: Double = 0
+    @Option(help: ArgumentHelp("As the app: work this many seconds in 'did enter background' before returning (to see what a background time running out does).", valueName: "seconds"))
+    var backgroundWork: Double = 0
 
     func validate() throws {
-        guard hold >= 0, hold <= 600 else { throw ValidationError("--hold must be between 0 and 600 seconds.") }
+        guard backgroundWork >= 0, backgroundWork <= 600 else { throw ValidationError("--background-work must be between 0 and 600 seconds.") }
     }
 
     func run() async throws {
@@ -76,7 +77,7 @@ extension WatchCommand {
     private func watchAsApp() throws {
         let application = try reportingErrors { try Application.attach() }
         let printer = LinePrinter(json: json)
-        let observer = AppEventPrinter(printer: printer, hold: hold)
+        let observer = AppEventPrinter(printer: printer, backgroundWork: backgroundWork)
         try reportingErrors { try application.addDelegate(observer) }
         FileHandle.standardError.write(Data("Watching \(application.bundleIdentifier) as the app (protected data: \(application.state.rawValue)); Ctrl-C to stop\n".utf8))
         withExtendedLifetime((application, observer)) {
@@ -92,19 +93,43 @@ private extension Application {
 
 private final class AppEventPrinter: ApplicationDelegate {
     let printer: LinePrinter
-    let hold: Double
+    let backgroundWork: Double
 
-    init(printer: LinePrinter, hold: Double) {
+    init(printer: LinePrinter, backgroundWork: Double) {
         self.printer = printer
-        self.hold = hold
+        self.backgroundWork = backgroundWork
     }
 
     private func print(_ event: String, _ text: String, _ application: Application) {
         printer.print(event: event, state: application.state, text: text, fields: ["applicationState": application.applicationState.rawValue])
-        if hold > 0 { Thread.sleep(forTimeInterval: hold) }
     }
 
-    func applicationDidEnterBackground(_ application: Application) { print("didEnterBackground", "did enter background", application) }
+    func application(_ application: Application, willFinishLaunchingWithOptions launchOptions: [Application.LaunchOptionsKey: Any]?) -> Bool {
+        printLaunch("willFinishLaunching", "will finish launching", launchOptions, application)
+    }
+    func application(_ application: Application, didFinishLaunchingWithOptions launchOptions: [Application.LaunchOptionsKey: Any]?) -> Bool {
+        printLaunch("didFinishLaunching", "did finish launching", launchOptions, application)
+    }
+    /// Prints a launch event with its options (the item's path under HOME, its sender and annotation); accepts it.
+    private func printLaunch(_ event: String, _ text: String, _ options: [Application.LaunchOptionsKey: Any]?, _ application: Application) -> Bool {
+        var fields: [String: Any] = ["applicationState": application.applicationState.rawValue]
+        if let url = options?[.url] as? URL { fields["url"] = relativePath(url) }
+        if let source = options?[.sourceApplication] { fields["sourceApplication"] = source }
+        if let annotation = options?[.annotation] { fields["annotation"] = annotation }
+        printer.print(event: event, state: application.state, text: text + ((fields["url"] as? String).map { " to open \($0)" } ?? ""), fields: fields)
+        return true
+    }
+    /// An item's path in the container: its URL under HOME.
+    private func relativePath(_ url: URL) -> String {
+        let home = (ProcessInfo.processInfo.environment["HOME"] ?? "") + "/"
+        return url.path.hasPrefix(home) ? String(url.path.dropFirst(home.count)) : url.path
+    }
+    func applicationDidBecomeActive(_ application: Application) { print("didBecomeActive", "did become active", application) }
+    func applicationWillResignActive(_ application: Application) { print("willResignActive", "will resign active", application) }
+    func applicationDidEnterBackground(_ application: Application) {
+        print("didEnterBackground", "did enter background", application)
+        if backgroundWork > 0 { Thread.sleep(forTimeInterval: backgroundWork) }
+    }
     func applicationWillEnterForeground(_ application: Application) { print("willEnterForeground", "will enter foreground", application) }
     func applicationWillTerminate(_ application: Application) { print("willTerminate", "will terminate", application) }
     func applicationProtectedDataWillBecomeUnavailable(_ application: Application) {
@@ -115,8 +140,7 @@ private final class AppEventPrinter: ApplicationDelegate {
     }
 
     func application(_ application: Application, open url: URL, sourceApplication: String?, annotation: Any?) {
-        let home = (ProcessInfo.processInfo.environment["HOME"] ?? "") + "/"
-        let path = url.path.hasPrefix(home) ? String(url.path.dropFirst(home.count)) : url.path
+        let path = relativePath(url)
         var fields: [String: Any] = ["applicationState": application.applicationState.rawValue, "path": path]
         if let sourceApplication { fields["sourceApplication"] = sourceApplication }
         if let annotation { fields["annotation"] = annotation }
