@@ -31,10 +31,20 @@ extension DaemonServer {
         var launchDone = false
         /// What *will* and *did finish launching* carry: the Inbox item it is launched to open.
         var launchOptions: OpenURLPayload?
+        /// The longest background time its background tasks extend to.
+        let backgroundTaskTime: TimeInterval
+        /// Its open background tasks, by identifier: their names.
+        var backgroundTasks: [UInt64: String] = [:]
+        var nextTaskID: UInt64 = 0
+        /// In the background: when its background time ends.
+        var backgroundDeadline: Date?
+        /// *did enter background* returned with tasks open: the suspension waits for their end (or the deadline).
+        var suspensionAwaitingTasks: (entry: Int, reply: (String?) -> Void)?
 
         init(bundle: String, sandboxPID: Int32, uid: uid_t, listener: Int32, socketPath: String, owner: UInt64, freezer: AppFreezer,
-             launchTimeout: TimeInterval) {
+             launchTimeout: TimeInterval, backgroundTaskTime: TimeInterval) {
             self.freezer = freezer
+            self.backgroundTaskTime = backgroundTaskTime
             self.launchTimeout = launchTimeout
             self.bundle = bundle
             self.sandboxPID = sandboxPID
@@ -45,8 +55,10 @@ extension DaemonServer {
         }
 
         var status: AppStatus {
-            AppStatus(bundle: bundle, pid: sandboxPID, state: lifecycle.state.rawValue, since: lifecycle.since.timeIntervalSince1970,
-                      freezer: freezer.mechanism.rawValue)
+            var status = AppStatus(bundle: bundle, pid: sandboxPID, state: lifecycle.state.rawValue, since: lifecycle.since.timeIntervalSince1970,
+                                   freezer: freezer.mechanism.rawValue)
+            if lifecycle.state == .background, let backgroundDeadline { status.remaining = max(0, backgroundDeadline.timeIntervalSinceNow) }
+            return status
         }
     }
 
@@ -79,7 +91,8 @@ extension DaemonServer {
             reply.apps = apps.values.map(\.status).sorted { $0.bundle < $1.bundle }
             return send(reply, to: connection)
         }
-        guard let bundle = request.bundle else {
+        // An app's own connection asks about itself only.
+        guard let bundle = connection.appBundle ?? request.bundle else {
             return send(appFailure(request, .invalidArgument, "\(operation.rawValue) needs a bundle", "See docs/PROTOCOL.md"), to: connection)
         }
         if operation == .appRegister { return register(bundle, request, on: connection) }
@@ -94,6 +107,7 @@ extension DaemonServer {
             let payload = OpenURLPayload(path: path, sourceApplication: request.sourceApplication, annotation: request.annotation, sequence: sequence)
             return relayOpenURL(payload, to: app) { [self] in send(DaemonReply(id: request.id), toConnection: connectionID) }
         }
+        if operation == .appTaskBegin || operation == .appTaskEnd { return backgroundTask(operation, request, of: app, on: connection) }
         let timeout = request.timeout ?? 5
         guard timeout >= 0, timeout <= 600, timeout.isFinite else {
             return send(appFailure(request, .invalidArgument, "time \(timeout) s is out of range", "Give 0 to 600 seconds"), to: connection)
@@ -110,6 +124,8 @@ extension DaemonServer {
             guard let (entry, wasActive) = app.lifecycle.enterBackground() else { return reply(nil) }
             logger.info("\(bundle): did-enter-background; suspended once it returns, or ended if it has not within \(timeout) s")
             if wasActive { post(.willResignActive, to: app) }
+            let entered = Date()
+            app.backgroundDeadline = entered.addingTimeInterval(timeout)
             sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] allReturned, _ in
                 // Brought back to the foreground, or ended, during its background time: no suspension.
                 guard apps[bundle] === app, app.lifecycle.isSuspensionDue(entry) else { return reply(nil) }
@@ -119,7 +135,8 @@ extension DaemonServer {
                     endWithoutNotice(app, reason: reason)
                     return reply(reason)
                 }
-                suspend(app) { reply(nil) }
+                guard !app.backgroundTasks.isEmpty else { return suspend(app) { reply(nil) } }
+                awaitBackgroundTasks(of: app, entry: entry, deadline: entered.addingTimeInterval(max(timeout, app.backgroundTaskTime)), reply: reply)
             }
         case .appResume:
             switch app.lifecycle.state {
@@ -158,6 +175,65 @@ extension DaemonServer {
         }
     }
 
+    /// Background tasks open when *did enter background* returned extend the background time to `deadline`: the
+    /// suspension follows their end; a few seconds before the deadline their expiration handlers run
+    /// (*background time will expire*); an app whose tasks are still open at the deadline is ended, as iOS ends it.
+    func awaitBackgroundTasks(of app: LaunchedApp, entry: Int, deadline: Date, reply: @escaping (String?) -> Void) {
+        app.backgroundDeadline = deadline
+        app.suspensionAwaitingTasks = (entry, reply)
+        logger.info("\(app.bundle): background tasks open (\(app.backgroundTasks.values.sorted().joined(separator: ", "))): suspended when they end, by \(deadline)")
+        let left = deadline.timeIntervalSinceNow
+        let warning = min(3, left / 2)
+        DispatchQueue.global().asyncAfter(deadline: .now() + max(0, left - warning)) { [weak self] in
+            self?.execute {
+                guard let self, self.apps[app.bundle] === app, app.lifecycle.isSuspensionDue(entry), !app.backgroundTasks.isEmpty else { return }
+                self.post(.backgroundTimeWillExpire, to: app)
+            }
+        }
+        DispatchQueue.global().asyncAfter(deadline: .now() + max(0, left)) { [weak self] in
+            self?.execute {
+                guard let self, self.apps[app.bundle] === app, app.lifecycle.isSuspensionDue(entry), !app.backgroundTasks.isEmpty,
+                      let waiting = app.suspensionAwaitingTasks else { return }
+                app.suspensionAwaitingTasks = nil
+                let reason = "its background tasks (\(app.backgroundTasks.values.sorted().joined(separator: ", "))) were not ended within its background time"
+                    + " (\(Int(app.backgroundTaskTime)) s at most)"
+                self.endWithoutNotice(app, reason: reason)
+                waiting.reply(reason)
+            }
+        }
+    }
+
+    /// `app-task-begin` and `app-task-end`, from the app's own connection. None begins once the background time is over
+    /// or in a suspension; ending the last one lets a waiting suspension happen.
+    func backgroundTask(_ operation: DaemonRequest.Operation, _ request: DaemonRequest, of app: LaunchedApp, on connection: Connection) {
+        var reply = DaemonReply(id: request.id)
+        if operation == .appTaskBegin {
+            // Bounded: an app can't grow the daemon's memory with tasks it never ends.
+            guard app.backgroundTasks.count < 1_024 else {
+                return send(appFailure(request, .invalidArgument, "1,024 background tasks are open already", "End the tasks you began"), to: connection)
+            }
+            let over = app.lifecycle.state == .suspended || app.lifecycle.ending
+                || (app.lifecycle.state == .background && (app.backgroundDeadline.map { $0 <= Date() } ?? false))
+            var status = app.status
+            if !over {
+                app.nextTaskID += 1
+                app.backgroundTasks[app.nextTaskID] = String((request.taskName ?? "unnamed").prefix(100))
+                status.task = app.nextTaskID
+            } else {
+                status.task = 0
+            }
+            reply.apps = [status]
+            return send(reply, to: connection)
+        }
+        if let task = request.task { app.backgroundTasks[task] = nil }
+        reply.apps = [app.status]
+        send(reply, to: connection)
+        if app.backgroundTasks.isEmpty, let waiting = app.suspensionAwaitingTasks, app.lifecycle.isSuspensionDue(waiting.entry) {
+            app.suspensionAwaitingTasks = nil
+            suspend(app) { waiting.reply(nil) }
+        }
+    }
+
     /// Freezes the app after its background time: its subscribers are sent nothing more and no lock waits for them.
     /// `done` runs on the loop once the kernel reports every process frozen.
     func suspend(_ app: LaunchedApp, then done: @escaping () -> Void) {
@@ -186,6 +262,9 @@ extension DaemonServer {
         guard connection.appBundle == nil else { return }
         guard let pid = request.pid, pid > 1, let socketPath = request.socketPath, socketPath.hasPrefix("/") else {
             return send(appFailure(request, .invalidArgument, "app-register needs the sandbox's pid and an absolute socket path", "See docs/PROTOCOL.md"), to: connection)
+        }
+        if let time = request.backgroundTaskTime, !(time >= 0 && time <= 600) {
+            return send(appFailure(request, .invalidArgument, "background task time \(time) s is out of range", "Give 0 to 600 seconds"), to: connection)
         }
         if let timeout = request.timeout, !(timeout > 0 && timeout <= 600) {
             return send(appFailure(request, .invalidArgument, "launch timeout \(timeout) s is out of range", "Give more than 0 and at most 600 seconds"), to: connection)
@@ -244,7 +323,7 @@ extension DaemonServer {
         if freezer.mechanism == .signals { AppProcesses.signal(SIGCONT, inSandboxOf: pid) }
         let launchTimeout = request.timeout ?? 20
         let app = LaunchedApp(bundle: bundle, sandboxPID: pid, uid: sandboxUID, listener: listener, socketPath: socketPath, owner: connection.id,
-                              freezer: freezer, launchTimeout: launchTimeout)
+                              freezer: freezer, launchTimeout: launchTimeout, backgroundTaskTime: request.backgroundTaskTime ?? 30)
         apps[bundle] = app
         logger.info("\(bundle): launched (sandbox pid \(pid)), its socket \(socketPath)")
         if request.launched == true {

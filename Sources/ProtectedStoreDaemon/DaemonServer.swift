@@ -476,7 +476,7 @@ final class DaemonServer: @unchecked Sendable {
             for delivery in next { sendEvent(delivery) }
             completeLockIfAcknowledged()
             if let handled, handled.isAppEvent { appEventAcknowledged(handled, by: connection.id, accepted: request.accepted ?? true) }
-        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL, .appInterrupt:
+        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL, .appInterrupt, .appTaskBegin, .appTaskEnd:
             handleApp(operation, request, on: connection)
         case .lock:
             let grace = request.grace ?? device.gracePeriod

@@ -45,10 +45,10 @@ struct LaunchTests {
     }
 
     /// `sandboxctl watch --json` run as the app inside its sandbox (this build and its Swift runtime shown read-only).
-    private func launchWatch(_ test: TestDevice, _ bundle: String, _ watchArguments: [String] = []) throws -> SpawnedProcess {
+    private func launchWatch(_ test: TestDevice, _ bundle: String, _ watchArguments: [String] = [], launchArguments: [String] = []) throws -> SpawnedProcess {
         let tool = CLI.executable.deletingLastPathComponent().path
         let runtime = try #require(Self.swiftRuntimeFolder)
-        return try launch(test, bundle, ["--read-only", tool, "--read-only", runtime], ["\(tool)/sandboxctl", "watch", "--json"] + watchArguments)
+        return try launch(test, bundle, ["--read-only", tool, "--read-only", runtime] + launchArguments, ["\(tool)/sandboxctl", "watch", "--json"] + watchArguments)
     }
 
     /// Runs one line in the launched shell; returns its output lines and status.
@@ -286,6 +286,37 @@ struct LaunchTests {
         let lockStart = Date()
         #expect(try sandboxctl(test, ["lock", "--grace", "20"]).status == 0)
         #expect(Date().timeIntervalSince(lockStart) < 15, "the lock waited for an ended app")
+    }
+
+    @Test("a background task extends the background time: the suspension waits for its end; one never ended is expired, then the app is ended")
+    func backgroundTasks() throws {
+        let bundle = "com.example.launch.tasks"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let app = try launchWatch(test, bundle, ["--background-task", "3"])
+        #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+        expectLaunchEvents(app)
+        let suspend = try SpawnedProcess(CLI.executable, ["suspend", bundle, "--background-time", "1", "--root", test.root, "--device-secret", test.secretPath])
+        #expect((0..<2).compactMap { _ in nextEvent(app)?.event } == ["willResignActive", "didEnterBackground"])
+        let began = try #require(app.nextLine(timeout: 30))
+        let remaining = try #require((try JSONSerialization.jsonObject(with: Data(began.utf8)) as? [String: Any])?["remaining"] as? Double, "\(began)")
+        #expect(remaining > 0 && remaining <= 30, "\(began)")
+        let during = try #require((try JSONSerialization.jsonObject(with: Data(try sandboxctl(test, ["ps", "--json"]).stdout.utf8)) as? [[String: Any]])?.first)
+        #expect(during["state"] as? String == "background", "the task holds off the suspension")
+        #expect(suspend.nextLine(timeout: 30) == "Suspended \(bundle).", "\(suspend.standardError)")
+        #expect(suspend.waitForExit(timeout: 30) == 0)
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGKILL)
+
+        // A task never ended, with 4 s at most: its expiration handler runs, then the app is ended.
+        let stuck = try launchWatch(test, bundle, ["--background-task", "0"], launchArguments: ["--background-task-time", "4"])
+        #expect(eventually(timeout: 30) { stuck.standardError.contains("Watching \(bundle) as the app") }, "\(stuck.standardError)")
+        expectLaunchEvents(stuck)
+        let ended = try sandboxctl(test, ["suspend", bundle, "--background-time", "1"])
+        #expect(ended.stdout.contains("Ended \(bundle): its background tasks (watch) were not ended"), "\(ended.stdout)\(ended.stderr)")
+        let events = (0..<4).compactMap { _ in nextEvent(stuck)?.event }
+        #expect(events == ["willResignActive", "didEnterBackground", "backgroundTaskBegan", "backgroundTaskExpiring"], "\(events)")
+        #expect(stuck.waitForExit(timeout: 30) == 128 + SIGKILL)
     }
 
     @Test("resume during the background time cancels the suspension: will-enter-foreground follows did-enter-background, the app stays active")

@@ -132,6 +132,8 @@ public final class Application: @unchecked Sendable {
     private var continuations: [UUID: AsyncStream<ApplicationEvent>.Continuation] = [:]
     private var state: State
     private var options: [LaunchOptionsKey: Any]?
+    /// Open background tasks: their expiration handlers.
+    private var expirationHandlers: [UInt64: (@Sendable () -> Void)?] = [:]
     private var protectedDataAvailable: Bool
     /// Events handled so far (on `queue`).
     private var handledEvents = 0
@@ -178,6 +180,44 @@ public final class Application: @unchecked Sendable {
     /// Inactive during the launch and an interruption, active from *did become active*, background from *did enter
     /// background* until every observer has handled *will enter foreground* (then inactive until *did become active*).
     public var applicationState: State { mutex.withLock { state } }
+
+    /// A background task, as `UIBackgroundTaskIdentifier`.
+    public struct BackgroundTaskIdentifier: RawRepresentable, Hashable, Sendable {
+        /// The daemon's number for it.
+        public let rawValue: UInt64
+        /// Creates an identifier.
+        public init(rawValue: UInt64) { self.rawValue = rawValue }
+        /// No task: what `beginBackgroundTask` returns once the background time is over, as `.invalid` on iOS.
+        public static let invalid = BackgroundTaskIdentifier(rawValue: 0)
+    }
+
+    /// Asks for more background time, as UIKit's method: while a task is open, a suspension waits (up to `sandboxctl
+    /// launch --background-task-time`, 30 s by default, from *did enter background*). A few seconds before that runs out
+    /// `expirationHandler` runs (on the events' queue): end the task there, or the app is ended. Returns `.invalid`
+    /// once the background time is over, or without the daemon.
+    public func beginBackgroundTask(withName name: String? = nil, expirationHandler: (@Sendable () -> Void)? = nil) -> BackgroundTaskIdentifier {
+        var request = DaemonRequest(id: 0, op: .appTaskBegin)
+        request.taskName = name
+        guard let task = (try? link.call(request))?.reply.apps?.first?.task, task != 0 else { return .invalid }
+        mutex.withLock { expirationHandlers[task] = expirationHandler }
+        return BackgroundTaskIdentifier(rawValue: task)
+    }
+
+    /// Ends a task `beginBackgroundTask` began; the last one to end lets the app be suspended.
+    public func endBackgroundTask(_ identifier: BackgroundTaskIdentifier) {
+        guard identifier != .invalid, mutex.withLock({ expirationHandlers.removeValue(forKey: identifier.rawValue) }) != nil else { return }
+        var request = DaemonRequest(id: 0, op: .appTaskEnd)
+        request.task = identifier.rawValue
+        _ = try? link.call(request)
+    }
+
+    /// Seconds of background time left, background tasks counted; `.greatestFiniteMagnitude` in the foreground, as on iOS.
+    public var backgroundTimeRemaining: TimeInterval {
+        guard let status = (try? link.call(DaemonRequest(id: 0, op: .status)))?.reply.apps?.first, status.state == "background" else {
+            return .greatestFiniteMagnitude
+        }
+        return status.remaining ?? 0
+    }
 
     /// The options of this launch, during *will* and *did finish launching*; nil after, and for a launch to open nothing.
     public var launchOptions: [LaunchOptionsKey: Any]? { mutex.withLock { options } }
@@ -303,7 +343,7 @@ public final class Application: @unchecked Sendable {
             return (delegates.compactMap(\.delegate), Array(continuations.values), options)
         }
         let name: Notification.Name? = switch event {
-        case .lifecycle(.willFinishLaunching): nil
+        case .lifecycle(.willFinishLaunching), .lifecycle(.backgroundTimeWillExpire): nil
         case .lifecycle(.didFinishLaunching): Self.didFinishLaunchingNotification
         case .lifecycle(.didBecomeActive): Self.didBecomeActiveNotification
         case .lifecycle(.willResignActive): Self.willResignActiveNotification
@@ -334,11 +374,15 @@ public final class Application: @unchecked Sendable {
             case .lifecycle(.didEnterBackground): observer.applicationDidEnterBackground(self)
             case .lifecycle(.willEnterForeground): observer.applicationWillEnterForeground(self)
             case .lifecycle(.willTerminate): observer.applicationWillTerminate(self)
+            case .lifecycle(.backgroundTimeWillExpire): break
             case .protectedData(.willBecomeUnavailable): observer.applicationProtectedDataWillBecomeUnavailable(self)
             case .protectedData(.didBecomeAvailable): observer.applicationProtectedDataDidBecomeAvailable(self)
             case .openURL(let request):
                 observer.application(self, open: request.url, sourceApplication: request.sourceApplication, annotation: request.annotation)
             }
+        }
+        if event == .lifecycle(.backgroundTimeWillExpire) {
+            for handler in mutex.withLock({ expirationHandlers.values.compactMap { $0 } }) { handler() }
         }
         if !notifiesFirst, let name { notificationCenter.post(name: name, object: self, userInfo: userInfo) }
         for stream in streams { stream.yield(event) }

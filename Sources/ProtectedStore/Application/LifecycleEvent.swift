@@ -15,6 +15,9 @@ public enum LifecycleEvent: String, Sendable, CaseIterable, CustomStringConverti
     case willEnterForeground
     /// Sent before the app is ended.
     case willTerminate
+    /// Not a delegate method: the background time is about to run out with background tasks still open; their
+    /// expiration handlers run (`Application.beginBackgroundTask(withName:expirationHandler:)`).
+    case backgroundTimeWillExpire
 
     public var description: String { rawValue }
 }

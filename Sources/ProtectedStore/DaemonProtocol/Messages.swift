@@ -19,9 +19,12 @@ package struct DaemonRequest: Codable, Sendable {
         case appTerminate = "app-terminate"
         case appOpenURL = "app-open-url"
         case appInterrupt = "app-interrupt"
+        case appTaskBegin = "app-task-begin"
+        case appTaskEnd = "app-task-end"
 
-        /// What a connection on an app's own socket may ask: events for itself, nothing about the device.
-        package var isAllowedForApps: Bool { [.hello, .status, .subscribe, .ack].contains(self) }
+        /// What a connection on an app's own socket may ask: events for itself and its own background tasks, nothing
+        /// about the device.
+        package var isAllowedForApps: Bool { [.hello, .status, .subscribe, .ack, .appTaskBegin, .appTaskEnd].contains(self) }
     }
 
     package var id: UInt64
@@ -49,6 +52,11 @@ package struct DaemonRequest: Codable, Sendable {
     package var timeout: Double?
     /// `app-register`: the app ran under an earlier daemon (registered again after a restart): no launch events.
     package var launched: Bool?
+    /// `app-register`: the longest background time background tasks extend to, in seconds.
+    package var backgroundTaskTime: Double?
+    /// `app-task-begin`: the task's name; `app-task-end`: the identifier `app-task-begin` gave.
+    package var taskName: String?
+    package var task: UInt64?
     /// `app-interrupt`: true to end the interruption.
     package var end: Bool?
     /// `ack` of *will* or *did finish launching*: the observers' answer (false: the launch option's URL is not opened).
@@ -215,6 +223,10 @@ package struct AppStatus: Codable, Sendable, Equatable {
     /// How the app is suspended: `cgroup` (its cgroup frozen) or `sigstop` (the fallback).
     package var freezer: String?
     package var reason: String?
+    /// In the background: seconds of background time left (its tasks' extension counted).
+    package var remaining: Double?
+    /// `app-task-begin`: the new task's identifier, 0 when none may begin (the background time is over).
+    package var task: UInt64?
 
     package init(bundle: String, pid: Int32, state: String, since: Double, freezer: String? = nil, reason: String? = nil) {
         self.bundle = bundle
@@ -255,6 +267,7 @@ extension LifecycleEvent {
         case .didEnterBackground: "did-enter-background"
         case .willEnterForeground: "will-enter-foreground"
         case .willTerminate: "will-terminate"
+        case .backgroundTimeWillExpire: "background-time-will-expire"
         }
     }
 

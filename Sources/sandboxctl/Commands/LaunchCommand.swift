@@ -61,6 +61,9 @@ struct LaunchCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Seconds the app's observers have for each of 'will finish launching' and 'did finish launching' before the app is ended (iOS's watchdog gives about 20); a program that attaches no observer within them is active without launch events.", valueName: "seconds"))
     var launchTimeout: Double = 20
 
+    @Option(help: ArgumentHelp("Seconds from 'did enter background' that the app's background tasks (Application.beginBackgroundTask) may extend its background time to; an app whose tasks are still open then is ended.", valueName: "seconds"))
+    var backgroundTaskTime: Double = 30
+
     @OptionGroup var transport: TransportOptions
 
     @Argument(parsing: .postTerminator, help: ArgumentHelp("The program and its arguments, after --.", valueName: "command"))
@@ -75,6 +78,7 @@ struct LaunchCommand: ParsableCommand {
             throw ValidationError("--read-only \(path): give an absolute path.")
         }
         guard terminateTimeout >= 0, terminateTimeout <= 3600 else { throw ValidationError("--terminate-timeout must be between 0 and 3600 seconds.") }
+        guard backgroundTaskTime >= 0, backgroundTaskTime <= 600 else { throw ValidationError("--background-task-time must be between 0 and 600 seconds.") }
         guard launchTimeout > 0, launchTimeout <= 600 else { throw ValidationError("--launch-timeout must be more than 0 and at most 600 seconds.") }
     }
 
@@ -93,7 +97,7 @@ struct LaunchCommand: ParsableCommand {
             defer { slot.release() }
             let app = try Sandbox(device: attached, container: container, slot: slot, bubblewrap: bubblewrap, command: command,
                                   environment: environment, shareNetwork: shareNetwork, readOnlyPaths: readOnlyPaths,
-                                  terminateTimeout: terminateTimeout, launchTimeout: launchTimeout)
+                                  terminateTimeout: terminateTimeout, launchTimeout: launchTimeout, backgroundTaskTime: backgroundTaskTime)
             return try app.run(overIOUring: transport.overIOUring)
         }
         if status != 0 { throw ExitCode(status) }
@@ -140,6 +144,7 @@ final class Sandbox: @unchecked Sendable {
     private let readOnlyPaths: [String]
     private let terminateTimeout: Double
     private let launchTimeout: Double
+    private let backgroundTaskTime: Double
     /// Who the sandbox runs as on the host when that is not this process's user: only a root launcher's sandbox.
     private let hostIdentity: HostIdentity?
     private let logger = Logger(label: "sandboxctl.launch")
@@ -148,7 +153,7 @@ final class Sandbox: @unchecked Sendable {
     private var ending = false
 
     init(device: Device, container: Container, slot: LaunchSlot, bubblewrap: String, command: [String], environment: [String], shareNetwork: Bool,
-         readOnlyPaths: [String], terminateTimeout: Double, launchTimeout: Double) throws {
+         readOnlyPaths: [String], terminateTimeout: Double, launchTimeout: Double, backgroundTaskTime: Double) throws {
         self.device = device
         self.container = container
         self.slot = slot
@@ -159,6 +164,7 @@ final class Sandbox: @unchecked Sendable {
         self.readOnlyPaths = readOnlyPaths
         self.terminateTimeout = terminateTimeout
         self.launchTimeout = launchTimeout
+        self.backgroundTaskTime = backgroundTaskTime
         self.hostIdentity = try HostIdentity.forSandbox(deviceRoot: device.root)
     }
 
@@ -301,7 +307,8 @@ final class Sandbox: @unchecked Sendable {
     /// `again`: after a daemon restart, so the app, launched already, gets no launch events.
     private func register(again: Bool) throws {
         _ = try device.appRequest(.appRegister, bundle: container.bundleIdentifier, timeout: launchTimeout, sandboxPID: mutex.withLock { sandboxPID },
-                                  socketPath: slot.appSocket, sandboxUID: hostIdentity?.uid, launched: again)
+                                  socketPath: slot.appSocket, sandboxUID: hostIdentity?.uid, launched: again,
+                                  backgroundTaskTime: backgroundTaskTime)
     }
 
     /// A restarted daemon knows no apps: registers again once one serves the device, so the app's observers, which

@@ -33,7 +33,11 @@ struct WatchCommand: AsyncParsableCommand {
     @Option(help: ArgumentHelp("As the app: work this many seconds in 'did enter background' before returning (to see what a background time running out does).", valueName: "seconds"))
     var backgroundWork: Double = 0
 
+    @Option(help: ArgumentHelp("As the app: begin a background task at 'did enter background' and end it this many seconds later (0: never; its expiration handler prints backgroundTaskExpiring).", valueName: "seconds"))
+    var backgroundTask: Double?
+
     func validate() throws {
+        if let backgroundTask { guard backgroundTask >= 0, backgroundTask <= 600 else { throw ValidationError("--background-task must be between 0 and 600 seconds.") } }
         guard backgroundWork >= 0, backgroundWork <= 600 else { throw ValidationError("--background-work must be between 0 and 600 seconds.") }
     }
 
@@ -77,7 +81,7 @@ extension WatchCommand {
     private func watchAsApp() throws {
         let application = try reportingErrors { try Application.attach() }
         let printer = LinePrinter(json: json)
-        let observer = AppEventPrinter(printer: printer, backgroundWork: backgroundWork)
+        let observer = AppEventPrinter(printer: printer, backgroundWork: backgroundWork, backgroundTask: backgroundTask)
         try reportingErrors { try application.addDelegate(observer) }
         FileHandle.standardError.write(Data("Watching \(application.bundleIdentifier) as the app (protected data: \(application.state.rawValue)); Ctrl-C to stop\n".utf8))
         withExtendedLifetime((application, observer)) {
@@ -94,10 +98,12 @@ private extension Application {
 private final class AppEventPrinter: ApplicationDelegate {
     let printer: LinePrinter
     let backgroundWork: Double
+    let backgroundTask: Double?
 
-    init(printer: LinePrinter, backgroundWork: Double) {
+    init(printer: LinePrinter, backgroundWork: Double, backgroundTask: Double?) {
         self.printer = printer
         self.backgroundWork = backgroundWork
+        self.backgroundTask = backgroundTask
     }
 
     private func print(_ event: String, _ text: String, _ application: Application) {
@@ -128,6 +134,17 @@ private final class AppEventPrinter: ApplicationDelegate {
     func applicationWillResignActive(_ application: Application) { print("willResignActive", "will resign active", application) }
     func applicationDidEnterBackground(_ application: Application) {
         print("didEnterBackground", "did enter background", application)
+        if let backgroundTask {
+            let printer = printer
+            let task = application.beginBackgroundTask(withName: "watch") { [printer, weak application] in
+                printer.print(event: "backgroundTaskExpiring", state: application?.state ?? .locked, text: "background task expiring")
+            }
+            printer.print(event: "backgroundTaskBegan", state: application.state, text: "background task began",
+                          fields: ["remaining": application.backgroundTimeRemaining])
+            if backgroundTask > 0 {
+                DispatchQueue.global().asyncAfter(deadline: .now() + backgroundTask) { application.endBackgroundTask(task) }
+            }
+        }
         if backgroundWork > 0 { Thread.sleep(forTimeInterval: backgroundWork) }
     }
     func applicationWillEnterForeground(_ application: Application) { print("willEnterForeground", "will enter foreground", application) }
