@@ -32,7 +32,9 @@ package final class AppFreezer: @unchecked Sendable {
 
     /// Moves the sandbox (its first process, before it starts the program, and any other process already in its PID
     /// namespace) into a new cgroup below this daemon's own; falls back to signals, with the reason, where that fails.
-    package static func make(bundle: String, sandboxPID: pid_t) -> AppFreezer {
+    /// `signalsOnly` takes the fallback at once (the benchmark's baseline).
+    package static func make(bundle: String, sandboxPID: pid_t, signalsOnly: Bool = false) -> AppFreezer {
+        if signalsOnly { return AppFreezer(sandboxPID: sandboxPID, cgroup: nil, fallbackReason: "asked for signals") }
         do {
             let folder = try createGroup(named: "sandboxctl-app-\(bundle)-\(sandboxPID)")
             do {
@@ -55,9 +57,12 @@ package final class AppFreezer: @unchecked Sendable {
 
     /// Returns once the kernel reports the group frozen, or after `freezeConfirmation` (a process in the middle of a
     /// request to the app's own mount freezes when it returns); at once for the signal mechanism.
-    package func waitUntilFrozen() {
+    package func waitUntilFrozen() { waitForFreezer(frozen: true) }
+
+    /// Returns once the kernel reports the group frozen (`frozen` true) or thawed, within `freezeConfirmation`.
+    package func waitForFreezer(frozen: Bool) {
         guard let cgroup else { return }
-        waitForEvents(of: cgroup, until: "frozen 1")
+        waitForEvents(of: cgroup, until: frozen ? "frozen 1" : "frozen 0")
     }
 
     /// Lets the app run again.

@@ -161,7 +161,7 @@ struct LaunchTests {
         }
     }
 
-    @Test("lifecycle: the app's observer gets did-enter-background before it stops, nothing while suspended, will-enter-foreground and the net change after it resumes, will-terminate before it ends")
+    @Test("the README's walk-through: launch events, an interruption, the background, nothing while frozen, the net change and did-become-active after resume, a suspended app ended without notice")
     func lifecycle() throws {
         let bundle = "com.example.launch.life"
         let (test, daemon) = try device(bundle)
@@ -211,9 +211,12 @@ struct LaunchTests {
         #expect(processStates(sandboxPID).allSatisfy { $0 != "T" })
         #expect(try !cgroupEvents(of: sandboxPID).contains("frozen 1"))
 
+        // As the README ends it: suspended again, then terminated: killed without notice.
+        #expect(try sandboxctl(test, ["suspend", bundle]).status == 0)
+        #expect((0..<2).compactMap { _ in nextEvent(app)?.event } == ["willResignActive", "didEnterBackground"])
         #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
-        #expect(nextEvent(app)?.event == "willTerminate")
-        #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGKILL)
+        #expect(app.nextLine(timeout: 1) == nil, "a suspended app is sent no will-terminate")
     }
 
     /// The lines of `cgroup.events` of the cgroup the sandbox's first process is in (v2 hierarchy).

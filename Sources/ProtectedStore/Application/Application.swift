@@ -2,7 +2,8 @@ import Foundation
 
 /// What a launched app's observers are told: its lifecycle events and the device's protected-data events.
 public enum ApplicationEvent: Sendable, Equatable {
-    /// The app was sent to the background, brought back to the foreground, or is about to be terminated.
+    /// A step of the app's lifecycle: its launch, an interruption, the background and back, its end (docs/DESIGN.md,
+    /// "The app lifecycle", gives the order).
     case lifecycle(LifecycleEvent)
     /// The device's protected data will become unavailable (a lock) or did become available (an unlock).
     case protectedData(ProtectedDataEvent)

@@ -7,7 +7,7 @@ struct BenchCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bench",
         abstract: "Measure performance against a baseline taken in the same run.",
-        subcommands: [CryptoBench.self, LockBench.self]
+        subcommands: [CryptoBench.self, LockBench.self, FreezerBench.self]
     )
 }
 
@@ -107,6 +107,45 @@ struct LockBench: ParsableCommand {
             row("Argon2id alone (baseline)", result.argon2idMilliseconds, "")
             row("unlock", result.unlockMilliseconds,
                 String(format: "overhead %.2f ms (%.3f x Argon2id); target < 5 ms", result.unlockOverheadMilliseconds, result.unlockMilliseconds / result.argon2idMilliseconds))
+        }
+    }
+}
+
+struct FreezerBench: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "freezer",
+        abstract: "Launched apps: suspend and resume latency of 1 and of 100 processes, the cgroup freezer beside SIGSTOP.",
+        discussion: """
+            Starts the processes in a PID namespace of their own (unshare; with a user namespace when not root) and \
+            suspends and resumes them as the daemon does an app's: through the app's own cgroup (cgroup.freeze, until \
+            cgroup.events says frozen) and through SIGSTOP to each process (until every one is stopped). Each figure is \
+            the median of the rounds. The cgroup rows need a writable cgroup v2 hierarchy (root, or a delegated unit).
+            """
+    )
+
+    @Option(help: ArgumentHelp("Rounds per figure.", valueName: "n"))
+    var rounds = 21
+
+    @Flag(help: "Print one JSON object instead of a table.")
+    var json = false
+
+    func validate() throws {
+        guard rounds >= 1, rounds <= 10_000 else { throw ValidationError("--rounds must be 1 to 10000") }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let result = try FreezerBenchmark(rounds: rounds).run()
+            if json { return try printJSON(result) }
+            print("median of \(rounds) rounds")
+            print("PROCESSES  MECHANISM   SUSPEND (ms)  RESUME (ms)  SUSPEND vs SIGSTOP")
+            for row in result.rows {
+                let baseline = result.rows.first { $0.processes == row.processes && $0.mechanism == "sigstop" }
+                let ratio = baseline.map { String(format: "%.2f x", row.suspendMilliseconds / $0.suspendMilliseconds) } ?? ""
+                print("\(row.processes)".padding(toLength: 11, withPad: " ", startingAt: 0) + row.mechanism.padding(toLength: 12, withPad: " ", startingAt: 0)
+                      + String(format: "%12.3f  %11.3f  ", row.suspendMilliseconds, row.resumeMilliseconds) + ratio)
+            }
+            if let reason = result.cgroupUnavailable { print("cgroup freezer not measured: \(reason)") }
         }
     }
 }
