@@ -7,15 +7,15 @@ import ProtectedStoreCore
 /// is folded into its record, and when it acknowledges it gets one event per kind for the net change, as iOS coalesces
 /// the notifications of a suspended app. So memory per subscriber is constant, whatever it misses.
 package struct SubscriberRegistry {
-    typealias ID = UInt64
+    package typealias ID = UInt64
 
     /// What a subscriber is sent: the device's protection events, and a launched app's lifecycle events.
-    enum Event: Equatable {
+    package enum Event: Equatable {
         case protection(ProtectedDataEvent)
         case lifecycle(LifecycleEvent)
         case openURL(OpenURLPayload)
 
-        var wireName: String {
+        package var wireName: String {
             switch self {
             case .protection(let event): event.wireName
             case .lifecycle(let event): event.wireName
@@ -23,25 +23,25 @@ package struct SubscriberRegistry {
             }
         }
 
-        var isLifecycle: Bool {
+        package var isLifecycle: Bool {
             if case .lifecycle = self { true } else { false }
         }
 
         /// Sent before the protection events a subscriber missed and before open-URL events: every lifecycle event
         /// but *did become active*, which comes last (after *will enter foreground*, the net change, then URLs to open).
-        var goesFirst: Bool { isLifecycle && self != .lifecycle(.didBecomeActive) }
+        package var goesFirst: Bool { isLifecycle && self != .lifecycle(.didBecomeActive) }
 
         /// A launched app's own event (lifecycle or open-URL), which the daemon waits for per app.
-        var isAppEvent: Bool {
+        package var isAppEvent: Bool {
             if case .protection = self { false } else { true }
         }
     }
 
     /// An event to send now.
-    struct Delivery: Equatable {
-        let subscriber: ID
-        let event: Event
-        let seq: UInt64
+    package struct Delivery: Equatable {
+        package let subscriber: ID
+        package let event: Event
+        package let seq: UInt64
     }
 
     private struct Subscriber {
@@ -65,26 +65,28 @@ package struct SubscriberRegistry {
     /// Subscribers present at the last *will become unavailable* that have not acknowledged it; nil when no lock waits.
     private var awaiting: Set<ID>?
 
-    var count: Int { subscribers.count }
+    package init() {}
+
+    package var count: Int { subscribers.count }
 
     /// True once every subscriber present at the last *will become unavailable* has acknowledged it (or left).
-    var lockAcknowledged: Bool { awaiting?.isEmpty ?? false }
+    package var lockAcknowledged: Bool { awaiting?.isEmpty ?? false }
 
     /// Forgets that a lock waits for acknowledgements (the caller has been told it completed).
-    mutating func lockCompleted() { awaiting = nil }
+    package mutating func lockCompleted() { awaiting = nil }
 
     /// Adds a subscriber that knows whether data is available now.
-    mutating func add(_ id: ID, available: Bool) {
+    package mutating func add(_ id: ID, available: Bool) {
         subscribers[id] = Subscriber(view: available ? .didBecomeAvailable : .willBecomeUnavailable)
     }
 
-    mutating func remove(_ id: ID) {
+    package mutating func remove(_ id: ID) {
         subscribers.removeValue(forKey: id)
         awaiting?.remove(id)
     }
 
     /// A new event: sent at once to every idle subscriber, folded into the record of busy or suspended ones.
-    mutating func broadcast(_ event: ProtectedDataEvent) -> [Delivery] {
+    package mutating func broadcast(_ event: ProtectedDataEvent) -> [Delivery] {
         latest = event
         // Not those it sends nothing to now and whose own handler may run long: a suspended app, one in the middle of
         // a lifecycle or open-URL event (its background time has its own limit). A subscriber only slow to acknowledge
@@ -104,13 +106,13 @@ package struct SubscriberRegistry {
 
     /// A lifecycle event for `ids` (one app's subscribers): sent now to those with nothing outstanding, else right
     /// after their acknowledgement, before open-URL and protection events.
-    mutating func send(_ event: LifecycleEvent, to ids: [ID]) -> [Delivery] {
+    package mutating func send(_ event: LifecycleEvent, to ids: [ID]) -> [Delivery] {
         sendAppEvent(.lifecycle(event), to: ids)
     }
 
     /// An open-URL event for `ids`: sent now to those with nothing outstanding that are not suspended, else queued
     /// behind their lifecycle events and the protection events they missed.
-    mutating func send(_ payload: OpenURLPayload, to ids: [ID]) -> [Delivery] {
+    package mutating func send(_ payload: OpenURLPayload, to ids: [ID]) -> [Delivery] {
         sendAppEvent(.openURL(payload), to: ids)
     }
 
@@ -130,7 +132,7 @@ package struct SubscriberRegistry {
     }
 
     /// Marks a subscriber's app suspended or resumed. A suspended one is not waited for by a lock.
-    mutating func setSuspended(_ id: ID, _ suspended: Bool) {
+    package mutating func setSuspended(_ id: ID, _ suspended: Bool) {
         subscribers[id]?.suspended = suspended
         if suspended {
             subscribers[id]?.suspendedSinceView = true
@@ -141,7 +143,7 @@ package struct SubscriberRegistry {
     /// The subscriber handled event `seq`: which event that was, and what to send it next (a waiting lifecycle event;
     /// else, unless its app is suspended, the next coalesced protection event if its view is behind, else a waiting
     /// open-URL event).
-    mutating func acknowledge(_ id: ID, seq: UInt64) -> (handled: Event?, next: [Delivery]) {
+    package mutating func acknowledge(_ id: ID, seq: UInt64) -> (handled: Event?, next: [Delivery]) {
         guard var subscriber = subscribers[id], let outstanding = subscriber.outstanding, outstanding.seq == seq else { return (nil, []) }
         subscriber.outstanding = nil
         subscribers[id] = subscriber

@@ -3,7 +3,8 @@ import Testing
 
 /// The DocC article "Testing your storage code" (ProtectedStoreTesting.docc) shows the example test files in full; this keeps each copy identical to the compiled file.
 @Test("the testing guide's examples are the compiled test files, word for word",
-      arguments: ["Tests/ProtectedStoreTestingTests/GuideExampleTests.swift", "Tests/ProtectedStoreTestingTests/GuidePowerCutExampleTests.swift"])
+      arguments: ["Tests/ProtectedStoreTestingTests/GuideExampleTests.swift", "Tests/ProtectedStoreTestingTests/GuidePowerCutExampleTests.swift",
+                 "Tests/ProtectedStoreTestingTests/GuideLifecycleExampleTests.swift"])
 func guideExampleMatchesTheCompiledTest(file: String) throws {
     let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
     let marker = "<!-- example: \(file) -->\n```swift\n"

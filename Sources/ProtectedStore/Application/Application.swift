@@ -127,7 +127,7 @@ public final class Application: @unchecked Sendable {
     public let bundleIdentifier: String
     /// Where notifications are posted.
     public let notificationCenter: NotificationCenter
-    private let link: DaemonLink
+    private let link: any ApplicationTransport
     private let mutex = NSLock()
     private var delegates: [WeakDelegate] = []
     private var continuations: [UUID: AsyncStream<ApplicationEvent>.Continuation] = [:]
@@ -162,13 +162,18 @@ public final class Application: @unchecked Sendable {
         case "background": .background
         default: .inactive
         }
-        let application = Application(bundleIdentifier: bundle, link: link, available: isAvailable(hello.state), state: state,
-                                      notificationCenter: notificationCenter)
-        link.start { [weak application] notice in application?.received(notice) }
-        return application
+        return Application(bundleIdentifier: bundle, transport: link, available: isAvailable(hello.state), state: state,
+                           notificationCenter: notificationCenter)
     }
 
-    private init(bundleIdentifier: String, link: DaemonLink, available: Bool, state: State, notificationCenter: NotificationCenter) {
+    /// An app on `transport` (the testing kit's in-process stand-in for the daemon); its notices start at once.
+    package convenience init(bundleIdentifier: String, transport: any ApplicationTransport, available: Bool, state: State,
+                             notificationCenter: NotificationCenter) {
+        self.init(bundleIdentifier: bundleIdentifier, link: transport, available: available, state: state, notificationCenter: notificationCenter)
+        transport.start { [weak self] notice in self?.received(notice) }
+    }
+
+    private init(bundleIdentifier: String, link: any ApplicationTransport, available: Bool, state: State, notificationCenter: NotificationCenter) {
         self.bundleIdentifier = bundleIdentifier
         self.state = state
         self.link = link
@@ -199,7 +204,7 @@ public final class Application: @unchecked Sendable {
     public func beginBackgroundTask(withName name: String? = nil, expirationHandler: (@Sendable () -> Void)? = nil) -> BackgroundTaskIdentifier {
         var request = DaemonRequest(id: 0, op: .appTaskBegin)
         request.taskName = name
-        guard let task = (try? link.call(request))?.reply.apps?.first?.task, task != 0 else { return .invalid }
+        guard let task = (try? link.reply(to: request))?.apps?.first?.task, task != 0 else { return .invalid }
         mutex.withLock { expirationHandlers[task] = expirationHandler }
         return BackgroundTaskIdentifier(rawValue: task)
     }
@@ -209,12 +214,12 @@ public final class Application: @unchecked Sendable {
         guard identifier != .invalid, mutex.withLock({ expirationHandlers.removeValue(forKey: identifier.rawValue) }) != nil else { return }
         var request = DaemonRequest(id: 0, op: .appTaskEnd)
         request.task = identifier.rawValue
-        _ = try? link.call(request)
+        _ = try? link.reply(to: request)
     }
 
     /// Seconds of background time left, background tasks counted; `.greatestFiniteMagnitude` in the foreground, as on iOS.
     public var backgroundTimeRemaining: TimeInterval {
-        guard let status = (try? link.call(DaemonRequest(id: 0, op: .status)))?.reply.apps?.first, status.state == "background" else {
+        guard let status = (try? link.reply(to: DaemonRequest(id: 0, op: .status)))?.apps?.first, status.state == "background" else {
             return .greatestFiniteMagnitude
         }
         return status.remaining ?? 0
@@ -304,7 +309,7 @@ public final class Application: @unchecked Sendable {
     private func deliver(_ event: ApplicationEvent, seq: UInt64, connection: UInt64) {
         queue.async { [self] in
             handle(event)
-            link.acknowledge(seq: seq, connection: connection)
+            link.acknowledge(seq: seq, connection: connection, accepted: nil)
         }
     }
 
@@ -390,4 +395,21 @@ public final class Application: @unchecked Sendable {
         if event == .lifecycle(.willResignActive) || event == .lifecycle(.willEnterForeground) { mutex.withLock { state = .inactive } }
         return accepted
     }
+}
+
+/// What an `Application` needs of the daemon: the app socket's `DaemonLink`, or the testing kit's in-process stand-in
+/// (`TestApplication`), which plays the daemon's part of the lifecycle.
+package protocol ApplicationTransport: AnyObject, Sendable {
+    /// Starts the notices; `onNotice` is called in order and must not block.
+    func start(_ onNotice: @escaping @Sendable (DaemonLink.Notice) -> Void)
+    /// Subscribes once (the reply: the state the events start from); nil if subscribed already.
+    func subscribe() throws -> DaemonReply?
+    func acknowledge(seq: UInt64, connection: UInt64, accepted: Bool?)
+    /// Sends a request of the app's own (a background task, its status) and waits for the reply.
+    func reply(to request: DaemonRequest) throws -> DaemonReply
+    func close()
+}
+
+extension DaemonLink: ApplicationTransport {
+    package func reply(to request: DaemonRequest) throws -> DaemonReply { try call(request).reply }
 }

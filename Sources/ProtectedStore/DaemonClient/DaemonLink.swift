@@ -19,7 +19,7 @@ package final class DaemonLink: @unchecked Sendable {
 
     /// What the link tells its device, in the order it happened. `connection` numbers the connections, so an
     /// acknowledgement never reaches a newer daemon whose event numbers started again.
-    enum Notice: Sendable {
+    package enum Notice: Sendable {
         case event(ProtectedDataEvent, seq: UInt64, grace: TimeInterval, connection: UInt64)
         /// On an app's own socket (`Application`).
         /// `options`: a launch event's launch options (the Inbox item the app is launched to open).
@@ -89,7 +89,7 @@ package final class DaemonLink: @unchecked Sendable {
 
     /// Subscribes a link made without a subscription (the reply: the state the events start from); from then on it
     /// also subscribes when it reconnects. Nil if it was subscribed already.
-    func subscribe() throws -> DaemonReply? {
+    package func subscribe() throws -> DaemonReply? {
         guard !mutex.withLock({ subscribing }) else { return nil }
         let reply = try call(DaemonRequest(id: 0, op: .subscribe)).reply
         mutex.withLock { subscribing = true; subscribed = true }
@@ -110,7 +110,7 @@ package final class DaemonLink: @unchecked Sendable {
     }
 
     /// Starts the reader thread; `onNotice` is called on it, in order, and must not block.
-    func start(_ onNotice: @escaping @Sendable (Notice) -> Void) {
+    package func start(_ onNotice: @escaping @Sendable (Notice) -> Void) {
         mutex.withLock { self.onNotice = onNotice }
         let thread = Thread { [self] in readLoop() }
         thread.name = "ProtectedStore.daemon-link"
@@ -118,7 +118,7 @@ package final class DaemonLink: @unchecked Sendable {
     }
 
     /// Ends the connection for good (the device is going away).
-    func close() {
+    package func close() {
         writeLock.withLock {
             let fd: Int32 = mutex.withLock {
                 closed = true
@@ -154,7 +154,7 @@ package final class DaemonLink: @unchecked Sendable {
 
     /// Acknowledges event `seq` of connection `connection`; moot if that connection is gone.
     /// `accepted`: the answer to a launch event.
-    func acknowledge(seq: UInt64, connection: UInt64, accepted: Bool? = nil) {
+    package func acknowledge(seq: UInt64, connection: UInt64, accepted: Bool? = nil) {
         var request = DaemonRequest(id: 0, op: .ack)
         request.seq = seq
         request.accepted = accepted

@@ -1,0 +1,120 @@
+import Foundation
+import ProtectedStore
+import ProtectedStoreTesting
+import Testing
+
+/// Records what an app's delegate is told, with the application's state at that moment.
+private final class LifecycleLog: ApplicationDelegate, @unchecked Sendable {
+    private let mutex = NSLock()
+    private var lines: [String] = []
+    var acceptsLaunchItem = true
+    var backgroundWork: TimeInterval = 0
+    var taskSeconds: TimeInterval?
+    var launchURL: URL?
+
+    var events: [String] { mutex.withLock { lines } }
+    private func note(_ line: String, _ application: Application) { mutex.withLock { lines.append("\(line) \(application.applicationState.rawValue)") } }
+
+    func application(_ application: Application, willFinishLaunchingWithOptions launchOptions: [Application.LaunchOptionsKey: Any]?) -> Bool {
+        launchURL = launchOptions?[.url] as? URL
+        note("willFinishLaunching", application)
+        return acceptsLaunchItem
+    }
+    func application(_ application: Application, didFinishLaunchingWithOptions launchOptions: [Application.LaunchOptionsKey: Any]?) -> Bool {
+        note("didFinishLaunching", application)
+        return true
+    }
+    func applicationDidBecomeActive(_ application: Application) { note("didBecomeActive", application) }
+    func applicationWillResignActive(_ application: Application) { note("willResignActive", application) }
+    func applicationDidEnterBackground(_ application: Application) {
+        note("didEnterBackground", application)
+        if let taskSeconds {
+            let task = application.beginBackgroundTask(withName: "upload") { [self] in mutex.withLock { lines.append("expiring") } }
+            if taskSeconds > 0 { DispatchQueue.global().asyncAfter(deadline: .now() + taskSeconds) { application.endBackgroundTask(task) } }
+        }
+        Thread.sleep(forTimeInterval: backgroundWork)
+    }
+    func applicationWillEnterForeground(_ application: Application) { note("willEnterForeground", application) }
+    func applicationWillTerminate(_ application: Application) { note("willTerminate", application) }
+    func applicationProtectedDataWillBecomeUnavailable(_ application: Application) { note("willBecomeUnavailable", application) }
+    func applicationProtectedDataDidBecomeAvailable(_ application: Application) { note("didBecomeAvailable", application) }
+    func application(_ application: Application, open url: URL, sourceApplication: String?, annotation: Any?) {
+        note("open \(url.lastPathComponent)", application)
+    }
+}
+
+@Suite("TestApplication: the app lifecycle in a user's test")
+struct TestApplicationTests {
+    private func launched(_ device: TestDevice, _ log: LifecycleLog, item: String? = nil, backgroundTaskTime: TimeInterval = 30) throws -> TestApplication {
+        let app = TestApplication(device, backgroundTaskTime: backgroundTaskTime)
+        try app.application.addDelegate(log)
+        try app.launch(openingInboxItem: item, sourceApplication: "com.example.mail")
+        return app
+    }
+
+    @Test("launch: will and did finish launching with the item as launch options, its open-URL event, then did become active")
+    func launch() throws {
+        let device = try TestDevice()
+        let log = LifecycleLog()
+        let app = try launched(device, log, item: "Documents/Inbox/report.pdf")
+        #expect(log.events == ["willFinishLaunching inactive", "didFinishLaunching inactive", "open report.pdf inactive", "didBecomeActive active"])
+        #expect(log.launchURL?.lastPathComponent == "report.pdf")
+        #expect(app.state == .active)
+
+        let declining = LifecycleLog()
+        declining.acceptsLaunchItem = false
+        let other = TestApplication(device)
+        try other.application.addDelegate(declining)
+        #expect(try other.launch(openingInboxItem: "Documents/Inbox/report.pdf") == false)
+        #expect(declining.events == ["willFinishLaunching inactive", "didFinishLaunching inactive", "didBecomeActive active"], "declined: no open-URL event")
+    }
+
+    @Test("an interruption, the background, a lock while suspended, the way back, and a suspended app's end without notice")
+    func roundTrip() async throws {
+        let device = try TestDevice()
+        let log = LifecycleLog()
+        let app = try launched(device, log)
+        app.interrupt()
+        #expect(app.state == .inactive)
+        app.endInterruption()
+        #expect(app.enterBackground() == .suspended)
+        #expect(app.state == .suspended)
+        await device.lock(gracePeriod: 0)
+        try await device.unlock()
+        app.resume()
+        #expect(Array(log.events.dropFirst(3)) == ["willResignActive active", "didBecomeActive active", "willResignActive active", "didEnterBackground background",
+                                                   "willEnterForeground background", "didBecomeAvailable inactive", "didBecomeActive active"])
+        #expect(app.enterBackground() == .suspended)
+        let before = log.events.count
+        app.terminate()
+        #expect(log.events.count == before, "a suspended app is sent no will-terminate")
+        #expect(app.state == .notRunning)
+    }
+
+    @Test("an overrun of the background time ends the app; a task extends it, one never ended is expired, then the app is ended")
+    func backgroundTime() throws {
+        let device = try TestDevice()
+        let slow = LifecycleLog()
+        slow.backgroundWork = 1
+        #expect(try launched(device, slow).enterBackground(backgroundTime: 0.2) == .ended(reason: "it did not return from did-enter-background within its background time (0.2 s)"))
+
+        let uploading = LifecycleLog()
+        uploading.taskSeconds = 0.5
+        #expect(try launched(device, uploading).enterBackground(backgroundTime: 0.1) == .suspended)
+
+        let stuck = LifecycleLog()
+        stuck.taskSeconds = 0
+        let outcome = try launched(device, stuck, backgroundTaskTime: 1).enterBackground(backgroundTime: 0.1)
+        #expect(outcome == .ended(reason: "its background tasks were not ended within its background time (1 s at most)"))
+        #expect(stuck.events.last == "expiring")
+    }
+
+    @Test("a running app is sent will-terminate")
+    func terminateRunning() throws {
+        let device = try TestDevice()
+        let log = LifecycleLog()
+        let app = try launched(device, log)
+        app.terminate()
+        #expect(log.events.last == "willTerminate active")
+    }
+}
