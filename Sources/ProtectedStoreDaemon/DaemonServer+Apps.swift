@@ -38,6 +38,8 @@ extension DaemonServer {
         var nextTaskID: UInt64 = 0
         /// In the background: when its background time ends.
         var backgroundDeadline: Date?
+        /// Brought to the foreground to open an item: *did become active* goes after the next open-URL event.
+        var activationAwaitsURL = false
         /// *did enter background* returned with tasks open: the suspension waits for their end (or the deadline).
         var suspensionAwaitingTasks: (entry: Int, reply: (String?) -> Void)?
 
@@ -150,9 +152,16 @@ extension DaemonServer {
             let ids = subscribers(of: bundle)
             for id in ids { registry.setSuspended(id, false) }
             // After its acknowledgement: the protection events it missed, then open-URL events, then did-become-active
-            // (SubscriberRegistry).
+            // (SubscriberRegistry); to open an item, did-become-active waits for its open-URL event.
             for delivery in registry.send(.willEnterForeground, to: ids) { sendEvent(delivery) }
-            post(.didBecomeActive, to: app)
+            if request.awaitingURL == true {
+                app.activationAwaitsURL = true
+                DispatchQueue.global().asyncAfter(deadline: .now() + 5) { [weak self] in
+                    self?.execute { self?.activateAfterURL(app) }
+                }
+            } else {
+                post(.didBecomeActive, to: app)
+            }
             reply(nil)
         case .appInterrupt:
             let ending = request.end ?? false
@@ -390,6 +399,14 @@ extension DaemonServer {
             if apps[app.bundle] === app { relayOpenURL(payload, to: app, reply: reply) }
         }
         for delivery in registry.send(payload, to: ids) { sendEvent(delivery) }
+        activateAfterURL(app)
+    }
+
+    /// The *did become active* an item's opening held back, after its open-URL event (or after 5 s without one).
+    func activateAfterURL(_ app: LaunchedApp) {
+        guard apps[app.bundle] === app, app.activationAwaitsURL else { return }
+        app.activationAwaitsURL = false
+        if app.lifecycle.state == .active { post(.didBecomeActive, to: app) }
     }
 
     /// A subscriber on the app's socket: the first one starts the launch events; later ones get the parked open-URL

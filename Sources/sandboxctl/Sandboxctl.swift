@@ -36,7 +36,7 @@ struct Sandboxctl: AsyncParsableCommand {
         subcommands: [InitCommand.self, DaemonCommand.self, UnlockCommand.self, LockCommand.self, WatchCommand.self,
                       CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self, InboxCommand.self,
                       RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, MountCommand.self, PasswdCommand.self, MigrateCommand.self, EraseCommand.self,
-                      LaunchCommand.self, PsCommand.self, SuspendCommand.self, ResumeCommand.self, InterruptCommand.self, TerminateCommand.self, SetupCommand.self,
+                      LaunchCommand.self, PsCommand.self, SuspendCommand.self, ResumeCommand.self, InterruptCommand.self, OpenCommand.self, TerminateCommand.self, SetupCommand.self,
                       DemoCommand.self, BenchCommand.self]
     )
 }

@@ -322,6 +322,41 @@ struct LaunchTests {
         #expect(stuck.waitForExit(timeout: 30) == 128 + SIGKILL)
     }
 
+    @Test("sandboxctl open: launches a stopped app with the item as its launch option; brings a suspended one to the front (will enter foreground, the URL, did become active); bad input changes nothing")
+    func open() throws {
+        let bundle = "com.example.launch.open"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let file = test.path("invoice.txt")
+        try Data("an invoice\n".utf8).write(to: URL(fileURLWithPath: file))
+
+        let unknown = try sandboxctl(test, ["open", "com.example.missing", "--deliver", file])
+        #expect(unknown.status == 1 && unknown.stderr.contains("com.example.missing"), "\(unknown.stderr)")
+        let notRunning = try sandboxctl(test, ["open", bundle, "--deliver", file])
+        #expect(notRunning.status == 1 && notRunning.stderr.contains("-- COMMAND"), "\(notRunning.stderr)")
+        #expect(try sandboxctl(test, ["open", bundle]).status == 64)
+        #expect(try sandboxctl(test, ["inbox", "list", bundle, "--json"]).stdout.contains("invoice") == false, "a refused open delivered nothing")
+
+        let tool = CLI.executable.deletingLastPathComponent().path
+        let runtime = try #require(Self.swiftRuntimeFolder)
+        let app = try SpawnedProcess(CLI.executable, ["open", bundle, "--deliver", file, "--from", "com.example.mail", "--root", test.root, "--device-secret", test.secretPath,
+                                                       "--read-only", tool, "--read-only", runtime, "--", "\(tool)/sandboxctl", "watch", "--json"])
+        let launch = (0..<2).compactMap { _ in app.nextLine(timeout: 30) }
+        #expect(launch.allSatisfy { $0.contains("\"url\":\"Documents/Inbox/invoice.txt\"") && $0.contains("com.example.mail") }, "\(launch) \(app.standardError)")
+        #expect(nextEvent(app)?.event == "openURL")
+        #expect(nextEvent(app)?.event == "didBecomeActive")
+
+        #expect(try sandboxctl(test, ["suspend", bundle]).status == 0)
+        #expect((0..<2).compactMap { _ in nextEvent(app)?.event } == ["willResignActive", "didEnterBackground"])
+        let opened = try sandboxctl(test, ["open", bundle, "invoice.txt"])
+        #expect(opened.status == 0 && opened.stdout.contains("Opened Documents/Inbox/invoice.txt"), "\(opened.stdout)\(opened.stderr)")
+        #expect((0..<3).compactMap { _ in nextEvent(app)?.event } == ["willEnterForeground", "openURL", "didBecomeActive"])
+        let missing = try sandboxctl(test, ["open", bundle, "nothing.txt"])
+        #expect(missing.status == 1 && missing.stderr.contains("inbox list"), "\(missing.stderr)")
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
+    }
+
     @Test("resume during the background time cancels the suspension: will-enter-foreground follows did-enter-background, the app stays active")
     func resumeDuringBackgroundTime() throws {
         let bundle = "com.example.launch.comeback"

@@ -206,7 +206,8 @@ extension Device {
     /// `resume`, `interrupt`, `terminate`; docs/PROTOCOL.md §6): the apps it concerns, as the daemon tracks them.
     package func appRequest(_ operation: DaemonRequest.Operation, bundle: String? = nil, timeout: TimeInterval? = nil,
                             sandboxPID: Int32? = nil, socketPath: String? = nil, sandboxUID: uid_t? = nil, openURL: OpenURLRequest? = nil,
-                            launched: Bool? = nil, endingInterruption: Bool? = nil, backgroundTaskTime: TimeInterval? = nil) throws -> [AppStatus] {
+                            launched: Bool? = nil, endingInterruption: Bool? = nil, backgroundTaskTime: TimeInterval? = nil,
+                            awaitingURL: Bool? = nil) throws -> [AppStatus] {
         guard let link = (holder as? DaemonKeyHolder)?.link else {
             throw ProtectedStoreError(.daemonUnavailable, path: root, problem: "launched apps are tracked by the key daemon, and this device is not attached to one",
                                       remedy: "Start `sandboxctl daemon`")
@@ -219,6 +220,7 @@ extension Device {
         request.uid = sandboxUID
         request.launched = launched
         request.backgroundTaskTime = backgroundTaskTime
+        request.awaitingURL = awaitingURL
         request.end = endingInterruption
         request.path = openURL?.path
         request.sourceApplication = openURL?.sourceApplication

@@ -57,6 +57,9 @@ package struct DaemonRequest: Codable, Sendable {
     /// `app-task-begin`: the task's name; `app-task-end`: the identifier `app-task-begin` gave.
     package var taskName: String?
     package var task: UInt64?
+    /// `app-resume`: an Inbox item is about to be opened (`sandboxctl open`): *did become active* waits until the app's
+    /// next open-URL event is sent (5 s at most), so the URL comes first.
+    package var awaitingURL: Bool?
     /// `app-interrupt`: true to end the interruption.
     package var end: Bool?
     /// `ack` of *will* or *did finish launching*: the observers' answer (false: the launch option's URL is not opened).

@@ -226,6 +226,13 @@ extension Container {
         }
     }
 
+    /// The open-URL event of an item already in the Inbox (`sandboxctl open`): nil without its delivery record.
+    package func openURLRequest(for item: InboxItem) -> OpenURLRequest? {
+        guard let sequence = item.sequenceNumber else { return nil }
+        return OpenURLRequest(url: URL(fileURLWithPath: (dataPath as NSString).appendingPathComponent(item.path)), path: item.path,
+                              sourceApplication: item.sourceApplication, annotationJSON: item.annotationJSON, sequenceNumber: sequence)
+    }
+
     func openURLRequest(for entry: InboxQueue.Entry) -> OpenURLRequest {
         let path = "\(Self.documentsInbox)/\(entry.name)"
         return OpenURLRequest(url: URL(fileURLWithPath: (dataPath as NSString).appendingPathComponent(path)), path: path,
