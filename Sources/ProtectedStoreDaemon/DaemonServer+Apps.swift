@@ -38,14 +38,18 @@ extension DaemonServer {
         var nextTaskID: UInt64 = 0
         /// In the background: when its background time ends.
         var backgroundDeadline: Date?
+        /// `launch --background-on-lock`: a lock sends it to the background, as the side button does on iOS.
+        let backgroundOnLock: Bool
+        var sentToBackgroundByLock = false
         /// Brought to the foreground to open an item: *did become active* goes after the next open-URL event.
         var activationAwaitsURL = false
         /// *did enter background* returned with tasks open: the suspension waits for their end (or the deadline).
         var suspensionAwaitingTasks: (entry: Int, reply: (String?) -> Void)?
 
         init(bundle: String, sandboxPID: Int32, uid: uid_t, listener: Int32, socketPath: String, owner: UInt64, freezer: AppFreezer,
-             launchTimeout: TimeInterval, backgroundTaskTime: TimeInterval) {
+             launchTimeout: TimeInterval, backgroundTaskTime: TimeInterval, backgroundOnLock: Bool) {
             self.freezer = freezer
+            self.backgroundOnLock = backgroundOnLock
             self.backgroundTaskTime = backgroundTaskTime
             self.launchTimeout = launchTimeout
             self.bundle = bundle
@@ -123,45 +127,9 @@ extension DaemonServer {
         }
         switch operation {
         case .appSuspend:
-            guard let (entry, wasActive) = app.lifecycle.enterBackground() else { return reply(nil) }
-            logger.info("\(bundle): did-enter-background; suspended once it returns, or ended if it has not within \(timeout) s")
-            if wasActive { post(.willResignActive, to: app) }
-            let entered = Date()
-            app.backgroundDeadline = entered.addingTimeInterval(timeout)
-            sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] allReturned, _ in
-                // Brought back to the foreground, or ended, during its background time: no suspension.
-                guard apps[bundle] === app, app.lifecycle.isSuspensionDue(entry) else { return reply(nil) }
-                guard allReturned else {
-                    // As iOS ends an app that overruns its background time: never frozen in the middle of its work.
-                    let reason = "it did not return from did-enter-background within its background time (\(timeout) s)"
-                    endWithoutNotice(app, reason: reason)
-                    return reply(reason)
-                }
-                guard !app.backgroundTasks.isEmpty else { return suspend(app) { reply(nil) } }
-                awaitBackgroundTasks(of: app, entry: entry, deadline: entered.addingTimeInterval(max(timeout, app.backgroundTaskTime)), reply: reply)
-            }
+            sendToBackground(app, backgroundTime: timeout, reply: reply)
         case .appResume:
-            switch app.lifecycle.state {
-            case .active, .inactive: return reply(nil)
-            case .background: logger.info("\(bundle): back during its background time, its suspension cancelled: will-enter-foreground")
-            case .suspended:
-                app.freezer.thaw()
-                logger.info("\(bundle): resumed, will-enter-foreground")
-            }
-            app.lifecycle.enterForeground()
-            let ids = subscribers(of: bundle)
-            for id in ids { registry.setSuspended(id, false) }
-            // After its acknowledgement: the protection events it missed, then open-URL events, then did-become-active
-            // (SubscriberRegistry); to open an item, did-become-active waits for its open-URL event.
-            for delivery in registry.send(.willEnterForeground, to: ids) { sendEvent(delivery) }
-            if request.awaitingURL == true {
-                app.activationAwaitsURL = true
-                DispatchQueue.global().asyncAfter(deadline: .now() + 5) { [weak self] in
-                    self?.execute { self?.activateAfterURL(app) }
-                }
-            } else {
-                post(.didBecomeActive, to: app)
-            }
+            bringToForeground(app, awaitingURL: request.awaitingURL == true)
             reply(nil)
         case .appInterrupt:
             let ending = request.end ?? false
@@ -181,6 +149,66 @@ extension DaemonServer {
             sendLifecycle(.willTerminate, to: app, timeout: timeout) { _, _ in reply(nil) }
         default:
             break
+        }
+    }
+
+    /// *will resign active* (if active) and *did enter background*, then the suspension once every observer returned and
+    /// every background task ended; an app that overruns its background time is ended. `reply` gets the reason then.
+    func sendToBackground(_ app: LaunchedApp, backgroundTime timeout: TimeInterval, reply: @escaping (String?) -> Void) {
+        let bundle = app.bundle
+        guard let (entry, wasActive) = app.lifecycle.enterBackground() else { return reply(nil) }
+        logger.info("\(bundle): did-enter-background; suspended once it returns, or ended if it has not within \(timeout) s")
+        if wasActive { post(.willResignActive, to: app) }
+        let entered = Date()
+        app.backgroundDeadline = entered.addingTimeInterval(timeout)
+        sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] allReturned, _ in
+            // Brought back to the foreground, or ended, during its background time: no suspension.
+            guard apps[bundle] === app, app.lifecycle.isSuspensionDue(entry) else { return reply(nil) }
+            guard allReturned else {
+                // As iOS ends an app that overruns its background time: never frozen in the middle of its work.
+                let reason = "it did not return from did-enter-background within its background time (\(timeout) s)"
+                endWithoutNotice(app, reason: reason)
+                return reply(reason)
+            }
+            guard !app.backgroundTasks.isEmpty else { return suspend(app) { reply(nil) } }
+            awaitBackgroundTasks(of: app, entry: entry, deadline: entered.addingTimeInterval(max(timeout, app.backgroundTaskTime)), reply: reply)
+        }
+    }
+
+    /// Back from the background or a suspension: *will enter foreground*, then (the registry orders it) the protection
+    /// events it missed, open-URL events, *did become active*; with `awaitingURL` that last one waits for the item's
+    /// open-URL event.
+    func bringToForeground(_ app: LaunchedApp, awaitingURL: Bool) {
+        switch app.lifecycle.state {
+        case .active, .inactive: return
+        case .background: logger.info("\(app.bundle): back during its background time, its suspension cancelled: will-enter-foreground")
+        case .suspended:
+            app.freezer.thaw()
+            logger.info("\(app.bundle): resumed, will-enter-foreground")
+        }
+        app.lifecycle.enterForeground()
+        let ids = subscribers(of: app.bundle)
+        for id in ids { registry.setSuspended(id, false) }
+        for delivery in registry.send(.willEnterForeground, to: ids) { sendEvent(delivery) }
+        guard awaitingURL else { return post(.didBecomeActive, to: app) }
+        app.activationAwaitsURL = true
+        DispatchQueue.global().asyncAfter(deadline: .now() + 5) { [weak self] in
+            self?.execute { self?.activateAfterURL(app) }
+        }
+    }
+
+    /// `launch --background-on-lock`, iOS's side button: a lock sends such an app to the background (its default
+    /// background time), the unlock brings back the ones it sent. Called before the lock's protection event goes out,
+    /// so *will resign active* comes first.
+    func moveAppsWithLock(_ event: ProtectedDataEvent) {
+        for app in apps.values where app.backgroundOnLock && app.launchDone {
+            if event == .willBecomeUnavailable, app.lifecycle.state == .active || app.lifecycle.state == .inactive {
+                app.sentToBackgroundByLock = true
+                sendToBackground(app, backgroundTime: 5) { _ in }
+            } else if event == .didBecomeAvailable, app.sentToBackgroundByLock {
+                app.sentToBackgroundByLock = false
+                bringToForeground(app, awaitingURL: false)
+            }
         }
     }
 
@@ -332,7 +360,8 @@ extension DaemonServer {
         if freezer.mechanism == .signals { AppProcesses.signal(SIGCONT, inSandboxOf: pid) }
         let launchTimeout = request.timeout ?? 20
         let app = LaunchedApp(bundle: bundle, sandboxPID: pid, uid: sandboxUID, listener: listener, socketPath: socketPath, owner: connection.id,
-                              freezer: freezer, launchTimeout: launchTimeout, backgroundTaskTime: request.backgroundTaskTime ?? 30)
+                              freezer: freezer, launchTimeout: launchTimeout, backgroundTaskTime: request.backgroundTaskTime ?? 30,
+                              backgroundOnLock: request.backgroundOnLock ?? false)
         apps[bundle] = app
         logger.info("\(bundle): launched (sandbox pid \(pid)), its socket \(socketPath)")
         if request.launched == true {

@@ -658,6 +658,7 @@ final class DaemonServer: @unchecked Sendable {
         // A newer event supersedes the lock that was waiting for acknowledgements.
         lockDone.take()?()
         logger.info("event \(event.wireName) to \(registry.count) subscriber(s)")
+        moveAppsWithLock(event)
         sendEvents(registry.broadcast(event)[...], then: handedOver)
         if event == .willBecomeUnavailable {
             lockDone = done

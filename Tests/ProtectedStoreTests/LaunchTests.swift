@@ -357,6 +357,24 @@ struct LaunchTests {
         #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
     }
 
+    @Test("--background-on-lock: a lock sends the app to the background and freezes it, the unlock brings it back, as an iPhone's side button")
+    func backgroundOnLock() throws {
+        let bundle = "com.example.launch.sidebutton"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let app = try launchWatch(test, bundle, launchArguments: ["--background-on-lock"])
+        #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+        expectLaunchEvents(app)
+        #expect(try sandboxctl(test, ["lock"]).status == 0)
+        #expect(eventually(timeout: 30) { (try? sandboxctl(test, ["ps", "--json"]).stdout.contains("\"state\":\"suspended\"")) == true })
+        try MountedDevice.unlock(test)
+        var events: [String] = []
+        while events.last != "didBecomeActive", events.count < 8, let event = nextEvent(app)?.event { events.append(event) }
+        #expect(events == ["willResignActive", "didEnterBackground", "willBecomeUnavailable", "willEnterForeground", "didBecomeAvailable", "didBecomeActive"], "\(events)")
+        #expect(try sandboxctl(test, ["ps", "--json"]).stdout.contains("\"state\":\"active\""))
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+    }
+
     @Test("resume during the background time cancels the suspension: will-enter-foreground follows did-enter-background, the app stays active")
     func resumeDuringBackgroundTime() throws {
         let bundle = "com.example.launch.comeback"

@@ -52,6 +52,8 @@ package struct DaemonRequest: Codable, Sendable {
     package var timeout: Double?
     /// `app-register`: the app ran under an earlier daemon (registered again after a restart): no launch events.
     package var launched: Bool?
+    /// `app-register`: a lock sends the app to the background, and the unlock brings it back (iOS's side button).
+    package var backgroundOnLock: Bool?
     /// `app-register`: the longest background time background tasks extend to, in seconds.
     package var backgroundTaskTime: Double?
     /// `app-task-begin`: the task's name; `app-task-end`: the identifier `app-task-begin` gave.

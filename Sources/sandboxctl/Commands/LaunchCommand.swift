@@ -64,6 +64,9 @@ struct LaunchCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Seconds from 'did enter background' that the app's background tasks (Application.beginBackgroundTask) may extend its background time to; an app whose tasks are still open then is ended.", valueName: "seconds"))
     var backgroundTaskTime: Double = 30
 
+    @Flag(help: "As an iPhone's side button: a lock sends the app to the background ('will resign active', 'did enter background', a suspension after 5 s) and the unlock brings it back. Off by default: on a desktop a lock does not mean the user left the app.")
+    var backgroundOnLock = false
+
     @OptionGroup var transport: TransportOptions
 
     @Argument(parsing: .postTerminator, help: ArgumentHelp("The program and its arguments, after --.", valueName: "command"))
@@ -97,7 +100,8 @@ struct LaunchCommand: ParsableCommand {
             defer { slot.release() }
             let app = try Sandbox(device: attached, container: container, slot: slot, bubblewrap: bubblewrap, command: command,
                                   environment: environment, shareNetwork: shareNetwork, readOnlyPaths: readOnlyPaths,
-                                  terminateTimeout: terminateTimeout, launchTimeout: launchTimeout, backgroundTaskTime: backgroundTaskTime)
+                                  terminateTimeout: terminateTimeout, launchTimeout: launchTimeout, backgroundTaskTime: backgroundTaskTime,
+                                  backgroundOnLock: backgroundOnLock)
             return try app.run(overIOUring: transport.overIOUring)
         }
         if status != 0 { throw ExitCode(status) }
@@ -145,6 +149,7 @@ final class Sandbox: @unchecked Sendable {
     private let terminateTimeout: Double
     private let launchTimeout: Double
     private let backgroundTaskTime: Double
+    private let backgroundOnLock: Bool
     /// Who the sandbox runs as on the host when that is not this process's user: only a root launcher's sandbox.
     private let hostIdentity: HostIdentity?
     private let logger = Logger(label: "sandboxctl.launch")
@@ -153,7 +158,8 @@ final class Sandbox: @unchecked Sendable {
     private var ending = false
 
     init(device: Device, container: Container, slot: LaunchSlot, bubblewrap: String, command: [String], environment: [String], shareNetwork: Bool,
-         readOnlyPaths: [String], terminateTimeout: Double, launchTimeout: Double, backgroundTaskTime: Double) throws {
+         readOnlyPaths: [String], terminateTimeout: Double, launchTimeout: Double, backgroundTaskTime: Double,
+         backgroundOnLock: Bool) throws {
         self.device = device
         self.container = container
         self.slot = slot
@@ -165,6 +171,7 @@ final class Sandbox: @unchecked Sendable {
         self.terminateTimeout = terminateTimeout
         self.launchTimeout = launchTimeout
         self.backgroundTaskTime = backgroundTaskTime
+        self.backgroundOnLock = backgroundOnLock
         self.hostIdentity = try HostIdentity.forSandbox(deviceRoot: device.root)
     }
 
@@ -308,7 +315,7 @@ final class Sandbox: @unchecked Sendable {
     private func register(again: Bool) throws {
         _ = try device.appRequest(.appRegister, bundle: container.bundleIdentifier, timeout: launchTimeout, sandboxPID: mutex.withLock { sandboxPID },
                                   socketPath: slot.appSocket, sandboxUID: hostIdentity?.uid, launched: again,
-                                  backgroundTaskTime: backgroundTaskTime)
+                                  backgroundTaskTime: backgroundTaskTime, backgroundOnLock: backgroundOnLock)
     }
 
     /// A restarted daemon knows no apps: registers again once one serves the device, so the app's observers, which
