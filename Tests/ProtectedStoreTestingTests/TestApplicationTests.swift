@@ -43,6 +43,15 @@ private final class LifecycleLog: ApplicationDelegate, @unchecked Sendable {
     }
 }
 
+/// Polls `condition` for up to 10 s.
+private func eventually(_ condition: () -> Bool) -> Bool {
+    for _ in 0..<1_000 {
+        if condition() { return true }
+        usleep(10_000)
+    }
+    return condition()
+}
+
 @Suite("TestApplication: the app lifecycle in a user's test")
 struct TestApplicationTests {
     private func launched(_ device: TestDevice, _ log: LifecycleLog, item: String? = nil, backgroundTaskTime: TimeInterval = 30) throws -> TestApplication {
@@ -107,6 +116,19 @@ struct TestApplicationTests {
         let outcome = try launched(device, stuck, backgroundTaskTime: 1).enterBackground(backgroundTime: 0.1)
         #expect(outcome == .ended(reason: "its background tasks were not ended within its background time (1 s at most)"))
         #expect(stuck.events.last == "expiring")
+    }
+
+    @Test("a launch before first unlock: protected data is unavailable from will-finish-launching on, until the unlock")
+    func launchBeforeFirstUnlock() async throws {
+        let device = try TestDevice()
+        try device.reboot()
+        let log = LifecycleLog()
+        let app = try launched(device, log)
+        #expect(!app.application.isProtectedDataAvailable)
+        #expect(log.events.first == "willFinishLaunching inactive")
+        try await device.unlock()
+        #expect(eventually { log.events.last == "didBecomeAvailable active" }, "\(log.events)")
+        #expect(app.application.isProtectedDataAvailable)
     }
 
     @Test("a running app is sent will-terminate")
