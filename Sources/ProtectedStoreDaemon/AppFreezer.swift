@@ -39,6 +39,8 @@ package final class AppFreezer: @unchecked Sendable {
             let folder = try createGroup(named: "sandboxctl-app-\(bundle)-\(sandboxPID)")
             do {
                 for process in AppProcesses.inSandbox(of: sandboxPID) { try write("\(process)", to: folder + "/cgroup.procs") }
+                // The group of a daemon that died while the app was suspended: registered means running.
+                try write("0", to: folder + "/cgroup.freeze")
             } catch {
                 rmdir(folder)
                 throw error

@@ -461,6 +461,30 @@ struct LaunchTests {
         #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
     }
 
+    @Test("a daemon killed while the app is suspended: the next daemon thaws it when the launcher registers it again")
+    func daemonKilledWhileSuspended() throws {
+        let bundle = "com.example.launch.thaw"
+        let (test, daemon) = try device(bundle)
+        let app = try launch(test, bundle, [], ["/bin/sh", "-c", "echo started; exec sleep 600"])
+        #expect(app.nextLine(timeout: 30) == "started", "\(app.standardError)")
+        #expect(try sandboxctl(test, ["suspend", bundle]).status == 0)
+        let entry = try #require((try JSONSerialization.jsonObject(with: Data(try sandboxctl(test, ["ps", "--json"]).stdout.utf8)) as? [[String: Any]])?.first)
+        let sandboxPID = try #require(entry["sandboxPID"] as? Int)
+        guard entry["freezer"] as? String == "cgroup" else {
+            print("thaw test: no cgroup of its own here (freezer \(entry["freezer"] ?? "none")): skipped")
+            return
+        }
+        #expect(try cgroupEvents(of: sandboxPID).contains("frozen 1"))
+        daemon.spawned.signal(SIGKILL)
+        _ = daemon.spawned.waitForExit(timeout: 20)
+        let restarted = try DaemonProcess(test, grace: 1)
+        defer { _ = restarted }
+        #expect(eventually(timeout: 30) { (try? sandboxctl(test, ["ps", "--json"]).stdout.contains("\"state\":\"active\"")) == true })
+        #expect(eventually(timeout: 10) { (try? cgroupEvents(of: sandboxPID).contains("frozen 0")) == true }, "registered again means running")
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+        #expect(app.waitForExit(timeout: 30) == 128 + SIGTERM)
+    }
+
     @Test("the app's own socket serves its events and nothing else: a lock through it is refused and closes it")
     func appSocketRefusesDeviceOperations() throws {
         let bundle = "com.example.launch.socket"

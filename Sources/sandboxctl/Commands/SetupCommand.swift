@@ -135,6 +135,8 @@ struct SystemdUnits {
             LimitCORE=0
             # One descriptor per connection: room for thousands of subscribers and a flood besides (PROTOCOL.md §1).
             LimitNOFILE=65536
+            # Launched apps get cgroups of their own below the daemon's, frozen to suspend them (DESIGN.md, "The app lifecycle").
+            Delegate=yes
             Restart=on-failure
 
             [Install]
