@@ -82,12 +82,6 @@ package final class AppFreezer: @unchecked Sendable {
         if !AppProcesses.inSandbox(of: sandboxPID).isEmpty { Glibc.kill(sandboxPID, SIGKILL) }
     }
 
-    /// Whether every process of the app is frozen now (the cgroup's `frozen 1`); false for the signal mechanism.
-    package var isFrozen: Bool {
-        guard let cgroup else { return false }
-        return Self.events(of: cgroup).contains { $0 == "frozen 1" }
-    }
-
     /// Removes the cgroup once its processes are gone (tried again for a few seconds while they exit).
     package func remove() {
         guard let cgroup else { return }

@@ -36,8 +36,6 @@ extension DaemonServer {
         /// Its open background tasks, by identifier: their names.
         var backgroundTasks: [UInt64: String] = [:]
         var nextTaskID: UInt64 = 0
-        /// In the background: when its background time ends.
-        var backgroundDeadline: Date?
         /// `launch --background-on-lock`: a lock sends it to the background, as the side button does on iOS.
         let backgroundOnLock: Bool
         var sentToBackgroundByLock = false
@@ -63,7 +61,7 @@ extension DaemonServer {
         var status: AppStatus {
             var status = AppStatus(bundle: bundle, pid: sandboxPID, state: lifecycle.state.rawValue, since: lifecycle.since.timeIntervalSince1970,
                                    freezer: freezer.mechanism.rawValue)
-            if lifecycle.state == .background, let backgroundDeadline { status.remaining = max(0, backgroundDeadline.timeIntervalSinceNow) }
+            status.remaining = lifecycle.backgroundTimeRemaining
             return status
         }
     }
@@ -139,12 +137,12 @@ extension DaemonServer {
             reply(nil)
         case .appTerminate:
             guard !app.lifecycle.ending else { return reply(nil) }
-            app.lifecycle.end()
             // A suspended app can't run to handle it: iOS ends suspended apps without notice, never thawed.
             if app.lifecycle.state == .suspended {
                 endWithoutNotice(app, reason: "it was suspended: ended without notice")
                 return reply("it was suspended: ended without notice")
             }
+            app.lifecycle.end()
             logger.info("\(bundle): will-terminate")
             sendLifecycle(.willTerminate, to: app, timeout: timeout) { _, _ in reply(nil) }
         default:
@@ -160,7 +158,7 @@ extension DaemonServer {
         logger.info("\(bundle): did-enter-background; suspended once it returns, or ended if it has not within \(timeout) s")
         if wasActive { post(.willResignActive, to: app) }
         let entered = Date()
-        app.backgroundDeadline = entered.addingTimeInterval(timeout)
+        app.lifecycle.backgroundDeadline = entered.addingTimeInterval(timeout)
         sendLifecycle(.didEnterBackground, to: app, timeout: timeout) { [self] allReturned, _ in
             // Brought back to the foreground, or ended, during its background time: no suspension.
             guard apps[bundle] === app, app.lifecycle.isSuspensionDue(entry) else { return reply(nil) }
@@ -216,7 +214,7 @@ extension DaemonServer {
     /// suspension follows their end; a few seconds before the deadline their expiration handlers run
     /// (*background time will expire*); an app whose tasks are still open at the deadline is ended, as iOS ends it.
     func awaitBackgroundTasks(of app: LaunchedApp, entry: Int, deadline: Date, reply: @escaping (String?) -> Void) {
-        app.backgroundDeadline = deadline
+        app.lifecycle.backgroundDeadline = deadline
         app.suspensionAwaitingTasks = (entry, reply)
         logger.info("\(app.bundle): background tasks open (\(app.backgroundTasks.values.sorted().joined(separator: ", "))): suspended when they end, by \(deadline)")
         let left = deadline.timeIntervalSinceNow
@@ -249,10 +247,8 @@ extension DaemonServer {
             guard app.backgroundTasks.count < 1_024 else {
                 return send(appFailure(request, .invalidArgument, "1,024 background tasks are open already", "End the tasks you began"), to: connection)
             }
-            let over = app.lifecycle.state == .suspended || app.lifecycle.ending
-                || (app.lifecycle.state == .background && (app.backgroundDeadline.map { $0 <= Date() } ?? false))
             var status = app.status
-            if !over {
+            if app.lifecycle.mayBeginBackgroundTask {
                 app.nextTaskID += 1
                 app.backgroundTasks[app.nextTaskID] = String((request.taskName ?? "unnamed").prefix(100))
                 status.task = app.nextTaskID

@@ -97,7 +97,8 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
     private var registry = SubscriberRegistry()
     private var onNotice: (@Sendable (DaemonLink.Notice) -> Void)?
     private var subscribed = false
-    private var lifecycle = TestApplication.State.notRunning
+    /// The daemon's own record of an app's state and its moves; `ending` once the app is ended here.
+    private var lifecycle = AppLifecycle()
     private var launchOptions: OpenURLPayload?
     /// Acknowledged events: their answers (a launch event's `accepted`).
     private var acknowledged: [UInt64: Bool] = [:]
@@ -105,8 +106,6 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
     private var sent: [(event: SubscriberRegistry.Event, seq: UInt64)] = []
     private var tasks: Set<UInt64> = []
     private var nextTask: UInt64 = 0
-    private var backgroundDeadline: Date?
-    private var ended = false
 
     init(device: Device, gracePeriod: TimeInterval, launchTimeout: TimeInterval, backgroundTaskTime: TimeInterval) {
         self.device = device
@@ -114,13 +113,17 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
         self.launchTimeout = launchTimeout
         self.backgroundTaskTime = backgroundTaskTime
         registry.add(1, available: device.state == .unlocked)
-        lifecycle = .inactive
         device.addDelegate(self)
     }
 
     func detach() { device.removeDelegate(self) }
 
-    var state: TestApplication.State { condition.withLock { lifecycle } }
+    var state: TestApplication.State { condition.withLock { currentState } }
+
+    /// Under `condition`.
+    private var currentState: TestApplication.State {
+        lifecycle.ending ? .notRunning : TestApplication.State(rawValue: lifecycle.state.rawValue) ?? .notRunning
+    }
 
     // MARK: ApplicationTransport
 
@@ -148,17 +151,16 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
 
     func reply(to request: DaemonRequest) throws -> DaemonReply {
         condition.withLock {
-            var status = AppStatus(bundle: "", pid: 0, state: lifecycle.rawValue, since: Date().timeIntervalSince1970)
-            if lifecycle == .background, let backgroundDeadline { status.remaining = max(0, backgroundDeadline.timeIntervalSinceNow) }
+            var status = AppStatus(bundle: "", pid: 0, state: currentState.rawValue, since: lifecycle.since.timeIntervalSince1970)
+            status.remaining = lifecycle.backgroundTimeRemaining
             switch request.operation {
             case .appTaskBegin:
-                let over = ended || lifecycle == .suspended || (lifecycle == .background && (backgroundDeadline.map { $0 <= Date() } ?? false))
-                if over {
-                    status.task = 0
-                } else {
+                if lifecycle.mayBeginBackgroundTask {
                     nextTask += 1
                     tasks.insert(nextTask)
                     status.task = nextTask
+                } else {
+                    status.task = 0
                 }
             case .appTaskEnd:
                 if let task = request.task { tasks.remove(task) }
@@ -182,12 +184,12 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
     /// As the daemon does: sent at once unless the app is busy or suspended; a lock waits (within the grace period)
     /// for the app to acknowledge it.
     private func broadcast(_ event: ProtectedDataEvent) {
-        let deliveries = condition.withLock { ended ? [] : registry.broadcast(event) }
+        let deliveries = condition.withLock { lifecycle.ending ? [] : registry.broadcast(event) }
         deliver(deliveries)
         guard event == .willBecomeUnavailable else { return }
         condition.withLock {
             let deadline = Date().addingTimeInterval(gracePeriod)
-            while !registry.lockAcknowledged, !ended, condition.wait(until: deadline) {}
+            while !registry.lockAcknowledged, !lifecycle.ending, condition.wait(until: deadline) {}
             registry.lockCompleted()
         }
     }
@@ -205,29 +207,23 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
         }
         let accepted = will.accepted && did.accepted
         if let options, accepted { _ = send(.openURL(options), timeout: launchTimeout) }
-        condition.withLock { if lifecycle == .inactive { lifecycle = .active } }
+        condition.withLock { _ = lifecycle.finishLaunching() }
         _ = send(.lifecycle(.didBecomeActive), timeout: launchTimeout)
         return accepted
     }
 
     func interrupt(ending: Bool) {
-        let moved: Bool = condition.withLock {
-            guard lifecycle == (ending ? .inactive : .active) else { return false }
-            lifecycle = ending ? .active : .inactive
-            return true
-        }
+        let moved = condition.withLock { lifecycle.interrupt(ending: ending) }
         if moved { _ = send(.lifecycle(ending ? .didBecomeActive : .willResignActive), timeout: 5) }
     }
 
     func enterBackground(backgroundTime: TimeInterval) -> TestApplication.BackgroundOutcome {
         let wasActive: Bool? = condition.withLock {
-            guard lifecycle == .active || lifecycle == .inactive, !ended else { return nil }
-            let wasActive = lifecycle == .active
-            lifecycle = .background
-            backgroundDeadline = Date().addingTimeInterval(backgroundTime)
+            guard let (_, wasActive) = lifecycle.enterBackground() else { return nil }
+            lifecycle.backgroundDeadline = Date().addingTimeInterval(backgroundTime)
             return wasActive
         }
-        guard let wasActive else { return condition.withLock { ended ? .ended(reason: "it was ended already") : .suspended } }
+        guard let wasActive else { return condition.withLock { lifecycle.ending ? .ended(reason: "it was ended already") : .suspended } }
         let entered = Date()
         if wasActive { _ = send(.lifecycle(.willResignActive), timeout: backgroundTime) }
         guard send(.lifecycle(.didEnterBackground), timeout: max(0, backgroundTime - Date().timeIntervalSince(entered))).returned else {
@@ -239,7 +235,7 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
         var warned = false
         while true {
             let open: Bool = condition.withLock {
-                backgroundDeadline = deadline
+                lifecycle.backgroundDeadline = deadline
                 while !tasks.isEmpty, Date() < (warned ? deadline : warning), condition.wait(until: warned ? deadline : warning) {}
                 return !tasks.isEmpty
             }
@@ -252,7 +248,7 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
             _ = send(.lifecycle(.backgroundTimeWillExpire), timeout: max(0, deadline.timeIntervalSinceNow))
         }
         condition.withLock {
-            lifecycle = .suspended
+            lifecycle.suspend()
             registry.setSuspended(1, true)
         }
         return .suspended
@@ -260,9 +256,9 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
 
     func resume() {
         let back: Bool = condition.withLock {
-            guard lifecycle == .suspended || lifecycle == .background else { return false }
+            guard lifecycle.state == .suspended || lifecycle.state == .background, !lifecycle.ending else { return false }
             registry.setSuspended(1, false)
-            lifecycle = .active
+            lifecycle.enterForeground()
             return true
         }
         guard back else { return }
@@ -272,15 +268,14 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
     }
 
     func terminate(timeout: TimeInterval) {
-        let running: Bool = condition.withLock { !ended && lifecycle != .suspended && lifecycle != .notRunning }
+        let running: Bool = condition.withLock { !lifecycle.ending && lifecycle.state != .suspended }
         if running { _ = send(.lifecycle(.willTerminate), timeout: timeout) }
         end()
     }
 
     func end() {
         condition.withLock {
-            ended = true
-            lifecycle = .notRunning
+            lifecycle.end()
             onNotice = nil
             condition.broadcast()
         }
@@ -289,7 +284,7 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
     /// Sends `event` through the registry and waits, within `timeout`, until the app acknowledged it.
     private func send(_ event: SubscriberRegistry.Event, timeout: TimeInterval) -> (returned: Bool, accepted: Bool) {
         let deliveries: [SubscriberRegistry.Delivery] = condition.withLock {
-            guard !ended else { return [] }
+            guard !lifecycle.ending else { return [] }
             sent.removeAll { $0.event == event }
             return switch event {
             case .lifecycle(let lifecycle): registry.send(lifecycle, to: [1])
@@ -300,7 +295,7 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
         deliver(deliveries)
         return condition.withLock {
             let deadline = Date().addingTimeInterval(timeout)
-            while !ended {
+            while !lifecycle.ending {
                 if let seq = sent.last(where: { $0.event == event })?.seq, let accepted = acknowledged[seq] { return (true, accepted) }
                 guard condition.wait(until: deadline) else { break }
             }
