@@ -213,7 +213,31 @@ WRAP_PASSCODE, WRAP_DEVICE = 1, 2
 EXPECTED_WRAPPING = {1: WRAP_PASSCODE, 2: WRAP_PASSCODE, 3: WRAP_PASSCODE, 4: WRAP_DEVICE}
 
 
-def open_keybag(path: str, ds_kbid: bytes, ds: bytes, passcode: bytes):
+def read_binding(path: str, kbid: bytes, ds: bytes, kb: bytes):
+    """§3.1: the binding value for keybag bytes kb, or None when there is no binding file."""
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 32 or data[0:8] != b"PSPCBIND" or u16(data, 8) != 1:
+        raise FormatError("passcode binding: bad magic or version")
+    count = data[10]
+    if count not in (1, 2) or data[11:16] != bytes(5) or len(data) != 32 + 64 * count + 32:
+        raise FormatError("passcode binding: bad count, reserved bytes or size")
+    if data[16:32] != kbid:
+        raise FormatError("passcode binding: belongs to another keybag")
+    k_bind = HK(ds, b"ProtectedStore v1 passcode binding mac" + kbid)
+    if not hmac.compare_digest(HK(k_bind, data[:-32]), data[-32:]):
+        raise FormatError("passcode binding: MAC mismatch")
+    digest = H(kb)
+    for i in range(count):
+        entry = data[32 + 64 * i:32 + 64 * (i + 1)]
+        if hmac.compare_digest(entry[32:], digest):
+            return entry[:32]
+    raise FormatError("keybag: not the one the passcode binding names (rolled back or replaced)")
+
+
+def open_keybag(path: str, ds_kbid: bytes, ds: bytes, passcode: bytes, binding_path: str):
     """Returns (KBID, {class id: class key}, PK_B). Class 2's key is SK_B."""
     with open(path, "rb") as f:
         kb = f.read()
@@ -223,8 +247,9 @@ def open_keybag(path: str, ds_kbid: bytes, ds: bytes, passcode: bytes):
         raise FormatError("keybag: bad magic")
     if u16(kb, 8) != 1:
         raise FormatError(f"keybag: unsupported version {u16(kb, 8)}")
-    if u16(kb, 10) != 0:
-        raise FormatError("keybag: flags not zero")
+    flags = u16(kb, 10)
+    if flags & ~1:
+        raise FormatError(f"keybag: unknown flags {flags:#x}")
     kbid = kb[12:28]
     if kbid != ds_kbid:
         raise FormatError("device secret belongs to another keybag (keybag id mismatch)")
@@ -259,8 +284,11 @@ def open_keybag(path: str, ds_kbid: bytes, ds: bytes, passcode: bytes):
             raise FormatError(f"keybag: entry {slot} has wrapping {wrapping}")
         entries.append((cid, wrapping, wrapped))
 
+    value = read_binding(binding_path, kbid, ds, kb)
+    if flags & 1 and value is None:
+        raise FormatError("keybag: bound to a passcode binding, but there is none")
     p = nacl.pwhash.argon2id.kdf(32, passcode, salt, opslimit=ops, memlimit=mem)
-    k_pass = HK(ds, b"ProtectedStore v1 passcode key" + kbid + p)
+    k_pass = HK(ds, b"ProtectedStore v1 passcode key" + kbid + p + (value if flags & 1 else b""))
 
     keys = {}
     for cid, wrapping, wrapped in entries:
@@ -621,9 +649,10 @@ def decrypt_link_target(k_name: bytes, iv: bytes, stored: bytes) -> bytes:
     raw = b64url_decode(stored, "link target")
     if len(raw) < NONCE_SIZE + TAG_SIZE:
         raise FormatError(f"link target: {len(raw)} bytes decoded, too short")
-    target = aead_open(k_name, raw[:NONCE_SIZE], raw[NONCE_SIZE:], b"L" + iv, "link target")
-    if not target or b"\0" in target:  # no symbolic link can hold it
-        raise FormatError("link target: empty or contains NUL")
+    padded = aead_open(k_name, raw[:NONCE_SIZE], raw[NONCE_SIZE:], b"L" + iv, "link target")
+    target = padded.rstrip(b"\0")  # padding: fewer than 16 NULs
+    if not target or b"\0" in target or len(padded) - len(target) >= 16:
+        raise FormatError("link target: empty, contains NUL, or padded wrongly")
     return target
 
 
@@ -842,8 +871,8 @@ class ContainerDecryptor:
             raise
 
     def decrypt_queue(self, queue_dir: bytes):
-        """§6: every <sequence>.sealed record, in sequence order. The lock, the
-        counter file and hidden temporary files are not records."""
+        """§6: every <sequence>.sealed record, in sequence order, and the sealed
+        state. The lock, the old counter file and hidden temporary files are not records."""
         try:
             names = os.listdir(os.fsdecode(queue_dir))
         except FileNotFoundError:
@@ -855,6 +884,15 @@ class ContainerDecryptor:
             if filename.startswith(".") or not filename.endswith(QUEUE_RECORD_SUFFIX):
                 continue
             path = os.path.join(queue_dir, os.fsencode(filename))
+            if filename == "state.sealed":
+                try:
+                    with open(path, "rb") as f:
+                        state = open_sealed_json(self.k_name, f.read(), b"R" + b"inbox-queue-state", "queue state")
+                except (FormatError, OSError) as e:
+                    self.fail(path, str(e))
+                    continue
+                print(f"inbox-queue state: {json.dumps(state, separators=(',', ':'))}")
+                continue
             try:
                 seq = queue_sequence(filename)
                 with open(path, "rb") as f:
@@ -1005,7 +1043,8 @@ def main(argv=None) -> int:
 
     try:
         ds_kbid, ds = read_device_secret(args.device_secret)
-        kbid, keys, pk_b = open_keybag(os.path.join(args.root, "keybag"), ds_kbid, ds, passcode)
+        secret = args.device_secret[:-5] if args.device_secret.endswith(".cred") else args.device_secret
+        kbid, keys, pk_b = open_keybag(os.path.join(args.root, "keybag"), ds_kbid, ds, passcode, secret + ".binding")
     except (FormatError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

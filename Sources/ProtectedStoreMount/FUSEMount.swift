@@ -194,7 +194,9 @@ package final class FUSEMount: @unchecked Sendable {
                 // Entry i goes out with offset i + 1, so the kernel can ask for the rest where a full reply stopped.
                 // Offsets are also what makes libfuse (before 3.17) pass readdirplus attributes on to the kernel.
                 let plus = flags.rawValue & FUSE_READDIR_PLUS.rawValue != 0
-                let entries = try fs.listing(file!.pointee.fh, fresh: offset == 0)
+                let listing = try fs.listing(file!.pointee.fh, fresh: offset == 0)
+                let entries = listing.entries
+                if Int(offset) >= entries.count, let damage = listing.damage { throw damage }
                 var index = Int(offset)
                 while index < entries.count {
                     let entry = entries[index]

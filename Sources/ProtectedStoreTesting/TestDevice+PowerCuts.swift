@@ -104,7 +104,13 @@ extension TestDevice {
         let state: PowerCutState
         do {
             state = try recording.materialize(id, in: folder)
-            try FileManager.default.copyItem(atPath: secretPath, toPath: (folder as NSString).appendingPathComponent("device.secret"))
+            let copiedSecret = (folder as NSString).appendingPathComponent("device.secret")
+            try FileManager.default.copyItem(atPath: secretPath, toPath: copiedSecret)
+            // The passcode binding lies beside the secret, outside the recorded root, and goes with it.
+            let binding = PasscodeBinding.path(forSecretAt: secretPath)
+            if FileManager.default.fileExists(atPath: binding) {
+                try FileManager.default.copyItem(atPath: binding, toPath: PasscodeBinding.path(forSecretAt: copiedSecret))
+            }
         } catch {
             try? FileManager.default.removeItem(atPath: folder)
             throw error

@@ -117,6 +117,11 @@ struct PowerCutRun {
             let rebuilt = ScratchDevice(folder: (state.path as NSString).deletingLastPathComponent)
             do {
                 try FileManager.default.copyItem(atPath: scratch.secretPath, toPath: rebuilt.secretPath)
+                // The passcode binding lies beside the secret, outside the recorded root, and goes with it.
+                let binding = PasscodeBinding.path(forSecretAt: scratch.secretPath)
+                if FileManager.default.fileExists(atPath: binding) {
+                    try FileManager.default.copyItem(atPath: binding, toPath: PasscodeBinding.path(forSecretAt: rebuilt.secretPath))
+                }
             } catch {
                 return ["cannot set up the rebuilt device: \(error)"]
             }

@@ -327,7 +327,8 @@ struct InboxTests {
         let inbox = try container.storedPath("Documents/Inbox")
         entry.stagingName = FileSystem.temporaryPrefix + "0123456789abcdef"
         #expect(rename(try container.storedPath(kept.path), inbox + "/" + entry.stagingName) == 0)
-        try container.inboxQueue.remove(entry)
+        // The record rewritten in place, as the sender wrote it (a removal through the queue would withdraw it).
+        try FileManager.default.removeItem(atPath: (container.inboxQueue.path as NSString).appendingPathComponent(String(format: "%020llu.sealed", entry.sequence)))
         try container.inboxQueue.record(entry)
         try container.removeItem(atPath: removed.path)
         #expect(try container.inboxItems().map(\.name) == [], "the staged file is hidden until finished")

@@ -81,23 +81,30 @@ struct KeybagTests {
         let secret = try DeviceSecret.load(at: test.secretPath)
         let keybagPath = test.device.keybagPath
         let original = try Keybag.parse(readRaw(keybagPath), path: keybagPath, deviceSecret: secret)
-        func remac(_ keybag: Keybag) throws { writeRaw(try keybag.serialized(deviceSecret: secret), keybagPath) }
+        // Re-MACed as a device-secret holder could, and named in the passcode binding (beside the secret) as they could too.
+        let bindingPath = PasscodeBinding.path(forSecretAt: test.secretPath)
+        let value = try #require(try PasscodeBinding.load(at: bindingPath, deviceSecret: secret)).entries[0].value
+        func remac(_ keybag: Keybag) throws {
+            let bytes = try keybag.serialized(deviceSecret: secret)
+            writeRaw(bytes, keybagPath)
+            try PasscodeBinding(keybagID: keybag.keybagID, entries: [.init(value: value, keybag: bytes)]).store(at: bindingPath, deviceSecret: secret)
+        }
 
         var entries = original.entries
         (entries[0].wrappedKey, entries[2].wrappedKey) = (entries[2].wrappedKey, entries[0].wrappedKey)
-        try remac(Keybag(keybagID: original.keybagID, kdf: original.kdf, classBPublicKey: original.classBPublicKey, entries: entries))
+        try remac(Keybag(keybagID: original.keybagID, isBound: original.isBound, kdf: original.kdf, classBPublicKey: original.classBPublicKey, entries: entries))
         expectError(.wrongPasscode) { try test.reopen().unlock(passcode: try Passcode(TestDevice.passcode)) }
 
         entries = original.entries
         (entries[1].wrappedKey, entries[2].wrappedKey) = (entries[2].wrappedKey, entries[1].wrappedKey)
-        try remac(Keybag(keybagID: original.keybagID, kdf: original.kdf, classBPublicKey: original.classBPublicKey, entries: entries))
+        try remac(Keybag(keybagID: original.keybagID, isBound: original.isBound, kdf: original.kdf, classBPublicKey: original.classBPublicKey, entries: entries))
         expectError(.integrity) { try test.reopen().unlock(passcode: try Passcode(TestDevice.passcode)) }
 
         // An entry from another keybag, even under the same device secret and passcode, belongs to another keybag id.
-        let foreign = try Keybag.create(keybagID: Random.bytes(16), passcode: try Passcode(TestDevice.passcode), preset: .fast, deviceSecret: secret).0
+        let foreign = try Keybag.create(keybagID: Random.bytes(16), passcode: try Passcode(TestDevice.passcode), preset: .fast, binding: value, deviceSecret: secret).0
         entries = original.entries
         entries[3] = foreign.entries[3]
-        try remac(Keybag(keybagID: original.keybagID, kdf: original.kdf, classBPublicKey: original.classBPublicKey, entries: entries))
+        try remac(Keybag(keybagID: original.keybagID, isBound: original.isBound, kdf: original.kdf, classBPublicKey: original.classBPublicKey, entries: entries))
         expectError(.integrity) { try test.reopen() }
 
         // And without re-MACing, any swap is caught by the MAC before anything is unwrapped.
@@ -150,6 +157,8 @@ struct KeybagTests {
         chmod(test.secretPath, 0o600)
         let moved = test.path("moved.secret")
         try FileManager.default.moveItem(atPath: test.secretPath, toPath: moved)
+        // The passcode binding goes with the secret; without it the keybag does not open (AtRestTamperTests).
+        try FileManager.default.moveItem(atPath: PasscodeBinding.path(forSecretAt: test.secretPath), toPath: PasscodeBinding.path(forSecretAt: moved))
         #expect(expectError(.notFound) { try test.reopen() }?.problem.contains("device secret is missing") == true)
         #expect(throws: Never.self) { try Device.open(root: test.root, deviceSecretPath: moved) }
         for (offset, value, kind) in [(8, UInt8(2), ProtectedStoreError.Kind.unsupportedFormat), (12, 1, .integrity), (0, UInt8(ascii: "X"), .integrity)] {

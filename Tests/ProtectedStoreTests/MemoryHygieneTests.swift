@@ -83,9 +83,12 @@ import SuiteThreads
         let deviceSecret = try DeviceSecret.load(at: test.secretPath)
         let keybag = try Keybag.parse(readRaw(keybagPath), path: keybagPath, deviceSecret: deviceSecret)
         let stretched = try keybag.kdf.derive(from: Passcode(passcode))
-        let passcodeKey = try deviceSecret.derive(Keybag.passcodeKeyLabel, keybagID: keybag.keybagID, secretInput: stretched)
+        let value = try #require(try PasscodeBinding.load(at: PasscodeBinding.path(forSecretAt: test.secretPath), deviceSecret: deviceSecret))
+            .entry(forKeybag: readRaw(keybagPath), keybagPath: keybagPath).value
+        let binding = SecureBytes(count: value.count) { $0.copyBytes(from: value) }
+        let passcodeKey = try deviceSecret.derive(Keybag.passcodeKeyLabel, keybagID: keybag.keybagID, secretInputs: [stretched, binding])
         var secrets = [try MaskedSecret("T of the \(label) passcode", stretched), try MaskedSecret("K_pass of the \(label) passcode", passcodeKey)]
-        if let keys = try? keybag.unwrapPasscodeClassKeys(passcode: Passcode(passcode), deviceSecret: deviceSecret, path: keybagPath) {
+        if let keys = try? keybag.unwrapPasscodeClassKeys(passcode: Passcode(passcode), binding: value, deviceSecret: deviceSecret, path: keybagPath) {
             secrets += [try MaskedSecret("the class A key", keys[.complete]!), try MaskedSecret("the class B secret key", keys[.completeUnlessOpen]!)]
         }
         return secrets

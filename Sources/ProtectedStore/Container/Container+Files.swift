@@ -10,6 +10,22 @@ extension Container {
     /// The class comes from the protection option in `options` (`.completeFileProtection`…), else the replaced file's
     /// class, else the parent directory's, else the container default. `.withoutOverwriting` refuses an existing file.
     public func write(_ data: Data, toPath path: String, options: Data.WritingOptions = []) throws {
+        try replaceWholeFile(atPath: path, options: options) { file in try data.withUnsafeBytes { try file.write(from: $0, at: 0) } }
+    }
+
+    /// Writes everything `source` reads (a local file, a pipe) to `path` atomically, as `write(_:toPath:options:)`
+    /// does, in bounded memory whatever its size; a regular file's holes stay holes. `sourceName` names it in errors.
+    /// Returns the bytes written.
+    @discardableResult
+    public func write(contentsOf source: FileHandle, named sourceName: String, toPath path: String, options: Data.WritingOptions = []) throws -> UInt64 {
+        var written: UInt64 = 0
+        try replaceWholeFile(atPath: path, options: options) { file in
+            written = try PlaintextCopy(source: FileDescriptor(rawValue: source.fileDescriptor), sourcePath: sourceName).copy(to: file)
+        }
+        return written
+    }
+
+    private func replaceWholeFile(atPath path: String, options: Data.WritingOptions, fill: (EncryptedFile) throws -> Void) throws {
         try foundationErrors(writing: true) {
             let item = try directory.resolve(try filePath(path), followingFinalSymlink: true)
             try refuseInboxChange(item.path, displayPath: item.displayPath, doing: "written")
@@ -23,7 +39,7 @@ extension Container {
             }
             let protectionClass = try Self.protectionClass(in: options) ?? (existing != nil ? try? EncryptedFile.header(at: item.location).protectionClass : nil)
                 ?? (try inheritedClass(in: item.parent))
-            try writeWholeFile(data, to: item, protectionClass: protectionClass, replacing: !keepExisting)
+            try writeWholeFile(to: item, protectionClass: protectionClass, replacing: !keepExisting, fill: fill)
         }
     }
 
@@ -345,13 +361,15 @@ extension Container {
 
     // MARK: Helpers
 
-    func writeWholeFile(_ data: Data, to item: ResolvedItem, protectionClass: ProtectionClass, replacing: Bool) throws {
+    /// A new file of `protectionClass`, filled by `fill`, synced and renamed over `item`: a reader sees the old file
+    /// or the new one, even after a crash.
+    private func writeWholeFile(to item: ResolvedItem, protectionClass: ProtectionClass, replacing: Bool, fill: (EncryptedFile) throws -> Void) throws {
         let temporary = item.location.temporarySibling()
         let file = try EncryptedFile.create(at: temporary, protectionClass: protectionClass, keys: device)
         do {
             let handle = try ProtectedFileHandle(file: file, path: item.displayPath, container: self)
             defer { handle.forget() }
-            try data.withUnsafeBytes { try file.write(from: $0, at: 0) }
+            try fill(file)
             try file.synchronize()
             try file.close()
             try item.prepareEntry()
@@ -409,12 +427,23 @@ extension Container {
             }
         case S_IFDIR:
             type = .typeDirectory
-            // Removed or replaced since the lstat: the entry is gone as far as this listing goes.
-            guard let subdirectory = try? opened.subdirectory(name, displayPath: location.displayPath) else { return nil }
-            protection = try directoryClass(of: subdirectory)?.fileProtectionType
+            do {
+                protection = try directoryClass(of: try opened.subdirectory(name, displayPath: location.displayPath))?.fileProtectionType
+            } catch let error as ProtectedStoreError where error.kind == .notFound || error.errno == .notDirectory {
+                return nil  // removed or replaced since the lstat: gone as far as this listing goes
+            } catch let error as ProtectedStoreError {
+                // A folder whose IV or class marker is damaged is listed as damaged, never left out.
+                problem = error.problem
+            }
         case S_IFLNK:
             type = .typeSymbolicLink
-            target = try? opened.names.linkTarget(at: location)
+            do {
+                target = try opened.names.linkTarget(at: location)
+            } catch let error as ProtectedStoreError where error.kind == .notFound {
+                return nil
+            } catch let error as ProtectedStoreError {
+                problem = error.problem
+            }
         case S_IFSOCK, S_IFIFO:
             // Made through the mount; a name with no data at rest, so no class. Foundation has no type for a FIFO.
             type = info.st_mode & S_IFMT == S_IFSOCK ? .typeSocket : .typeUnknown

@@ -76,6 +76,8 @@ public final class Container: @unchecked Sendable {
     }
 
     static let metadataName = "container.sealed"
+    /// The sealed description's JSON is padded to this many bytes, so its size is the same for every container.
+    static let metadataPadding = 256
     static let dataName = "Data"
 
     /// The container's description, sealed under the device's name key (docs/FORMAT.md §7), bound to its folder's id.
@@ -146,7 +148,9 @@ extension Device {
                 try layout.openDirectory(path.parent).makeSubdirectory(path.name!, mode: 0o700, displayPath: layout.displayPath(path))
             }
             let metadata = Container.Metadata(bundleIdentifier: bundleIdentifier, defaultProtection: defaultClass.name)
-            let sealed = try deviceNames.sealedRecord(Array(try JSONEncoder().encode(metadata)), context: Container.metadataContext(folder: folder))
+            // Padded to one size for every bundle identifier (at most 155 bytes) and class.
+            let sealed = try deviceNames.sealedRecord(Array(try JSONEncoder().encode(metadata)), context: Container.metadataContext(folder: folder),
+                                                      padding: Container.metadataPadding)
             try FileSystem.writeAtomically(sealed, to: FileLocation(path: (staging as NSString).appendingPathComponent(Container.metadataName)), replacing: false)
             do {
                 try FileLocation(path: staging).rename(to: FileLocation(path: destination), replacing: false)
@@ -189,8 +193,21 @@ extension Device {
     }
 
     /// The bundle identifiers of the device's containers, sorted: read from each container's sealed description.
-    public func containerIdentifiers() throws -> [String] {
-        guard try FileSystem.exists(containersPath) else { return [] }
+    /// Damaged containers are left out here; `containerListing()` names them.
+    public func containerIdentifiers() throws -> [String] { try containerListing().identifiers }
+
+    /// A container folder whose description is missing, does not open for that folder, or names another container.
+    public struct DamagedContainer: Sendable, Equatable {
+        /// The folder's name in `<root>/containers/`.
+        public let folder: String
+        /// What is wrong with it.
+        public let problem: String
+    }
+
+    /// The device's containers (bundle identifiers, sorted) and the folders that look like containers but are damaged,
+    /// so a listing reports them instead of leaving them out.
+    public func containerListing() throws -> (identifiers: [String], damaged: [DamagedContainer]) {
+        guard try FileSystem.exists(containersPath) else { return ([], []) }
         let folders: [String]
         do {
             folders = try FileManager.default.contentsOfDirectory(atPath: containersPath)
@@ -198,15 +215,32 @@ extension Device {
             throw ProtectedStoreError(.io, path: containersPath, problem: "cannot list the containers (\(error.localizedDescription))", remedy: "Check the permissions of the device root")
         }
         let deviceNames = try self.deviceNames()
-        // Anything else found there (a stray file, a half-built container, a description that does not open for its
-        // folder) is not a container.
-        return try folders.compactMap { folder -> String? in
-            guard !folder.hasPrefix(ContainerPath.reservedPrefix),
-                  let metadata = try? Container.readMetadata(at: ((containersPath as NSString).appendingPathComponent(folder) as NSString)
-                                                                .appendingPathComponent(Container.metadataName), deviceNames: deviceNames),
-                  (try? Container.validate(bundleIdentifier: metadata.bundleIdentifier)) != nil,
-                  try deviceNames.identifier(for: metadata.bundleIdentifier) == folder else { return nil }
-            return metadata.bundleIdentifier
-        }.sorted()
+        var identifiers: [String] = []
+        var damaged: [DamagedContainer] = []
+        // Folders starting with ".sandboxctl" are containers being built or removed, never listed.
+        for folder in folders.sorted() where !folder.hasPrefix(ContainerPath.reservedPrefix) {
+            let path = (containersPath as NSString).appendingPathComponent(folder)
+            var info = stat()
+            guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+                damaged.append(DamagedContainer(folder: folder, problem: "not a container folder (a file or link was put among the containers)"))
+                continue
+            }
+            let description = (path as NSString).appendingPathComponent(Container.metadataName)
+            guard try FileLocation(path: description).status() != nil else {
+                damaged.append(DamagedContainer(folder: folder, problem: "its description (\(Container.metadataName)) is missing: it was removed, or the folder was made outside ProtectedStore"))
+                continue
+            }
+            guard let metadata = try Container.readMetadata(at: description, deviceNames: deviceNames) else {
+                damaged.append(DamagedContainer(folder: folder, problem: "its description (\(Container.metadataName)) does not open for this folder: it was modified, corrupted or moved from another folder"))
+                continue
+            }
+            guard (try? Container.validate(bundleIdentifier: metadata.bundleIdentifier)) != nil,
+                  try deviceNames.identifier(for: metadata.bundleIdentifier) == folder else {
+                damaged.append(DamagedContainer(folder: folder, problem: "its description names a bundle identifier that does not belong to this folder"))
+                continue
+            }
+            identifiers.append(metadata.bundleIdentifier)
+        }
+        return (identifiers.sorted(), damaged)
     }
 }

@@ -121,16 +121,24 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         let rootExisted = try FileSystem.exists(root)
         try FileSystem.createDirectories(root)
         let secretExisted = try FileSystem.exists(secretPath)
+        let bindingPath = PasscodeBinding.path(forSecretAt: plainPath)
         do {
             let seal: (([UInt8], String) throws -> Void)? = secretStorage == .systemdCredential ? { try SealedDeviceSecret.seal($0, to: $1) } : nil
             let deviceSecret = try DeviceSecret.create(at: secretPath, keybagID: keybagID, seal: seal)
-            let (keybag, classKeys) = try ScrubbedStack.run { try Keybag.create(keybagID: keybagID, passcode: passcode, preset: kdf, deviceSecret: deviceSecret) }
-            let device = Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, classKeys: classKeys), state: .unlocked,
+            let bindingValue = PasscodeBinding.Entry.freshValue()
+            let (keybag, classKeys) = try ScrubbedStack.run {
+                try Keybag.create(keybagID: keybagID, passcode: passcode, preset: kdf, binding: bindingValue, deviceSecret: deviceSecret)
+            }
+            let keybagBytes = try keybag.serialized(deviceSecret: deviceSecret)
+            let device = Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, keybagBytes: keybagBytes, classKeys: classKeys,
+                                                                    bindingPath: bindingPath), state: .unlocked,
                                 passcodePolicy: passcodePolicy, notificationCenter: notificationCenter)
             try FileSystem.createDirectories(device.containersPath)
             try FileSystem.writeAtomically(Array(try JSONEncoder().encode(passcodePolicy)), to: FileLocation(path: device.passcodePolicyPath), replacing: false)
+            try PasscodeBinding(keybagID: keybagID, entries: [PasscodeBinding.Entry(value: bindingValue, keybag: keybagBytes)])
+                .store(at: bindingPath, deviceSecret: deviceSecret)
             // The keybag last: a root is a device once it has one, so a crash before this leaves a root `create` can reuse.
-            try FileSystem.writeAtomically(try keybag.serialized(deviceSecret: deviceSecret), to: FileLocation(path: device.keybagPath), replacing: false)
+            try FileSystem.writeAtomically(keybagBytes, to: FileLocation(path: device.keybagPath), replacing: false)
             return device
         } catch {
             // Leave nothing half-made. The root was empty (checked above), so anything in it is ours.
@@ -141,7 +149,10 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             } else {
                 try? FileManager.default.removeItem(atPath: root)
             }
-            if !secretExisted { unlink(secretPath) }
+            if !secretExisted {
+                unlink(secretPath)
+                unlink(bindingPath)
+            }
             throw error
         }
     }
@@ -214,14 +225,19 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
         if checkingFormat { try DeviceFormat.requireCurrent(root: root) }
         let bytes = try FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")
         let keybagID = try Keybag.peekID(bytes, path: keybagPath)
-        let deviceSecret = try loadDeviceSecret(at: absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID)))
+        let configuredSecretPath = absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID))
+        let deviceSecret = try loadDeviceSecret(at: configuredSecretPath)
+        let bindingPath = PasscodeBinding.path(forSecretAt: configuredSecretPath)
         guard deviceSecret.keybagID == keybagID else {
             throw ProtectedStoreError(.integrity, path: deviceSecret.path, problem: "this device secret is for keybag \(deviceSecret.keybagID.hex) but \(keybagPath) says \(keybagID.hex): the secret belongs to another device, or the keybag was modified",
                                       remedy: "Pass the device secret created with this root, or restore the keybag from a backup")
         }
         let keybag = try Keybag.parse(bytes, path: keybagPath, deviceSecret: deviceSecret)
+        // A keybag restored from before a passcode change is refused here, before any key comes out of it.
+        _ = try EmbeddedKeyHolder.bindingValue(forKeybag: keybag, bytes: bytes, keybagPath: keybagPath, bindingPath: bindingPath, deviceSecret: deviceSecret)
         let classD = try keybag.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
-        return Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, classKeys: ClassKeys(keys: [.none: classD])),
+        return Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, keybagBytes: bytes, classKeys: ClassKeys(keys: [.none: classD]),
+                                                          bindingPath: bindingPath),
                       state: .beforeFirstUnlock, passcodePolicy: try loadPasscodePolicy(root: root), notificationCenter: notificationCenter,
                       containersPath: containersPath)
     }

@@ -260,7 +260,7 @@ package enum DeviceFormat {
         decoder.dateDecodingStrategy = .iso8601
         for name in try listing(source).sorted() {
             let path = (source as NSString).appendingPathComponent(name)
-            if name == InboxQueue.counterName {
+            if name == InboxQueue.legacyCounterName {
                 let counter = try FileLocation(path: path).readPrefix(count: 32, what: "version 1 Inbox sequence counter")
                 try FileSystem.writeAtomically(counter, to: FileLocation(path: (container.inboxQueue.path as NSString).appendingPathComponent(name)), replacing: true)
                 continue
@@ -275,6 +275,7 @@ package enum DeviceFormat {
             try container.inboxQueue.record(entry)
             summary.inboxRecords += 1
         }
+        try container.inboxQueue.withLock { try container.inboxQueue.adoptMigratedRecords() }
     }
 
     /// A version 1 directory's class marker, if it has one.

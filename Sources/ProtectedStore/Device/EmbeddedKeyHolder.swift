@@ -8,22 +8,41 @@ import SystemPackage
 final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
     let deviceSecret: DeviceSecret
     let classKeys: ClassKeys
+    /// The passcode binding beside the device secret (PasscodeBinding).
+    let bindingPath: String
     private let mutex = NSLock()
-    private var storedKeybag: Keybag
+    private var storedKeybag: (keybag: Keybag, bytes: [UInt8])
     // Serialises passcode checks (unlock, passcode change) so the attempt counter is never raced, without holding
     // the device's mutex through Argon2id.
     private let passcodeLock = NSLock()
     /// Set by `shutDown()`, under `passcodeLock`.
     private var isShutDown = false
 
-    init(deviceSecret: DeviceSecret, keybag: Keybag, classKeys: ClassKeys) {
+    init(deviceSecret: DeviceSecret, keybag: Keybag, keybagBytes: [UInt8], classKeys: ClassKeys, bindingPath: String) {
         self.deviceSecret = deviceSecret
-        self.storedKeybag = keybag
+        self.storedKeybag = (keybag, keybagBytes)
         self.classKeys = classKeys
+        self.bindingPath = bindingPath
     }
 
     /// The keybag as last read or written by this process.
-    var keybag: Keybag { mutex.withLock { storedKeybag } }
+    var keybag: Keybag { mutex.withLock { storedKeybag.keybag } }
+
+    /// The binding value the passcode key of the keybag `bytes` takes; an integrity error if the device's binding
+    /// names another keybag (one restored from before a passcode change) or is missing though the keybag needs it.
+    static func bindingValue(forKeybag keybag: Keybag, bytes: [UInt8], keybagPath: String, bindingPath: String, deviceSecret: DeviceSecret) throws -> [UInt8] {
+        guard let binding = try PasscodeBinding.load(at: bindingPath, deviceSecret: deviceSecret) else {
+            guard !keybag.isBound else {
+                throw ProtectedStoreError(.integrity, path: bindingPath, problem: "the passcode binding is missing, and the keybag \(keybagPath) was written with one: it was removed, or the device secret was moved without it",
+                                          remedy: "Put back the .binding file that lay beside the device secret (from the same backup)")
+            }
+            return unboundValue  // a keybag from before bindings, on a device that never had one
+        }
+        return try binding.entry(forKeybag: bytes, keybagPath: keybagPath).value
+    }
+
+    /// What a binding entry holds for a keybag written before bindings existed: its passcode key takes no value.
+    static let unboundValue = [UInt8](repeating: 0, count: 32)
 
     // MARK: File keys
 
@@ -86,46 +105,66 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
 
     func changePasscode(_ device: Device, from oldPasscode: Passcode, to newPasscode: Passcode) throws {
         try passcodeLock.withLock {
-            let current = try currentKeybag(device)
+            let (current, currentBytes, value) = try currentKeybag(device)
             let unwrapped = try checkingPasscode(device) {
-                try ScrubbedStack.run { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, deviceSecret: deviceSecret, path: device.keybagPath) }
+                try ScrubbedStack.run { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, binding: value, deviceSecret: deviceSecret, path: device.keybagPath) }
             }
             let classD = try current.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: device.keybagPath)
             let allKeys = ClassKeys(keys: unwrapped.merging([.none: classD]) { current, _ in current })
             defer { allKeys.discard(ProtectionClass.allCases) }
-            let newKeybag = try ScrubbedStack.run { try current.changingPasscode(to: newPasscode, keys: allKeys, deviceSecret: deviceSecret) }
+            // A new binding value with the new keybag: once the binding names only it, the keybag before this change
+            // no longer opens, with either passcode. In between, the binding names both, so a power cut at any point
+            // leaves a device that opens with the old passcode or the new one.
+            let newValue = PasscodeBinding.Entry.freshValue()
+            let newKeybag = try ScrubbedStack.run { try current.changingPasscode(to: newPasscode, keys: allKeys, binding: newValue, deviceSecret: deviceSecret) }
             let bytes = try newKeybag.serialized(deviceSecret: deviceSecret)
+            let before = PasscodeBinding.Entry(value: current.isBound ? value : Self.unboundValue, keybag: currentBytes)
+            let after = PasscodeBinding.Entry(value: newValue, keybag: bytes)
+            try PasscodeBinding(keybagID: current.keybagID, entries: [before, after]).store(at: bindingPath, deviceSecret: deviceSecret)
             do {
                 try FileSystem.writeAtomically(bytes, to: FileLocation(path: device.keybagPath), replacing: true)
             } catch {
                 // If the rename happened and only the directory fsync failed, the new keybag is the one on disk.
                 if (try? FileLocation(path: device.keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")) == bytes {
-                    mutex.withLock { storedKeybag = newKeybag }
+                    mutex.withLock { storedKeybag = (newKeybag, bytes) }
                 }
                 throw error
             }
-            mutex.withLock { storedKeybag = newKeybag }
+            mutex.withLock { storedKeybag = (newKeybag, bytes) }
+            // The passcode is changed; if dropping the old keybag's entry fails, the next unlock drops it.
+            try? PasscodeBinding(keybagID: current.keybagID, entries: [after]).store(at: bindingPath, deviceSecret: deviceSecret)
         }
     }
 
-    /// The keybag as on disk now: another process (the CLI beside a daemon) may have changed the passcode since this
-    /// device was opened. Falls back to the one in memory if the file can't be read; the passcode check then says why.
-    private func currentKeybag(_ device: Device) throws -> Keybag {
-        let inMemory = keybag
-        guard let bytes = try? FileLocation(path: device.keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag"),
-              let onDisk = try? Keybag.parse(bytes, path: device.keybagPath, deviceSecret: deviceSecret),
-              onDisk.keybagID == inMemory.keybagID, onDisk.classBPublicKey == inMemory.classBPublicKey else { return inMemory }
-        mutex.withLock { storedKeybag = onDisk }
-        return onDisk
+    /// The keybag as on disk now, its bytes, and its binding value: another process (the CLI beside a daemon) may
+    /// have changed the passcode since this device was opened. Falls back to the one in memory if the file can't be
+    /// read; the passcode check then says why. Either way it must be the keybag the binding names.
+    private func currentKeybag(_ device: Device) throws -> (keybag: Keybag, bytes: [UInt8], binding: [UInt8]) {
+        var current = mutex.withLock { storedKeybag }
+        if let bytes = try? FileLocation(path: device.keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag"),
+           let onDisk = try? Keybag.parse(bytes, path: device.keybagPath, deviceSecret: deviceSecret),
+           onDisk.keybagID == current.keybag.keybagID, onDisk.classBPublicKey == current.keybag.classBPublicKey {
+            current = (onDisk, bytes)
+            mutex.withLock { storedKeybag = current }
+        }
+        let value = try Self.bindingValue(forKeybag: current.keybag, bytes: current.bytes, keybagPath: device.keybagPath,
+                                          bindingPath: bindingPath, deviceSecret: deviceSecret)
+        return (current.keybag, current.bytes, value)
     }
 
     /// Unwraps classes A, B and C with the passcode (throttled), from the keybag as on disk. Caller holds `passcodeLock`.
     private func unwrapPasscodeClassKeys(_ device: Device, passcode: Passcode) throws -> [ProtectionClass: SecureBytes] {
-        let keybag = try currentKeybag(device)
-        return try checkingPasscode(device) {
+        let (keybag, bytes, value) = try currentKeybag(device)
+        let keys = try checkingPasscode(device) {
             // Argon2id's output, the passcode key and the unwrapped class keys leave copies on the stack (ScrubbedStack).
-            try ScrubbedStack.run { try keybag.unwrapPasscodeClassKeys(passcode: passcode, deviceSecret: deviceSecret, path: device.keybagPath) }
+            try ScrubbedStack.run { try keybag.unwrapPasscodeClassKeys(passcode: passcode, binding: value, deviceSecret: deviceSecret, path: device.keybagPath) }
         }
+        // A passcode change cut short leaves the binding naming two keybags: keep only the one in use.
+        if let binding = try? PasscodeBinding.load(at: bindingPath, deviceSecret: deviceSecret), binding.entries.count > 1,
+           let entry = try? binding.entry(forKeybag: bytes, keybagPath: device.keybagPath) {
+            try? PasscodeBinding(keybagID: keybag.keybagID, entries: [entry]).store(at: bindingPath, deviceSecret: deviceSecret)
+        }
+        return keys
     }
 
     /// Runs a passcode check under the throttle: refuses while a delay is running, counts a wrong passcode
@@ -212,6 +251,9 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
         // Every key in memory goes first, whatever fails afterwards.
         device.discardAllKeys()
         try deviceSecret.destroy()
+        guard unlink(bindingPath) == 0 || Foundation.errno == ENOENT else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: bindingPath, doing: "remove the passcode binding")
+        }
         let keybagPath = device.keybagPath
         guard unlink(keybagPath) == 0 || Foundation.errno == ENOENT else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: keybagPath, doing: "remove the keybag")

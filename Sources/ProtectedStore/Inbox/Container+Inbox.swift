@@ -100,19 +100,10 @@ extension Container {
             // Registered like any open file, so a lock discards a class A key mid-way.
             let handle = try ProtectedFileHandle(file: file, path: displayPath, container: self)
             defer { handle.forget() }
-            var buffer = [UInt8](repeating: 0, count: Self.deliveryChunkBytes)
-            defer { zeroize(&buffer) }
-            var offset: Int64 = 0
-            while true {
-                let count = try buffer.withUnsafeMutableBytes { try source.read(into: $0, at: offset) }
-                if count == 0 { break }
-                try buffer.withUnsafeBytes { try file.write(from: UnsafeRawBufferPointer(rebasing: $0[0..<count]), at: offset) }
-                offset += Int64(count)
-                progress?(UInt64(offset), max(source.size, UInt64(offset)))
-            }
+            let size = try PlaintextCopy(source: source.descriptor, sourcePath: source.path).copy(to: file, progress: progress)
             try file.synchronize()
             try file.close()
-            return (staged, UInt64(offset))
+            return (staged, size)
         } catch let error as ProtectedStoreError {
             try? file.close()
             staged.unlink()
@@ -148,6 +139,7 @@ extension Container {
             do {
                 // Inside: a record that reached its place before its sync failed must be undone too.
                 try inboxQueue.record(entry)
+                try inboxQueue.noteRecorded(entry.sequence)
                 try inbox.names.recordLongName(of: name, in: inbox.descriptor, displayPath: target.displayPath)
                 try staged.rename(to: target, replacing: false)
             } catch {
@@ -164,18 +156,28 @@ extension Container {
         }
     }
 
-    /// Bytes read from the source per step: big enough for the parallel encryption, small enough for constant memory.
-    static let deliveryChunkBytes = 1 << 20
-
     // MARK: Listing
 
     /// The files in Documents/Inbox with their delivery records, in delivery order (unrecorded ones last, by name).
-    public func inboxItems() throws -> [InboxItem] {
+    public func inboxItems() throws -> [InboxItem] { try inboxListing().items }
+
+    /// Damage in a container's record of Inbox deliveries (docs/FORMAT.md §6): its events are not delivered.
+    public struct InboxQueueDamage: Sendable, Equatable {
+        /// The file concerned in the container's `inbox-queue` folder.
+        public let file: String
+        /// What is wrong: a record that does not open, one restored from before its event was handled, a removed
+        /// record (its event is lost), a removed or damaged queue state.
+        public let problem: String
+    }
+
+    /// The Inbox's items, as `inboxItems()`, and the damage its delivery records show, so a listing reports it.
+    public func inboxListing() throws -> (items: [InboxItem], damaged: [InboxQueueDamage]) {
         try foundationErrors(writing: false) {
             let inbox = try directory.openDirectory(inboxPath)
             // Names first: an item delivered meanwhile then has its record too.
             let listed = try names(in: inbox)
-            let records = Dictionary(try inboxQueue.entries().map { ($0.name, $0) }, uniquingKeysWith: { $1 })
+            let scan = try inboxQueue.scan()
+            let records = Dictionary(scan.entries.map { ($0.name, $0) }, uniquingKeysWith: { $1 })
             let items: [InboxItem] = try listed.compactMap { name in
                 let location = try inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
                 guard let info = try location.status(), info.st_mode & S_IFMT == S_IFREG else { return nil }
@@ -187,7 +189,8 @@ extension Container {
                                  protection: header?.protectionClass.fileProtectionType, awaitsDefaultClass: header?.flags.contains(.awaitsDefaultClass) ?? false,
                                  sequenceNumber: record?.sequence, deliveryDate: record?.deliveredAt, problem: problem)
             }
-            return items.sorted { ($0.sequenceNumber ?? .max, $0.name) < ($1.sequenceNumber ?? .max, $1.name) }
+            return (items.sorted { ($0.sequenceNumber ?? .max, $0.name) < ($1.sequenceNumber ?? .max, $1.name) },
+                    scan.damage.map { InboxQueueDamage(file: $0.file, problem: $0.problem) })
         }
     }
 
@@ -361,28 +364,14 @@ extension Container {
     }
 }
 
-/// The local file being delivered, open for reading.
+/// The local file being delivered, open for reading: a regular file (checked when opened).
 struct InboxSource {
     let path: String
     let descriptor: FileDescriptor
-    /// Its size when opened (it may still change; reading goes to the end).
-    let size: UInt64
 
     init(path: String) throws {
         descriptor = try FileLocation(path: path).openRegularFile(.readOnly, doing: "open the file to deliver")
         self.path = path
-        do {
-            size = UInt64(try FileSystem.fileSize(descriptor, path: path))
-        } catch {
-            try? descriptor.close()
-            throw error
-        }
-    }
-
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) throws -> Int {
-        try FileSystem.mappingErrno(path: path, doing: "read the file to deliver") {
-            try descriptor.read(fromAbsoluteOffset: offset, into: buffer, retryOnInterrupt: true)
-        }
     }
 
     func close() { try? descriptor.close() }

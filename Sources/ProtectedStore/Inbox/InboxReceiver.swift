@@ -18,6 +18,8 @@ final class InboxReceiver: @unchecked Sendable {
     private var watch: DispatchSourceRead?
     /// Handled by the observers, but recording that failed (a full disk): never handed out again, recorded on the next pass.
     private var handledUnrecorded: Set<UInt64> = []
+    /// Damage already logged, so each is reported once per receiver, not at every drain.
+    private var reportedDamage: Set<String> = []
     private static let logger = Logger(label: "ProtectedStore.inbox")
 
     init(container: Container) {
@@ -98,7 +100,11 @@ final class InboxReceiver: @unchecked Sendable {
     private func drain() {
         guard let container, dispatcher.hasObservers else { return }
         do {
-            for entry in try queue.entries() where !entry.eventDelivered {
+            let scan = try queue.scan()
+            for damage in scan.damage where mutex.withLock({ reportedDamage.insert(damage.file + damage.problem).inserted }) {
+                Self.logger.error("the Inbox queue of \(queue.bundleIdentifier) is damaged: \(damage.file): \(damage.problem)")
+            }
+            for entry in scan.entries where !entry.eventDelivered {
                 guard container.device.mayDeliverOpenURLs else { return }
                 guard let claim = try queue.claim(entry) else {
                     drains.asyncAfter(deadline: .now() + 1) { [weak self] in self?.drain() }

@@ -17,6 +17,19 @@ package enum X25519 {
         return (secret, publicKey)
     }
 
+    /// Whether `publicKey` is `secret`'s public key (X25519(secret, 9)), compared in constant time.
+    static func isPublicKey(_ publicKey: [UInt8], of secret: SecureBytes) throws -> Bool {
+        guard publicKey.count == keyBytes else { return false }
+        var derived = [UInt8](repeating: 0, count: keyBytes)
+        defer { zeroize(&derived) }
+        try secret.withUnsafeBytes { s in
+            derived.withUnsafeMutableBytes { p in
+                _ = crypto_scalarmult_base(p.baseAddress!.assumingMemoryBound(to: UInt8.self), s.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            }
+        }
+        return derived.withUnsafeBytes { d in publicKey.withUnsafeBytes { p in sodium_memcmp(d.baseAddress!, p.baseAddress!, keyBytes) == 0 } }
+    }
+
     /// The shared secret of `secret` and `publicKey`; nil for a low-order public key (all-zero result).
     static func sharedSecret(secret: SecureBytes, publicKey: [UInt8]) throws -> SecureBytes? {
         guard publicKey.count == keyBytes else { return nil }

@@ -168,13 +168,13 @@ public final class EncryptedFile: @unchecked Sendable {
             let prefix = try readPrefix(descriptor, path: path)
             if prefix.isEmpty, classIfEmpty != nil { throw FoundEmpty() }
             let header = try FileHeader.parse(prefix, path: path)
-            let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
-            // After the unwrap, which authenticates the cipher id: a tampered id is damage, not a reason to rebuild.
+            // Before the unwrap: a file of a cipher this build can't use can't be opened here whatever its wrap says,
+            // as the format specifies (a tampered cipher byte shows as damage where the cipher is available).
             if let reason = header.cipher.unavailability {
-                fileKey.discard()
-                throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with \(header.cipher.name), but \(reason.problem)",
+                throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with \(header.cipher.name) (cipher \(header.cipher.rawValue)), but \(reason.problem)",
                                           remedy: reason.remedy)
             }
+            let fileKey = try attributingKeyErrors(to: path) { try header.unwrapFileKey(keys: keys, path: path) }
             let sector = recordSector(prefix)
             let authentic = try attributingKeyErrors(to: path) {
                 try fileKey.withUnsafeBytes { LengthRecord.authenticates(sector, fileID: header.fileID, key: $0) }

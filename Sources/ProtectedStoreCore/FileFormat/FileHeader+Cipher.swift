@@ -43,8 +43,8 @@ extension FileHeader.Cipher {
             return ("libsodium can't use it on this CPU (it needs AES-NI and PCLMUL)",
                     "Open it on a machine whose CPU has them (grep -w -e aes -e pclmulqdq /proc/cpuinfo), or copy it out there and back in")
         case .aegis256:
-            return ("this program's libsodium \(Sodium.version) lacks it (AEGIS-256 came with libsodium 1.0.19)",
-                    "Open it with a build linked with libsodium 1.0.19 or later (README, \"A faster cipher\"), or copy it out there and back in")
+            return ("this build of ProtectedStore was compiled against libsodium headers without it (AEGIS-256 came with libsodium 1.0.19; support is fixed when the package is built, whatever libsodium \(Sodium.version) is loaded now)",
+                    "Open it with a build compiled against libsodium 1.0.19 or later (README, \"A faster cipher\"), or copy it out there and back in")
         }
     }
 

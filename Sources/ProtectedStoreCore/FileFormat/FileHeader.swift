@@ -119,11 +119,19 @@ package struct FileHeader: Sendable {
             throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "encrypted file format version \(version) is not supported (this build reads version \(Self.version))",
                                       remedy: "Use the ProtectedStore version that wrote it")
         }
-        guard let protectionClass = ProtectionClass(rawValue: reader.uint8()) else { throw headerAuthenticationError(path: path) }
+        // Each rule is checked before the key wrap, and named: a header re-wrapped validly by a key holder can still
+        // break one, and the message then says which.
+        let classByte = reader.uint8()
+        guard let protectionClass = ProtectionClass(rawValue: classByte) else {
+            throw headerRuleError(path: path, "its class byte is \(classByte); classes are 1 to 4")
+        }
         let flags = Flags(rawValue: reader.uint8())
         // Only class B files can await their class: other combinations are not written by any version.
-        guard Flags.awaitsDefaultClass.isSuperset(of: flags), flags.isEmpty || protectionClass == .completeUnlessOpen else {
-            throw headerAuthenticationError(path: path)
+        guard Flags.awaitsDefaultClass.isSuperset(of: flags) else {
+            throw headerRuleError(path: path, "its flags byte is 0x\(String(flags.rawValue, radix: 16)); only bit 0 is defined")
+        }
+        guard flags.isEmpty || protectionClass == .completeUnlessOpen else {
+            throw headerRuleError(path: path, "it awaits its default class but is of class \(protectionClass.letter); only class B files can")
         }
         guard let cipher = Cipher(rawValue: reader.uint8()) else {
             throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the file is sealed with cipher \(bytes[8]), which this build does not know",
@@ -131,11 +139,11 @@ package struct FileHeader: Sendable {
         }
         // Reserved bytes, and the rest of the header sector when given, are zeros: no byte of it goes unchecked.
         guard reader.take(3) == [0, 0, 0], bytes.dropFirst(size).prefix(Int(BlockLayout.sectorSize) - size).allSatisfy({ $0 == 0 }) else {
-            throw headerAuthenticationError(path: path)
+            throw headerRuleError(path: path, "a reserved byte of its header sector is not zero")
         }
         let blockSize = Int(reader.uint32())
         guard blockSize >= minimumBlockSize, blockSize <= maximumBlockSize, blockSize & (blockSize - 1) == 0 else {
-            throw headerAuthenticationError(path: path)
+            throw headerRuleError(path: path, "its block size is \(blockSize) bytes; it must be a power of two from \(minimumBlockSize) to \(maximumBlockSize)")
         }
         return FileHeader(protectionClass: protectionClass, flags: flags, cipher: cipher, blockSize: blockSize, keybagID: reader.take(idBytes), fileID: reader.take(idBytes),
                           ephemeralPublicKey: reader.take(X25519.keyBytes),
@@ -157,6 +165,11 @@ package struct FileHeader: Sendable {
             throw Self.headerAuthenticationError(path: path)
         }
         return fileKey
+    }
+
+    private static func headerRuleError(path: String, _ rule: String) -> ProtectedStoreError {
+        ProtectedStoreError(.integrity, path: path, problem: "the file header breaks the format's rules (\(rule)): it was modified or corrupted",
+                            remedy: "Restore the file from a backup")
     }
 
     private static func headerAuthenticationError(path: String) -> ProtectedStoreError {

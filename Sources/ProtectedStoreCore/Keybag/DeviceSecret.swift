@@ -106,10 +106,10 @@ public final class DeviceSecret: Sendable {
         return DeviceSecret(path: path, keybagID: keybagID, secret: secret)
     }
 
-    /// BLAKE2b-256 keyed with the secret over `label ‖ keybag id ‖ context ‖ secret input`: every key the device
+    /// BLAKE2b-256 keyed with the secret over `label ‖ keybag id ‖ context ‖ secret inputs`: every key the device
     /// secret guards comes from here.
-    func derive(_ label: String, keybagID: [UInt8], context: [UInt8] = [], secretInput: SecureBytes? = nil) throws -> SecureBytes {
-        try Blake2b.derive(key: secret, parts: [Array(label.utf8), keybagID, context], secretParts: secretInput.map { [$0] } ?? [])
+    func derive(_ label: String, keybagID: [UInt8], context: [UInt8] = [], secretInputs: [SecureBytes] = []) throws -> SecureBytes {
+        try Blake2b.derive(key: secret, parts: [Array(label.utf8), keybagID, context], secretParts: secretInputs)
     }
 
     /// The name key of the container of `bundleIdentifier` (docs/FORMAT.md §7): from the device secret alone, so

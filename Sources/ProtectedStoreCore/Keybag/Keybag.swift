@@ -30,7 +30,13 @@ package struct Keybag: Sendable {
         package var wrappedKey: [UInt8]
     }
 
+    /// Flags bit 0: the passcode key is derived with a passcode binding's value (PasscodeBinding), which the device
+    /// keeps outside the root, so this keybag opens only while the binding names it.
+    static let boundFlag: UInt16 = 1
+
     package let keybagID: [UInt8]
+    /// Whether the passcode key takes a binding value; keybags written before bindings existed do not.
+    package let isBound: Bool
     package let kdf: PasscodeKDF
     package let classBPublicKey: [UInt8]
     package let entries: [Entry]
@@ -47,7 +53,7 @@ package struct Keybag: Sendable {
     // MARK: Creating and re-wrapping
 
     /// A new keybag with fresh class keys; returns it with the unwrapped keys (the device starts unlocked, as after setting a passcode).
-    package static func create(keybagID: [UInt8], passcode: Passcode, preset: KDFPreset,
+    package static func create(keybagID: [UInt8], passcode: Passcode, preset: KDFPreset, binding: [UInt8],
                        deviceSecret: DeviceSecret) throws -> (Keybag, ClassKeys) {
         let classB = X25519.generateKeyPair()
         let keys = ClassKeys(keys: [
@@ -57,21 +63,22 @@ package struct Keybag: Sendable {
             .none: .random(count: AEAD.keyBytes),
         ])
         let keybag = try wrapping(keys, keybagID: keybagID, classBPublicKey: classB.publicKey, kdf: PasscodeKDF(preset: preset),
-                                  passcode: passcode, deviceSecret: deviceSecret)
+                                  passcode: passcode, binding: binding, deviceSecret: deviceSecret)
         return (keybag, keys)
     }
 
-    /// This keybag with its passcode-wrapped entries re-wrapped under `newPasscode` and a fresh salt; class keys are unchanged.
-    package func changingPasscode(to newPasscode: Passcode, keys: ClassKeys, deviceSecret: DeviceSecret) throws -> Keybag {
+    /// This keybag with its passcode-wrapped entries re-wrapped under `newPasscode`, a fresh salt and the new binding
+    /// value; class keys are unchanged.
+    package func changingPasscode(to newPasscode: Passcode, keys: ClassKeys, binding: [UInt8], deviceSecret: DeviceSecret) throws -> Keybag {
         let newKDF = PasscodeKDF(algorithm: kdf.algorithm, opsLimit: kdf.opsLimit, memLimit: kdf.memLimit,
                                  salt: Random.bytes(PasscodeKDF.saltBytes))
         return try Self.wrapping(keys, keybagID: keybagID, classBPublicKey: classBPublicKey, kdf: newKDF,
-                                 passcode: newPasscode, deviceSecret: deviceSecret)
+                                 passcode: newPasscode, binding: binding, deviceSecret: deviceSecret)
     }
 
     private static func wrapping(_ keys: ClassKeys, keybagID: [UInt8], classBPublicKey: [UInt8], kdf: PasscodeKDF,
-                                 passcode: Passcode, deviceSecret: DeviceSecret) throws -> Keybag {
-        let passcodeKey = try passcodeKey(passcode, kdf: kdf, keybagID: keybagID, deviceSecret: deviceSecret)
+                                 passcode: Passcode, binding: [UInt8], deviceSecret: DeviceSecret) throws -> Keybag {
+        let passcodeKey = try passcodeKey(passcode, kdf: kdf, keybagID: keybagID, binding: binding, deviceSecret: deviceSecret)
         let deviceKey = try deviceSecret.derive(deviceKeyLabel, keybagID: keybagID)
         defer { passcodeKey.discard(); deviceKey.discard() }
         let entries = try entryOrder.map { protectionClass in
@@ -80,14 +87,18 @@ package struct Keybag: Sendable {
                                         associatedData: associatedData(keybagID: keybagID, protectionClass: protectionClass, wrapping: wrapping))
             return Entry(protectionClass: protectionClass, wrapping: wrapping, wrappedKey: wrapped)
         }
-        return Keybag(keybagID: keybagID, kdf: kdf, classBPublicKey: classBPublicKey, entries: entries)
+        return Keybag(keybagID: keybagID, isBound: true, kdf: kdf, classBPublicKey: classBPublicKey, entries: entries)
     }
 
-    /// Argon2id(passcode), then BLAKE2b keyed with the device secret over label ‖ keybag id ‖ Argon2id output.
-    private static func passcodeKey(_ passcode: Passcode, kdf: PasscodeKDF, keybagID: [UInt8], deviceSecret: DeviceSecret) throws -> SecureBytes {
+    /// Argon2id(passcode), then BLAKE2b keyed with the device secret over label ‖ keybag id ‖ Argon2id output, then
+    /// the binding value for a bound keybag (nil for one that is not).
+    private static func passcodeKey(_ passcode: Passcode, kdf: PasscodeKDF, keybagID: [UInt8], binding: [UInt8]?, deviceSecret: DeviceSecret) throws -> SecureBytes {
         let stretched = try kdf.derive(from: passcode)
         defer { stretched.discard() }
-        return try deviceSecret.derive(passcodeKeyLabel, keybagID: keybagID, secretInput: stretched)
+        guard let binding else { return try deviceSecret.derive(passcodeKeyLabel, keybagID: keybagID, secretInputs: [stretched]) }
+        let value = SecureBytes(count: binding.count) { $0.copyBytes(from: binding) }
+        defer { value.discard() }
+        return try deviceSecret.derive(passcodeKeyLabel, keybagID: keybagID, secretInputs: [stretched, value])
     }
 
     // MARK: Unwrapping
@@ -99,9 +110,10 @@ package struct Keybag: Sendable {
         return try unwrap(.none, with: deviceKey, path: path)
     }
 
-    /// Classes A, B (secret key) and C; a failure of the first entry means the passcode is wrong.
-    package func unwrapPasscodeClassKeys(passcode: Passcode, deviceSecret: DeviceSecret, path: String) throws -> [ProtectionClass: SecureBytes] {
-        let passcodeKey = try Self.passcodeKey(passcode, kdf: kdf, keybagID: keybagID, deviceSecret: deviceSecret)
+    /// Classes A, B (secret key) and C; a failure of the first entry means the passcode is wrong. `binding` is the
+    /// value the device's passcode binding holds for this keybag (ignored for a keybag that is not bound).
+    package func unwrapPasscodeClassKeys(passcode: Passcode, binding: [UInt8], deviceSecret: DeviceSecret, path: String) throws -> [ProtectionClass: SecureBytes] {
+        let passcodeKey = try Self.passcodeKey(passcode, kdf: kdf, keybagID: keybagID, binding: isBound ? binding : nil, deviceSecret: deviceSecret)
         defer { passcodeKey.discard() }
         let classA: SecureBytes
         do {
@@ -109,9 +121,18 @@ package struct Keybag: Sendable {
         } catch let error as ProtectedStoreError where error.kind == .integrity {
             throw ProtectedStoreError(.wrongPasscode, path: path, problem: "wrong passcode", remedy: "Try again with the device's passcode")
         }
+        let classB = try unwrap(.completeUnlessOpen, with: passcodeKey, path: path)
+        // The MAC binds PK_B to the keybag, but whoever holds the device secret can re-MAC a keybag with a public key
+        // of their own: class B files made afterwards would be sealed to them. The pair must match.
+        guard try X25519.isPublicKey(classBPublicKey, of: classB) else {
+            classA.discard()
+            classB.discard()
+            throw ProtectedStoreError(.integrity, path: path, problem: "the keybag's class B public key is not the public key of its class B secret key: the keybag was rewritten by someone holding the device secret",
+                                      remedy: "Do not write class B files on this device; restore the keybag from a backup, and move the device secret somewhere only you can read")
+        }
         return [
             .complete: classA,
-            .completeUnlessOpen: try unwrap(.completeUnlessOpen, with: passcodeKey, path: path),
+            .completeUnlessOpen: classB,
             .completeUntilFirstUserAuthentication: try unwrap(.completeUntilFirstUserAuthentication, with: passcodeKey, path: path),
         ]
     }
@@ -133,7 +154,7 @@ package struct Keybag: Sendable {
         var writer = ByteWriter(capacity: Self.size)
         writer.append(Self.magic)
         writer.append(Self.version)
-        writer.append(UInt16(0))
+        writer.append(isBound ? Self.boundFlag : 0)
         writer.append(keybagID)
         writer.append(kdf.algorithm)
         writer.appendZeros(3)
@@ -189,7 +210,12 @@ package struct Keybag: Sendable {
                                       remedy: "Restore the keybag from a backup, or pass the right --device-secret")
         }
         var reader = ByteReader(body)
-        _ = reader.take(12)
+        _ = reader.take(10)
+        let flags = reader.uint16()
+        guard flags & ~boundFlag == 0 else {
+            throw ProtectedStoreError(.unsupportedFormat, path: path, problem: "the keybag has flags 0x\(String(flags, radix: 16)), which this build does not know",
+                                      remedy: "Use the ProtectedStore version that created this device")
+        }
         let keybagID = reader.take(FileHeader.idBytes)
         let algorithm = reader.uint8()
         _ = reader.take(3)
@@ -208,7 +234,7 @@ package struct Keybag: Sendable {
             }
             entries.append(Entry(protectionClass: expectedClass, wrapping: wrapping(for: expectedClass), wrappedKey: reader.take(wrappedKeyBytes)))
         }
-        return Keybag(keybagID: keybagID, kdf: kdf, classBPublicKey: classBPublicKey, entries: entries)
+        return Keybag(keybagID: keybagID, isBound: flags & boundFlag != 0, kdf: kdf, classBPublicKey: classBPublicKey, entries: entries)
     }
 }
 

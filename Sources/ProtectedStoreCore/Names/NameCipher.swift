@@ -99,7 +99,7 @@ package final class NameCipher: Sendable {
               let expected = try? syntheticNonce(padded: padded, directoryIV: directoryIV),
               sodium_memcmp(expected, nonce, nonce.count) == 0 else { return nil }
         let plain = padded.prefix { $0 != 0 }
-        guard !plain.isEmpty, padded[plain.count...].allSatisfy({ $0 == 0 }), padded.count - plain.count < Self.paddingBlock,
+        guard !plain.isEmpty, plain.count <= Self.maximumEntryBytes, padded[plain.count...].allSatisfy({ $0 == 0 }), padded.count - plain.count < Self.paddingBlock,
               !plain.contains(UInt8(ascii: "/")), let name = String(validating: plain, as: UTF8.self),
               name != ".", name != ".." else { return nil }
         return name
@@ -120,19 +120,26 @@ package final class NameCipher: Sendable {
     package func sealedLinkTarget(_ target: String, directoryIV: [UInt8]) throws -> String {
         precondition(directoryIV.count == Self.directoryIVBytes)
         let nonce = Random.bytes(AEAD.nonceBytes)
-        var sealed = [UInt8](repeating: 0, count: target.utf8.count + AEAD.tagBytes)
-        try seal(Array(target.utf8), nonce: nonce, associatedData: [Self.linkDomain] + directoryIV, into: &sealed)
+        // Padded with NULs to a multiple of 16, as names are, so the stored length tells the target's only roughly
+        // (a target holds no NUL, so the padding is unambiguous).
+        var padded = Array(target.utf8)
+        padded += [UInt8](repeating: 0, count: (Self.paddingBlock - padded.count % Self.paddingBlock) % Self.paddingBlock)
+        defer { zeroize(&padded) }
+        var sealed = [UInt8](repeating: 0, count: padded.count + AEAD.tagBytes)
+        try seal(padded, nonce: nonce, associatedData: [Self.linkDomain] + directoryIV, into: &sealed)
         return Base64URL.encode(nonce + sealed)
     }
 
-    /// The target a stored link target stands for; nil unless it is authentic and holds no NUL.
+    /// The target a stored link target stands for; nil unless it is authentic and holds no NUL before its padding.
     package func linkTarget(fromSealed stored: String, directoryIV: [UInt8]) -> String? {
         guard directoryIV.count == Self.directoryIVBytes, let bytes = Base64URL.decode(stored),
               bytes.count >= AEAD.nonceBytes + AEAD.tagBytes,
               let plain = try? open(bytes[AEAD.nonceBytes...], nonce: Array(bytes[..<AEAD.nonceBytes]),
-                                    associatedData: [Self.linkDomain] + directoryIV),
-              !plain.isEmpty, !plain.contains(0) else { return nil }
-        return String(validating: plain, as: UTF8.self)
+                                    associatedData: [Self.linkDomain] + directoryIV) else { return nil }
+        // The padding: fewer than 16 NULs after a non-empty target.
+        let end = plain.firstIndex(of: 0) ?? plain.count
+        guard end > 0, plain.count - end < Self.paddingBlock, plain[end...].allSatisfy({ $0 == 0 }) else { return nil }
+        return String(validating: plain[..<end], as: UTF8.self)
     }
 
     /// A 16-byte identifier of `text` (a bundle identifier) that reveals nothing of it without the key: the first
@@ -149,10 +156,14 @@ package final class NameCipher: Sendable {
 
     /// Seals one of the container's metadata records (an Inbox queue entry, which holds names): nonce ‖ ciphertext,
     /// with `context` (what the record's file name says, such as its sequence number) bound in.
-    package func sealedRecord(_ record: [UInt8], context: [UInt8]) throws -> [UInt8] {
+    /// A JSON record is padded with spaces (which JSON allows after the value) to a multiple of `padding` bytes, so
+    /// its stored size tells its content's length only to that granularity.
+    package func sealedRecord(_ record: [UInt8], context: [UInt8], padding: Int = 1) throws -> [UInt8] {
         let nonce = Random.bytes(AEAD.nonceBytes)
-        var sealed = [UInt8](repeating: 0, count: record.count + AEAD.tagBytes)
-        try seal(record, nonce: nonce, associatedData: [Self.recordDomain] + context, into: &sealed)
+        var padded = record + [UInt8](repeating: UInt8(ascii: " "), count: (padding - record.count % padding) % padding)
+        defer { zeroize(&padded) }
+        var sealed = [UInt8](repeating: 0, count: padded.count + AEAD.tagBytes)
+        try seal(padded, nonce: nonce, associatedData: [Self.recordDomain] + context, into: &sealed)
         return nonce + sealed
     }
 

@@ -252,11 +252,20 @@ package final class ContainerFileSystem: @unchecked Sendable {
         fileprivate var stored: String?
     }
 
+    /// A directory's entries as one listing shows them, and the first damaged entry it met, if any.
+    package struct Listing: Sendable {
+        package var entries: [ListedEntry]
+        /// Reported to the program once the entries are out (readdir fails with EIO at the end, as ext4 reports a
+        /// damaged entry), so damage is never mistaken for an absent name.
+        package var damage: ProtectedStoreError?
+    }
+
     /// The names in an open directory, decrypted, with their inode numbers and types (`.` and `..` first), without
-    /// ProtectedStore's own. An entry whose name does not decrypt is left out (and logged), as gocryptfs does. Read
-    /// afresh when `fresh` (a listing from its start); otherwise as the last fresh read left them, so a listing the
-    /// kernel asks for in several requests sees one order, and each name is decrypted once.
-    package func listing(_ number: UInt64, fresh: Bool) throws -> [ListedEntry] {
+    /// ProtectedStore's own. An entry whose name does not decrypt is not listed (it has no name to list) but is
+    /// logged and kept as the listing's damage. Read afresh when `fresh` (a listing from its start); otherwise as the
+    /// last fresh read left them, so a listing the kernel asks for in several requests sees one order, and each name
+    /// is decrypted once.
+    package func listing(_ number: UInt64, fresh: Bool) throws -> Listing {
         let directory = try table.openDirectory(number)
         if !fresh, let cached = directory.listing { return cached }
         let names = directory.names
@@ -270,19 +279,20 @@ package final class ContainerFileSystem: @unchecked Sendable {
             throw error
         }
         defer { closedir(stream) }
-        var entries = [ListedEntry(name: ".", inode: 0, type: S_IFDIR), ListedEntry(name: "..", inode: 0, type: S_IFDIR)]
+        var listing = Listing(entries: [ListedEntry(name: ".", inode: 0, type: S_IFDIR), ListedEntry(name: "..", inode: 0, type: S_IFDIR)])
         while let entry = readdir(stream) {
             let stored = FileSystem.name(of: entry)
             if stored == "." || stored == ".." || stored.hasPrefix(ContainerPath.reservedPrefix) { continue }
             do {
-                let name = try names.name(ofEntry: stored, in: directory.descriptor, displayPath: "\(container.bundleIdentifier) directory")
-                entries.append(ListedEntry(name: name, inode: UInt64(entry.pointee.d_ino), type: Self.mode(ofDirectoryEntryType: entry.pointee.d_type), stored: stored))
+                let name = try names.name(ofEntry: stored, in: directory.descriptor, displayPath: "\(container.bundleIdentifier):\(directory.path)")
+                listing.entries.append(ListedEntry(name: name, inode: UInt64(entry.pointee.d_ino), type: Self.mode(ofDirectoryEntryType: entry.pointee.d_type), stored: stored))
             } catch let error as ProtectedStoreError {
-                logger.info("readdir: left out \(error.path ?? stored): \(error.problem)")
+                logger.error("readdir: damaged entry \(error.path ?? stored): \(error.problem)")
+                if listing.damage == nil { listing.damage = error }
             }
         }
-        directory.listing = entries
-        return entries
+        directory.listing = listing
+        return listing
     }
 
     /// What `attributes(of:)` answers for a listed entry, so `ls -l` and `find` need no lookup per entry (readdirplus);

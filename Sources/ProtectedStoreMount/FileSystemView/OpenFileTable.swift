@@ -253,7 +253,7 @@ final class ListedDirectory: @unchecked Sendable {
     let path: ContainerPath
     let names: DirectoryNames
     private let mutex = NSLock()
-    private var entries: [ContainerFileSystem.ListedEntry]?
+    private var entries: ContainerFileSystem.Listing?
 
     init(descriptor: FileDescriptor, path: ContainerPath, names: DirectoryNames) {
         self.descriptor = descriptor
@@ -261,7 +261,7 @@ final class ListedDirectory: @unchecked Sendable {
         self.names = names
     }
 
-    var listing: [ContainerFileSystem.ListedEntry]? {
+    var listing: ContainerFileSystem.Listing? {
         get { mutex.withLock { entries } }
         set { mutex.withLock { entries = newValue } }
     }

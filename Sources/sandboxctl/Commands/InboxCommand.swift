@@ -97,7 +97,7 @@ struct InboxListCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "list",
         abstract: "List a container's Inbox items: state of their open-URL event, source, size and class.",
-        discussion: "States: pending-event (delivered, the app has not handled its event yet), delivered, unrecorded (no delivery record). Needs no passcode."
+        discussion: "States: pending-event (delivered, the app has not handled its event yet), delivered, unrecorded (no delivery record). Needs no passcode. Damage to the delivery records (a record that does not open, one restored from before its event was handled, a removed record or queue state) is named on standard error, and the command exits 65."
     )
 
     @OptionGroup var device: DeviceOptions
@@ -138,13 +138,17 @@ struct InboxListCommand: ParsableCommand {
 
     func run() throws {
         try reportingErrors {
-            let items = try device.open().container(bundleIdentifier: bundleIdentifier).inboxItems()
+            let container = try device.open().container(bundleIdentifier: bundleIdentifier)
+            let (items, damaged) = try container.inboxListing()
+            let damage = damaged.map { (path: "\(bundleIdentifier) inbox-queue/\($0.file)", problem: $0.problem) }
             if json {
                 try printJSON(items.map(Entry.init))
+                try failIfDamaged(damage)
                 return
             }
             guard !items.isEmpty else {
                 print("(the Inbox of \(bundleIdentifier) is empty)")
+                try failIfDamaged(damage)
                 return
             }
             for item in items {
@@ -158,6 +162,7 @@ struct InboxListCommand: ParsableCommand {
             if items.contains(where: \.awaitsDefaultClass) {
                 print("* sealed for class B while locked; takes the container's default class at its first unlocked open")
             }
+            try failIfDamaged(damage)
         }
     }
 }

@@ -6,7 +6,7 @@ struct LsCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ls",
         abstract: "List a container directory, with each item's class and plaintext size.",
-        discussion: "Needs no passcode: names, classes and sizes are readable in every state."
+        discussion: "Needs no passcode: names, classes and sizes are readable in every state. A damaged item (a folder whose name IV or class marker was changed, a file or link that does not open) is listed, marked, and named on standard error; the command then exits 65."
     )
 
     @OptionGroup var device: DeviceOptions
@@ -45,6 +45,7 @@ struct LsCommand: ParsableCommand {
                           size: $0.size, modified: $0.modificationDate, target: $0.symbolicLinkTarget, problem: $0.problem)
                 }
                 try printJSON(entries)
+                try failIfDamaged(damage(in: items))
                 return
             }
             let formatter = DateFormatter()
@@ -53,15 +54,20 @@ struct LsCommand: ParsableCommand {
                 var name = item.name + (item.type == .typeDirectory ? "/" : "")
                 if let link = item.symbolicLinkTarget { name += " -> \(link)" }
                 guard long else {
-                    print(name)
+                    print(name + (item.problem == nil ? "" : "  (damaged)"))
                     continue
                 }
                 let protection = item.protectionClass?.name ?? (item.type == .typeDirectory ? "(inherit)" : "?")
                 let size = item.type == .typeRegular && item.problem == nil ? String(item.size) : "-"
                 let line = "\(protection.padding(toLength: 40, withPad: " ", startingAt: 0)) \(String(repeating: " ", count: max(0, 12 - size.count)))\(size)  \(formatter.string(from: item.modificationDate))  \(name)"
-                print(line + (item.problem.map { "  (\($0))" } ?? ""))
+                print(line + (item.problem.map { "  (damaged: \($0))" } ?? ""))
             }
+            try failIfDamaged(damage(in: items))
         }
+    }
+
+    private func damage(in items: [ContainerItem]) -> [(path: String, problem: String)] {
+        items.compactMap { item in item.problem.map { ("\(target.bundleIdentifier):\(item.path)", $0) } }
     }
 
     private static func typeName(_ type: FileAttributeType) -> String {

@@ -6,7 +6,7 @@ struct PutCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "put",
         abstract: "Encrypt a local file (or standard input) into a container, atomically.",
-        discussion: "The class is --protection, else the replaced file's, else the directory's, else the container default. Class B files can be written while locked; a class A or C write asks for the passcode if needed. If the destination is a directory, the file keeps its name inside it."
+        discussion: "The class is --protection, else the replaced file's, else the directory's, else the container default. Class B files can be written while locked; a class A or C write asks for the passcode if needed. If the destination is a directory, the file keeps its name inside it. Streams in bounded memory whatever the source's size; a sparse source stays sparse."
     )
 
     @OptionGroup var device: DeviceOptions
@@ -31,16 +31,19 @@ struct PutCommand: ParsableCommand {
                 target = destination.appending((source as NSString).lastPathComponent)
             }
             let path = try target.requireItemPath()
-            let data = try readSource()
+            let input = try openSource()
+            defer { if source != "-" { try? input.close() } }
             let options = protection?.writingOption ?? []
-            try session.withKeys { try container.write(data, toPath: path, options: options) }
+            // A class A or C file before first unlock is refused when it is created, before anything is read from
+            // the source, so the retry after the passcode prompt reads it whole.
+            _ = try session.withKeys { try container.write(contentsOf: input, named: source == "-" ? "standard input" : source, toPath: path, options: options) }
             let written = try container.itemInfo(atPath: path)
             print("\(target): \(written.size) bytes, \(written.protectionClass?.name ?? "?")")
         }
     }
 
-    private func readSource() throws -> Data {
-        if source == "-" { return FileHandle.standardInput.readDataToEndOfFile() }
+    private func openSource() throws -> FileHandle {
+        if source == "-" { return FileHandle.standardInput }
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: source, isDirectory: &isDirectory) else {
             throw ProtectedStoreError(.notFound, path: source, problem: "no such local file", remedy: "Check the source path")
@@ -48,9 +51,9 @@ struct PutCommand: ParsableCommand {
         guard !isDirectory.boolValue else {
             throw ProtectedStoreError(.invalidArgument, path: source, problem: "it is a directory", remedy: "Put files one at a time")
         }
-        guard let data = FileManager.default.contents(atPath: source) else {
+        guard let handle = FileHandle(forReadingAtPath: source) else {
             throw ProtectedStoreError(.io, path: source, problem: "cannot read the local file", remedy: "Check its permissions")
         }
-        return data
+        return handle
     }
 }

@@ -22,6 +22,13 @@ struct StatusCommand: ParsableCommand {
             var files: [String: Int]
             var bytes: UInt64
             var unreadable: Int
+            /// Damaged items (paths in the container): counted nowhere else, so the counts above are short by these.
+            var damaged: [Damage]
+        }
+
+        struct Damage: Codable {
+            var path: String
+            var problem: String
         }
 
         var root: String
@@ -33,15 +40,18 @@ struct StatusCommand: ParsableCommand {
         /// nil when no daemon serves the device.
         var daemon: DaemonStatus?
         var containers: [ContainerReport]
+        /// Folders of the device's containers whose description is missing or does not open.
+        var damagedContainers: [Damage]
     }
 
     func run() throws {
         try reportingErrors {
             let opened = try device.open()
-            let containers = try opened.containerIdentifiers().map { id in
+            let listing = try opened.containerListing()
+            let containers = try listing.identifiers.map { id in
                 let container = try opened.container(bundleIdentifier: id)
                 var report = Report.ContainerReport(bundleIdentifier: id, defaultProtection: ProtectionClass(container.defaultProtection)!.name,
-                                                    files: [:], bytes: 0, unreadable: 0)
+                                                    files: [:], bytes: 0, unreadable: 0, damaged: [])
                 try count(in: container, path: "", into: &report)
                 return report
             }
@@ -50,9 +60,14 @@ struct StatusCommand: ParsableCommand {
             let report = Report(root: opened.root, keybagID: opened.keybagID.map { String(format: "%02x", $0) }.joined(),
                                 deviceSecret: opened.deviceSecretPath, state: state.rawValue,
                                 protectedDataAvailable: state == .unlocked || state == .locking,
-                                failedPasscodeAttempts: daemon?.failedPasscodeAttempts ?? opened.failedPasscodeAttempts, daemon: daemon, containers: containers)
+                                failedPasscodeAttempts: daemon?.failedPasscodeAttempts ?? opened.failedPasscodeAttempts, daemon: daemon, containers: containers,
+                                damagedContainers: listing.damaged.map { Report.Damage(path: "containers/\($0.folder)", problem: $0.problem) })
+            let damage = (report.damagedContainers + containers.flatMap { container in
+                container.damaged.map { Report.Damage(path: "\(container.bundleIdentifier):\($0.path)", problem: $0.problem) }
+            }).map { (path: $0.path, problem: $0.problem) }
             if json {
                 try printJSON(report)
+                try failIfDamaged(damage)
                 return
             }
             print("Device \(report.root)")
@@ -72,13 +87,22 @@ struct StatusCommand: ParsableCommand {
             for container in report.containers {
                 let counts = ProtectionClass.allCases.map { "\($0.letter) \(container.files[$0.name] ?? 0)" }.joined(separator: ", ")
                 print("    \(container.bundleIdentifier)  default \(container.defaultProtection); files: \(counts); \(container.bytes) bytes"
-                      + (container.unreadable > 0 ? "; \(container.unreadable) unreadable" : ""))
+                      + (container.unreadable > 0 ? "; \(container.unreadable) unreadable" : "")
+                      + (container.damaged.isEmpty ? "" : "; \(container.damaged.count) damaged"))
             }
+            for damaged in report.damagedContainers {
+                print("    \(damaged.path)  damaged: \(damaged.problem)")
+            }
+            try failIfDamaged(damage)
         }
     }
 
     private func count(in container: Container, path: String, into report: inout Report.ContainerReport) throws {
         for item in try container.contentsOfDirectory(atPath: path) {
+            if let problem = item.problem, item.type != .typeRegular {
+                report.damaged.append(Report.Damage(path: item.path, problem: problem))
+                continue
+            }
             switch item.type {
             case .typeDirectory:
                 try count(in: container, path: item.path, into: &report)
@@ -88,6 +112,7 @@ struct StatusCommand: ParsableCommand {
                     report.bytes += item.size
                 } else {
                     report.unreadable += 1
+                    report.damaged.append(Report.Damage(path: item.path, problem: item.problem ?? "unreadable"))
                 }
             default:
                 break

@@ -16,3 +16,12 @@ extension ProtectionClass {
         ArgumentHelp("\(abstract): \(acceptedNames).", valueName: "class")
     }
 }
+
+/// After a listing has printed what it could read: names every damaged entry on standard error and exits 65, so
+/// damage is never mistaken for an absent item (the listing itself shows the entry, marked).
+func failIfDamaged(_ damaged: [(path: String, problem: String)]) throws {
+    guard !damaged.isEmpty else { return }
+    for entry in damaged { printError("\(entry.path): damaged: \(entry.problem)") }
+    printError("\(damaged.count) damaged item(s): restore them from a backup, or remove them")
+    throw ExitCode(ExitStatus.integrity)
+}
