@@ -39,6 +39,9 @@ package struct InboxQueue: Sendable {
         package var handledThrough: UInt64 = 0
         /// Handled numbers above `handledThrough + 1`, ascending.
         package var handledAbove: [UInt64] = []
+        /// The record being removed (its event handled or withdrawn first): one found after a power cut is the
+        /// removal cut short, not a restored record.
+        package var removing: UInt64? = nil
 
         package func isHandled(_ sequence: UInt64) -> Bool {
             sequence <= handledThrough || handledAbove.contains(sequence)
@@ -171,8 +174,9 @@ package struct InboxQueue: Sendable {
             return (entries.map { var held = $0; held.eventDelivered = true; return held }, damage)
         }
         for index in entries.indices where !entries[index].eventDelivered && state.isHandled(entries[index].sequence) {
-            damage.append(Damage(file: Self.fileName(entries[index].sequence), problem: "the record says its open-URL event is pending, but the queue's state has it handled: the record was restored from before (a replay); its event is not delivered again"))
             entries[index].eventDelivered = true
+            if entries[index].sequence == state.removing { continue }
+            damage.append(Damage(file: Self.fileName(entries[index].sequence), problem: "the record says its open-URL event is pending, but the queue's state has it handled: the record was restored from before (a replay); its event is not delivered again"))
         }
         let recorded = Set(entries.map(\.sequence))
         if state.allocated > state.handledThrough {
@@ -248,9 +252,13 @@ package struct InboxQueue: Sendable {
     /// Forgets an entry durably: its event counts as handled first (withdrawn, if it was pending), so the record's
     /// absence is not mistaken for a removal. Caller holds the lock.
     func remove(_ entry: Entry) throws {
-        try updateState { $0.markHandled(entry.sequence) }
+        try updateState {
+            $0.markHandled(entry.sequence)
+            $0.removing = entry.sequence
+        }
         let entryLocation = location(Self.fileName(entry.sequence))
-        guard unlink(entryLocation.name) == 0 || Foundation.errno == ENOENT else {
+        // Through DurableIO, like every name change, so the power-cut simulator sees it.
+        guard DurableIO.unlink(entryLocation.name, relativeTo: AT_FDCWD) == 0 || Foundation.errno == ENOENT else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: entryLocation.displayPath, doing: "remove the Inbox queue entry")
         }
         try entryLocation.synchronizeDirectory()
