@@ -13,6 +13,11 @@ public struct CryptoBenchmark: Sendable {
         /// The cipher new files get on this machine (docs/FORMAT.md §4.4), and its throughput alone on one core.
         public var cipher: String
         public var cipherRawMBps: Double
+        /// AES-256-GCM alone with a fresh seed for every block rather than one per write (so stored nonce fields would
+        /// not show which blocks one write sealed), where the CPU has AES-NI: what hiding that would cost.
+        public var gcmSeedPerBlockRawMBps: Double?
+        /// AES-256-GCM alone as the format seals it, one seed per write, in the same run (nil without AES-NI).
+        public var gcmSeedPerPassRawMBps: Double?
         public var writeMBps: Double
         public var readMBps: Double
         public var plainWriteMBps: Double
@@ -25,6 +30,7 @@ public struct CryptoBenchmark: Sendable {
         // The JSON keys scripts read (`sandboxctl bench crypto --json`).
         enum CodingKeys: String, CodingKey {
             case aeadRawMBps = "aead_raw_MBps", cipher, cipherRawMBps = "cipher_raw_MBps", writeMBps = "write_MBps", readMBps = "read_MBps"
+            case gcmSeedPerBlockRawMBps = "gcm_seed_per_block_raw_MBps", gcmSeedPerPassRawMBps = "gcm_seed_per_pass_raw_MBps"
             case plainWriteMBps = "plain_write_MBps", plainReadMBps = "plain_read_MBps"
             case blockSize = "block_size", sizeMiB = "size_mib", cores, rounds
         }
@@ -76,10 +82,13 @@ public struct CryptoBenchmark: Sendable {
         let plainPath = (root as NSString).appendingPathComponent("plain")
         let cipher = FileHeader.Cipher.preferred
         let xChaChaMBps = try throughput { try sealAlone(payload: payload, cipher: .xChaCha20Poly1305) }
+        let gcm = FileHeader.Cipher.aes256GCM.isAvailable
         return Result(
             aeadRawMBps: xChaChaMBps,
             cipher: cipher.name,
             cipherRawMBps: cipher == .xChaCha20Poly1305 ? xChaChaMBps : try throughput { try sealAlone(payload: payload, cipher: cipher) },
+            gcmSeedPerBlockRawMBps: gcm ? try throughput { try sealAlone(payload: payload, cipher: .aes256GCM, seedPerBlock: true) } : nil,
+            gcmSeedPerPassRawMBps: gcm ? try throughput { try sealAlone(payload: payload, cipher: .aes256GCM) } : nil,
             writeMBps: try throughput {
                 unlink(encryptedPath)
                 let file = try EncryptedFile.create(at: encryptedPath, protectionClass: .complete, keys: device, blockSize: blockSize)
@@ -115,12 +124,12 @@ public struct CryptoBenchmark: Sendable {
 
     /// One cipher alone, one core, in memory, as the format seals blocks: same block size, associated-data length and
     /// nonce fields, one sealing pass per 1 MiB call.
-    private func sealAlone(payload: [UInt8], cipher: FileHeader.Cipher) throws {
+    private func sealAlone(payload: [UInt8], cipher: FileHeader.Cipher, seedPerBlock: Bool = false) throws {
         let key = SecureBytes.random(count: FileHeader.fileKeyBytes)
         defer { key.discard() }
         try key.withUnsafeBytes { fileKey in
             payload.withUnsafeBytes { calls in
-                for _ in 0..<sizeMiB { BlockCipher.sealDiscarding(calls, blockSize: blockSize, cipher: cipher, fileKey: fileKey) }
+                for _ in 0..<sizeMiB { BlockCipher.sealDiscarding(calls, blockSize: blockSize, cipher: cipher, fileKey: fileKey, seedPerBlock: seedPerBlock) }
             }
         }
     }

@@ -103,7 +103,10 @@ struct PowerCutRun {
         try prepare(container)
         // Everything before the recording is the durable starting point.
         sync()
-        let recording = try PowerCutRecording.start(root: scratch.root)
+        // A passcode change writes the binding beside the device secret, outside the root: that kind records the
+        // whole scratch folder, so its states hold the secret's folder as the cut left it.
+        let recordsSecret = kind == CrashKind.passcode.rawValue
+        let recording = try PowerCutRecording.start(root: recordsSecret ? scratch.folder : scratch.root)
         do {
             try workload(device, container, recording)
         } catch {
@@ -114,16 +117,15 @@ struct PowerCutRun {
         device.powerOff()
         let states = (scratch.folder as NSString).appendingPathComponent("states")
         let report = try recording.check(workload: kind, statesPerCut: statesPerCut, seed: seed, scratch: states) { state in
-            let rebuilt = ScratchDevice(folder: (state.path as NSString).deletingLastPathComponent)
-            do {
-                try FileManager.default.copyItem(atPath: scratch.secretPath, toPath: rebuilt.secretPath)
-                // The passcode binding lies beside the secret, outside the recorded root, and goes with it.
-                let binding = PasscodeBinding.path(forSecretAt: scratch.secretPath)
-                if FileManager.default.fileExists(atPath: binding) {
-                    try FileManager.default.copyItem(atPath: binding, toPath: PasscodeBinding.path(forSecretAt: rebuilt.secretPath))
+            let rebuilt = ScratchDevice(folder: recordsSecret ? state.path : (state.path as NSString).deletingLastPathComponent)
+            if !recordsSecret {
+                do {
+                    try FileManager.default.copyItem(atPath: scratch.secretPath, toPath: rebuilt.secretPath)
+                    // The passcode binding lies beside the secret, outside the recorded root, and goes with it.
+                    try FileManager.default.copyItem(atPath: PasscodeBinding.path(forSecretAt: scratch.secretPath), toPath: PasscodeBinding.path(forSecretAt: rebuilt.secretPath))
+                } catch {
+                    return ["cannot set up the rebuilt device: \(error)"]
                 }
-            } catch {
-                return ["cannot set up the rebuilt device: \(error)"]
             }
             if let check { return check(state, rebuilt) }
             return crashCheck(state, rebuilt)

@@ -15,6 +15,9 @@ public final class Container: @unchecked Sendable {
     public let device: Device
     /// The data directory on disk; every path the API takes is relative to it.
     public let dataPath: String
+    /// The container's folder name on disk (docs/FORMAT.md §7): derived from the bundle identifier under the device
+    /// secret, so it names the container without showing the identifier.
+    public var storageIdentifier: String { ((dataPath as NSString).deletingLastPathComponent as NSString).lastPathComponent }
 
     package let directory: ConfinedDirectory
     let defaultClass: ProtectionClass

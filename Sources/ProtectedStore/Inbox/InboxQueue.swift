@@ -137,9 +137,8 @@ package struct InboxQueue: Sendable {
     /// mistaken for absent.
     package func entries() throws -> [Entry] { try scan().entries }
 
-    /// The entries and the damage met (docs/FORMAT.md §6). An entry whose event is held back because of damage (a
-    /// replayed record, a removed state) is returned as handled.
-    package func scan() throws -> (entries: [Entry], damage: [Damage]) {
+    /// Every record as stored, in delivery order, and the ones that do not read.
+    private func records() throws -> (entries: [Entry], damage: [Damage]) {
         guard try FileSystem.exists(path) else { return ([], []) }
         let names: [String]
         do {
@@ -158,7 +157,13 @@ package struct InboxQueue: Sendable {
                 damage.append(Damage(file: name, problem: error.problem))
             }
         }
-        entries.sort { $0.sequence < $1.sequence }
+        return (entries.sorted { $0.sequence < $1.sequence }, damage)
+    }
+
+    /// The entries and the damage met (docs/FORMAT.md §6). An entry whose event is held back because of damage (a
+    /// replayed record, a removed state) is returned as handled.
+    package func scan() throws -> (entries: [Entry], damage: [Damage]) {
+        var (entries, damage) = try records()
         let state: State
         do {
             if let stored = try readState() {
@@ -279,7 +284,7 @@ package struct InboxQueue: Sendable {
 
     /// Writes the state a migration's records imply (caller holds the lock): their pending events stay pending.
     func adoptMigratedRecords() throws {
-        let state = try currentState(recorded: try scan().entries, trustingPending: true)
+        let state = try currentState(recorded: try records().entries, trustingPending: true)
         try store(state)
     }
 
@@ -328,7 +333,7 @@ package struct InboxQueue: Sendable {
 
     /// Changes the state durably (atomically replaced, synced). Caller holds the lock.
     private func updateState(_ change: (inout State) -> Void) throws {
-        var state = try currentState(recorded: (try? scan().entries) ?? [])
+        var state = try currentState(recorded: (try? records().entries) ?? [])
         change(&state)
         // Against what is stored: the records may already show the change (a handled event's record is rewritten first).
         guard let stored = try? readState(), stored == state else { return try store(state) }

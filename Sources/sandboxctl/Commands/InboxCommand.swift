@@ -220,7 +220,7 @@ struct InboxMountCommand: ParsableCommand {
             first unlock.
 
             By default the drop folder runs in the background and this command returns once it is ready; its log goes \
-            to $XDG_STATE_HOME/sandboxctl/logs/<keybag id>/inbox-<bundle>.log. Stop it with `fusermount3 -u DIR` or \
+            to $XDG_STATE_HOME/sandboxctl/logs/<keybag id>/inbox-<container id>.log. Stop it with `fusermount3 -u DIR` or \
             SIGTERM. Exit status: 64 for a bad --from, --annotation or DIR (not empty, not a directory, inside the \
             device root); 1 for an unknown bundle, a missing DIR or one already mounted (busy).
 
@@ -275,7 +275,7 @@ struct InboxMountCommand: ParsableCommand {
                 if let checkedAnnotation { arguments += ["--annotation", checkedAnnotation] }
                 if verbose { arguments.append("--verbose") }
                 arguments += transport.arguments
-                let started = try MountCommand.startDetached(arguments: arguments, root: root, logName: "inbox-\(bundleIdentifier).log")
+                let started = try MountCommand.startDetached(arguments: arguments, root: root, logName: "inbox-\(container.storageIdentifier).log")
                 print("Drop folder for \(bundleIdentifier)'s Inbox at \(mountPoint) (pid \(started.process), log \(started.log)).")
                 print("Stop it with: fusermount3 -u \(mountPoint)")
                 return

@@ -18,7 +18,7 @@ struct MountCommand: ParsableCommand {
             attribute user.protection.class reads and sets an item's class (getfattr/setfattr, class names as elsewhere).
 
             By default the mount runs in the background and this command returns once it is ready; its log goes to \
-            $XDG_STATE_HOME/sandboxctl/logs/<keybag id>/mount-<bundle>.log (outside the root: log lines name paths). Unmount with `fusermount3 -u MOUNTPOINT`, or send the mount's process \
+            $XDG_STATE_HOME/sandboxctl/logs/<keybag id>/mount-<container id>.log (outside the root: log lines name paths; the file name is the container's folder id, not its bundle identifier). Unmount with `fusermount3 -u MOUNTPOINT`, or send the mount's process \
             SIGINT or SIGTERM. With --foreground it stays attached and logs to standard error.
 
             Where root has turned on FUSE over io_uring (echo Y > /sys/module/fuse/parameters/enable_uring, Linux 6.14+) \
@@ -59,7 +59,7 @@ struct MountCommand: ParsableCommand {
             if foreground || backgroundChild {
                 try serve(container, at: checkedMountPoint)
             } else {
-                try startInBackground(root: root, mountPoint: checkedMountPoint)
+                try startInBackground(root: root, mountPoint: checkedMountPoint, container: container)
             }
         }
     }
@@ -103,12 +103,12 @@ struct MountCommand: ParsableCommand {
     }
 
     /// Starts this command again as a detached process and waits until it has mounted (or failed, with its log).
-    private func startInBackground(root: String, mountPoint: String) throws {
+    private func startInBackground(root: String, mountPoint: String, container: Container) throws {
         var arguments = ["mount", bundleIdentifier, mountPoint, "--background-child", "--root", root]
         if let secret = device.resolvedDeviceSecret { arguments += ["--device-secret", secret] }
         if verbose { arguments.append("--verbose") }
         arguments += transport.arguments
-        let started = try Self.startDetached(arguments: arguments, root: root, logName: "mount-\(bundleIdentifier).log")
+        let started = try Self.startDetached(arguments: arguments, root: root, logName: "mount-\(container.storageIdentifier).log")
         print("Mounted \(bundleIdentifier) at \(mountPoint) (pid \(started.process), log \(started.log)).")
         print("Unmount with: fusermount3 -u \(mountPoint)")
     }
