@@ -286,3 +286,26 @@ struct AtRestTamperTests {
         #expect(opening { $0[6] = 9 }?.problem.contains("class byte") == true)
     }
 }
+
+/// The same tampers seen by an unmodified program through the kernel.
+@Suite("Tampering at rest, through the mount", .ownThread, .serialized, .enabled(if: FUSEAvailability.isAvailable, "needs /dev/fuse and fusermount3"))
+struct AtRestTamperMountTests {
+    @Test("ls(1) on the mount lists the readable entries, then reports the damaged one as an I/O error; a folder without its IV does not open", .timeLimit(.minutes(2)))
+    func lsThroughTheMount() throws {
+        let mounted = try MountedDevice(defaultProtection: .none)
+        try mounted.container.write(Data("a".utf8), toPath: "Documents/good.txt")
+        try mounted.container.createDirectory(atPath: "Documents/folder")
+        try mounted.container.write(Data("b".utf8), toPath: "Documents/folder/b.txt")
+        let documents = try mounted.container.storedPath("Documents")
+        writeRaw([1, 2, 3], (documents as NSString).appendingPathComponent("planted-by-hand"))
+        try FileManager.default.removeItem(atPath: (try mounted.container.storedPath("Documents/folder") as NSString).appendingPathComponent(DirectoryNames.ivName))
+
+        let listed = try CLI.run(executable: URL(fileURLWithPath: "/bin/ls"), [mounted.path("Documents")])
+        #expect(listed.status != 0, "ls fails: \(listed.stdout) \(listed.stderr)")
+        #expect(listed.stdout.contains("good.txt") && listed.stdout.contains("folder"), "\(listed.stdout)")
+        #expect(listed.stderr.contains("Input/output error"), "\(listed.stderr)")
+        let inside = try CLI.run(executable: URL(fileURLWithPath: "/bin/ls"), [mounted.path("Documents/folder")])
+        #expect(inside.status != 0 && inside.stderr.contains("Input/output error"), "\(inside.stderr)")
+        #expect(mounted.log.contains("planted-by-hand"), "the mount's log names the damaged entry")
+    }
+}
