@@ -431,9 +431,11 @@ extension Container {
                 protection = try directoryClass(of: try opened.subdirectory(name, displayPath: location.displayPath))?.fileProtectionType
             } catch let error as ProtectedStoreError where error.kind == .notFound || error.errno == .notDirectory {
                 return nil  // removed or replaced since the lstat: gone as far as this listing goes
-            } catch let error as ProtectedStoreError {
+            } catch let error as ProtectedStoreError where error.kind == .integrity || error.kind == .unsupportedFormat {
                 // A folder whose IV or class marker is damaged is listed as damaged, never left out.
                 problem = error.problem
+            } catch {
+                // One this process may not open (its mode): listed, without a class.
             }
         case S_IFLNK:
             type = .typeSymbolicLink
@@ -441,7 +443,7 @@ extension Container {
                 target = try opened.names.linkTarget(at: location)
             } catch let error as ProtectedStoreError where error.kind == .notFound {
                 return nil
-            } catch let error as ProtectedStoreError {
+            } catch let error as ProtectedStoreError where error.kind == .integrity {
                 problem = error.problem
             }
         case S_IFSOCK, S_IFIFO:
