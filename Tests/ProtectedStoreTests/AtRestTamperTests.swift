@@ -290,7 +290,8 @@ struct AtRestTamperTests {
 /// The same tampers seen by an unmodified program through the kernel.
 @Suite("Tampering at rest, through the mount", .ownThread, .serialized, .enabled(if: FUSEAvailability.isAvailable, "needs /dev/fuse and fusermount3"))
 struct AtRestTamperMountTests {
-    @Test("ls(1) on the mount lists the readable entries, then reports the damaged one as an I/O error; a folder without its IV does not open", .timeLimit(.minutes(2)))
+    @Test("ls(1) on the mount lists the readable entries, then reports the damaged one as an I/O error; a folder without its IV does not open",
+          .timeLimit(.minutes(10)))
     func lsThroughTheMount() throws {
         let mounted = try MountedDevice(defaultProtection: .none)
         try mounted.container.write(Data("a".utf8), toPath: "Documents/good.txt")
