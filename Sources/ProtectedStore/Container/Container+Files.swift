@@ -413,8 +413,11 @@ extension Container {
         case S_IFREG:
             type = .typeRegular
             let file = Self.fileDetails(at: location)
+            // Removed since the lstat: gone, as above; one this process may not read (its mode) is listed without
+            // details, not as damage.
+            if file.kind == .notFound { return nil }
             size = file.size
-            problem = file.problem
+            problem = file.kind == .integrity || file.kind == .unsupportedFormat ? file.problem : nil
             if let header = file.header {
                 protection = header.protectionClass.fileProtectionType
             } else if problem == nil {
@@ -457,14 +460,14 @@ extension Container {
     }
 
     /// A regular file's header and plaintext size, read without any key; or why they can't be read.
-    package static func fileDetails(at location: FileLocation) -> (header: FileHeader?, size: UInt64, problem: String?) {
+    package static func fileDetails(at location: FileLocation) -> (header: FileHeader?, size: UInt64, problem: String?, kind: ProtectedStoreError.Kind?) {
         do {
             let (header, size) = try EncryptedFile.details(at: location)
-            return (header, UInt64(size), nil)
+            return (header, UInt64(size), nil, nil)
         } catch let error as ProtectedStoreError {
-            return (nil, 0, error.problem)
+            return (nil, 0, error.problem, error.kind)
         } catch {
-            return (nil, 0, "\(error)")
+            return (nil, 0, "\(error)", .io)
         }
     }
 

@@ -20,8 +20,11 @@ struct PlaintextCopy {
         defer { zeroize(&buffer) }
         var info = stat()
         let isRegular = fstat(source.rawValue, &info) == 0 && info.st_mode & S_IFMT == S_IFREG
-        guard isRegular else {
-            // A pipe or a terminal: read to its end.
+        // A file that reports no size may still have content (procfs, sysfs), and a file system may not answer
+        // SEEK_DATA: those are read to their end as a pipe is.
+        let seeksData = isRegular && info.st_size > 0 && (ps_seek_data(source.rawValue, 0) >= 0 || Foundation.errno == ENXIO)
+        guard seeksData else {
+            // A pipe, a terminal, or one of the above: read to its end.
             var offset: Int64 = 0
             while true {
                 let count = try buffer.withUnsafeMutableBytes { buffer in

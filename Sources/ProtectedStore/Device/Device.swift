@@ -223,7 +223,7 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
                                       remedy: "Create one with `sandboxctl init --root \(root)`, or pass the right --root")
         }
         if checkingFormat { try DeviceFormat.requireCurrent(root: root) }
-        let bytes = try FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")
+        var bytes = try FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")
         let keybagID = try Keybag.peekID(bytes, path: keybagPath)
         let configuredSecretPath = absolute(deviceSecretPath ?? DeviceSecret.defaultPath(keybagID: keybagID))
         let deviceSecret = try loadDeviceSecret(at: configuredSecretPath)
@@ -232,9 +232,18 @@ public final class Device: @unchecked Sendable, ClassKeyProviding {
             throw ProtectedStoreError(.integrity, path: deviceSecret.path, problem: "this device secret is for keybag \(deviceSecret.keybagID.hex) but \(keybagPath) says \(keybagID.hex): the secret belongs to another device, or the keybag was modified",
                                       remedy: "Pass the device secret created with this root, or restore the keybag from a backup")
         }
-        let keybag = try Keybag.parse(bytes, path: keybagPath, deviceSecret: deviceSecret)
-        // A keybag restored from before a passcode change is refused here, before any key comes out of it.
-        _ = try EmbeddedKeyHolder.bindingValue(forKeybag: keybag, bytes: bytes, keybagPath: keybagPath, bindingPath: bindingPath, deviceSecret: deviceSecret)
+        var keybag = try Keybag.parse(bytes, path: keybagPath, deviceSecret: deviceSecret)
+        // A keybag restored from before a passcode change is refused here, before any key comes out of it; read once
+        // more first, in case a passcode change in another process finished between the two reads.
+        do {
+            _ = try EmbeddedKeyHolder.bindingValue(forKeybag: keybag, bytes: bytes, keybagPath: keybagPath, bindingPath: bindingPath, deviceSecret: deviceSecret)
+        } catch let error as ProtectedStoreError where error.kind == .integrity {
+            let again = try FileLocation(path: keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag")
+            guard again != bytes else { throw error }
+            bytes = again
+            keybag = try Keybag.parse(bytes, path: keybagPath, deviceSecret: deviceSecret)
+            _ = try EmbeddedKeyHolder.bindingValue(forKeybag: keybag, bytes: bytes, keybagPath: keybagPath, bindingPath: bindingPath, deviceSecret: deviceSecret)
+        }
         let classD = try keybag.unwrapDeviceClassKey(deviceSecret: deviceSecret, path: keybagPath)
         return Device(root: root, keys: EmbeddedKeyHolder(deviceSecret: deviceSecret, keybag: keybag, keybagBytes: bytes, classKeys: ClassKeys(keys: [.none: classD]),
                                                           bindingPath: bindingPath),

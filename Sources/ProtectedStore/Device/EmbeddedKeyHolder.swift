@@ -104,7 +104,7 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
     // MARK: Passcode
 
     func changePasscode(_ device: Device, from oldPasscode: Passcode, to newPasscode: Passcode) throws {
-        try passcodeLock.withLock {
+        try passcodeLock.withLock { try Self.holdingKeybagLock(device) {
             let (current, currentBytes, value) = try currentKeybag(device)
             let unwrapped = try checkingPasscode(device) {
                 try ScrubbedStack.run { try current.unwrapPasscodeClassKeys(passcode: oldPasscode, binding: value, deviceSecret: deviceSecret, path: device.keybagPath) }
@@ -133,7 +133,20 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
             mutex.withLock { storedKeybag = (newKeybag, bytes) }
             // The passcode is changed; if dropping the old keybag's entry fails, the next unlock drops it.
             try? PasscodeBinding(keybagID: current.keybagID, entries: [after]).store(at: bindingPath, deviceSecret: deviceSecret)
+        } }
+    }
+
+    /// Runs `body` holding `<root>/keybag.lock` exclusively: the keybag and its binding change together in one
+    /// process at a time, across processes (a passcode change, the trim after an unlock), so no two interleave into a
+    /// binding that names a keybag no longer on disk.
+    static func holdingKeybagLock<R>(_ device: Device, _ body: () throws -> R) throws -> R {
+        let lockPath = (device.root as NSString).appendingPathComponent("keybag.lock")
+        let lockFile = try FileLocation(path: lockPath).open(.readWrite, options: [.create], permissions: [.ownerReadWrite], doing: "open the keybag lock")
+        defer { try? lockFile.close() }
+        while flock(lockFile.rawValue, LOCK_EX) != 0 {
+            guard Foundation.errno == EINTR else { throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: lockPath, doing: "lock the keybag") }
         }
+        return try body()
     }
 
     /// The keybag as on disk now, its bytes, and its binding value: another process (the CLI beside a daemon) may
@@ -154,14 +167,17 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
 
     /// Unwraps classes A, B and C with the passcode (throttled), from the keybag as on disk. Caller holds `passcodeLock`.
     private func unwrapPasscodeClassKeys(_ device: Device, passcode: Passcode) throws -> [ProtectionClass: SecureBytes] {
-        let (keybag, bytes, value) = try currentKeybag(device)
+        let (keybag, _, value) = try currentKeybag(device)
         let keys = try checkingPasscode(device) {
             // Argon2id's output, the passcode key and the unwrapped class keys leave copies on the stack (ScrubbedStack).
             try ScrubbedStack.run { try keybag.unwrapPasscodeClassKeys(passcode: passcode, binding: value, deviceSecret: deviceSecret, path: device.keybagPath) }
         }
-        // A passcode change cut short leaves the binding naming two keybags: keep only the one in use.
-        if let binding = try? PasscodeBinding.load(at: bindingPath, deviceSecret: deviceSecret), binding.entries.count > 1,
-           let entry = try? binding.entry(forKeybag: bytes, keybagPath: device.keybagPath) {
+        // A passcode change cut short leaves the binding naming two keybags: keep only the one on disk now, under the
+        // keybag lock, so a change running in another process is not undone.
+        try? Self.holdingKeybagLock(device) {
+            guard let binding = try? PasscodeBinding.load(at: bindingPath, deviceSecret: deviceSecret), binding.entries.count > 1,
+                  let onDisk = try? FileLocation(path: device.keybagPath).readPrefix(count: Keybag.size + 1, what: "keybag"),
+                  let entry = try? binding.entry(forKeybag: onDisk, keybagPath: device.keybagPath) else { return }
             try? PasscodeBinding(keybagID: keybag.keybagID, entries: [entry]).store(at: bindingPath, deviceSecret: deviceSecret)
         }
         return keys
@@ -260,7 +276,8 @@ final class EmbeddedKeyHolder: KeyHolder, @unchecked Sendable {
         }
         try FileSystem.synchronizeDirectory(device.root)
         let daemonFiles = [DaemonInfo.path(root: device.root), (device.root as NSString).appendingPathComponent("daemon.lock")]
-        let settings = [device.passcodePolicyPath, device.passcodeAttemptsPath, device.passcodeAttemptsPath + ".lock"]
+        let settings = [device.passcodePolicyPath, device.passcodeAttemptsPath, device.passcodeAttemptsPath + ".lock",
+                        (device.root as NSString).appendingPathComponent("keybag.lock")]
         for name in [device.containersPath] + settings + daemonFiles where try FileSystem.exists(name) {
             do {
                 try FileManager.default.removeItem(atPath: name)

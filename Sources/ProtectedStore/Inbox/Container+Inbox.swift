@@ -182,7 +182,7 @@ extension Container {
                 let location = try inbox.location(name, displayPath: directory.displayPath(inboxPath.appending(name)))
                 guard let info = try location.status(), info.st_mode & S_IFMT == S_IFREG else { return nil }
                 let record = records[name]
-                let (header, size, problem) = Self.fileDetails(at: location)
+                let (header, size, problem, _) = Self.fileDetails(at: location)
                 return InboxItem(name: name, path: "\(Self.documentsInbox)/\(name)",
                                  state: record.map { $0.eventDelivered ? .delivered : .pendingEvent } ?? .unrecorded,
                                  sourceApplication: record?.sourceApplication, annotationJSON: record?.annotation, size: size,

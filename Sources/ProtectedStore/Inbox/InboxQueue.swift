@@ -42,6 +42,9 @@ package struct InboxQueue: Sendable {
         /// The record being removed (its event handled or withdrawn first): one found after a power cut is the
         /// removal cut short, not a restored record.
         package var removing: UInt64? = nil
+        /// Set for good when a writer had to rebuild the state (it was damaged, or removed though records were written
+        /// beside it): the events it held back then count as handled, so `scan` keeps reporting it.
+        package var rebuiltAfterDamage: Bool? = nil
 
         package func isHandled(_ sequence: UInt64) -> Bool {
             sequence <= handledThrough || handledAbove.contains(sequence)
@@ -163,7 +166,20 @@ package struct InboxQueue: Sendable {
     /// The entries and the damage met (docs/FORMAT.md §6). An entry whose event is held back because of damage (a
     /// replayed record, a removed state) is returned as handled.
     package func scan() throws -> (entries: [Entry], damage: [Damage]) {
-        var (entries, damage) = try records()
+        // Readers take no lock: the state read before and after the records must agree, or a writer was between
+        // them (a record rewritten, added or removed beside its state) and the snapshot is taken again.
+        var attempt = 0
+        while true {
+            attempt += 1
+            let before = try? readState()
+            let snapshot = try records()
+            let after = try? readState()
+            if before == after || attempt == 8 { return try check(snapshot) }
+        }
+    }
+
+    private func check(_ snapshot: (entries: [Entry], damage: [Damage])) throws -> (entries: [Entry], damage: [Damage]) {
+        var (entries, damage) = snapshot
         let state: State
         do {
             if let stored = try readState() {
@@ -183,7 +199,11 @@ package struct InboxQueue: Sendable {
             if entries[index].sequence == state.removing { continue }
             damage.append(Damage(file: Self.fileName(entries[index].sequence), problem: "the record says its open-URL event is pending, but the queue's state has it handled: the record was restored from before (a replay); its event is not delivered again"))
         }
-        let recorded = Set(entries.map(\.sequence))
+        if state.rebuiltAfterDamage == true {
+            damage.append(Damage(file: Self.stateName, problem: "the queue's sealed state was rebuilt after it was found damaged or removed: the events then held back count as handled"))
+        }
+        // A record that does not open is already reported; it is not also a removed one.
+        let recorded = Set(entries.map(\.sequence) + snapshot.damage.compactMap { UInt64($0.file.dropLast(Self.recordSuffix.count)) })
         if state.allocated > state.handledThrough {
             for sequence in (state.handledThrough + 1)...state.allocated where !state.isHandled(sequence) && !recorded.contains(sequence) {
                 damage.append(Damage(file: Self.fileName(sequence), problem: "the record of delivery #\(sequence) is missing though its open-URL event was never handled: it was removed, and the event is lost"))
@@ -197,7 +217,7 @@ package struct InboxQueue: Sendable {
     func allocateSequence(above recorded: [Entry]) throws -> UInt64 {
         let state = try currentState(recorded: recorded)
         // The state exists before the first record written beside it, so a record found without it means removal.
-        if (try? readState()) == nil { try store(state) }
+        if try storedState() == nil { try store(state) }
         return max(state.allocated, recorded.last?.sequence ?? 0) + 1
     }
 
@@ -309,10 +329,14 @@ package struct InboxQueue: Sendable {
     /// keeps reporting it.
     private func currentState(recorded: [Entry], trustingPending: Bool = false) throws -> State {
         var state: State
-        if let stored = try? readState() {
+        if let stored = try storedState() {
             state = stored
         } else {
             state = State()
+            // Rebuilt over damage (or a removal) rather than from a queue that never had one: say so for good.
+            if try location(Self.stateName).status() != nil || (!trustingPending && recorded.contains { $0.watermarked == true }) {
+                state.rebuiltAfterDamage = true
+            }
             let counter = location(Self.legacyCounterName)
             if try counter.status() != nil {
                 state.allocated = UInt64(String(decoding: try counter.readPrefix(count: 32, what: "Inbox sequence counter"), as: UTF8.self)
@@ -336,7 +360,17 @@ package struct InboxQueue: Sendable {
         var state = try currentState(recorded: (try? records().entries) ?? [])
         change(&state)
         // Against what is stored: the records may already show the change (a handled event's record is rewritten first).
-        guard let stored = try? readState(), stored == state else { return try store(state) }
+        guard let stored = try storedState(), stored == state else { return try store(state) }
+    }
+
+    /// The stored state for a writer: nil if there is none or it does not open (the writer rebuilds it, marked);
+    /// any other failure to read it (I/O) stops the write, so no state is rebuilt over one that is merely unreadable now.
+    private func storedState() throws -> State? {
+        do {
+            return try readState()
+        } catch let error as ProtectedStoreError where error.kind == .integrity {
+            return nil
+        }
     }
 
     private func store(_ state: State) throws {
