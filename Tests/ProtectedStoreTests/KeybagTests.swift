@@ -52,7 +52,7 @@ struct KeybagTests {
             try test.device.changePasscode(from: try Passcode("not it"), to: try Passcode("other"))
         }
         #expect(readRaw(test.device.keybagPath).count == Keybag.size)
-        #expect(try FileManager.default.contentsOfDirectory(atPath: test.root).sorted() == ["containers", "keybag", "passcode-attempts.json", "passcode-attempts.json.lock", "passcode-policy.json"], "no temporary file left behind")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: test.root).sorted() == ["containers", "keybag", "keybag.lock", "passcode-attempts.json", "passcode-attempts.json.lock", "passcode-policy.json"], "no temporary file left behind")
     }
 
     @Test("class B: a file created with the public key alone reads back only after unlocking")
