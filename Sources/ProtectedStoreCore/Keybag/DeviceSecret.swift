@@ -112,6 +112,14 @@ public final class DeviceSecret: Sendable {
         try Blake2b.derive(key: secret, parts: [Array(label.utf8), keybagID, context], secretParts: secretInputs)
     }
 
+    /// BLAKE2b-256 of `body` keyed with `derive(label, keybagID:)`: the MAC of a file only this device can write
+    /// (the keybag, the passcode binding).
+    package func mac(_ label: String, keybagID: [UInt8], over body: [UInt8]) throws -> [UInt8] {
+        let key = try derive(label, keybagID: keybagID)
+        defer { key.discard() }
+        return try body.withUnsafeBytes { try Blake2b.mac(key: key, message: $0) }
+    }
+
     /// The name key of the container of `bundleIdentifier` (docs/FORMAT.md §7): from the device secret alone, so
     /// names are readable before the first unlock and while locked, as iOS's file-system metadata key.
     /// With no bundle identifier, the device's own name key, which names and seals the containers themselves.

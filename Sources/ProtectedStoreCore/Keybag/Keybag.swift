@@ -172,9 +172,7 @@ package struct Keybag: Sendable {
     }
 
     package static func mac(_ body: [UInt8], keybagID: [UInt8], deviceSecret: DeviceSecret) throws -> [UInt8] {
-        let macKey = try deviceSecret.derive(macKeyLabel, keybagID: keybagID)
-        defer { macKey.discard() }
-        return try body.withUnsafeBytes { try Blake2b.mac(key: macKey, message: $0) }
+        try deviceSecret.mac(macKeyLabel, keybagID: keybagID, over: body)
     }
 
     /// The keybag id, read before anything is verified, to find the default device secret.

@@ -77,9 +77,7 @@ package struct PasscodeBinding: Sendable {
     }
 
     private static func mac(_ body: [UInt8], keybagID: [UInt8], deviceSecret: DeviceSecret) throws -> [UInt8] {
-        let key = try deviceSecret.derive(macLabel, keybagID: keybagID)
-        defer { key.discard() }
-        return try body.withUnsafeBytes { try Blake2b.mac(key: key, message: $0) }
+        try deviceSecret.mac(macLabel, keybagID: keybagID, over: body)
     }
 
     /// The binding at `path`, checked against the device secret; nil if there is none.
