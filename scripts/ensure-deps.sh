@@ -37,6 +37,8 @@ if [ "$mode" = all ]; then
     command -v sqlite3 >/dev/null 2>&1 || packages+=(sqlite3)
     command -v rsync >/dev/null 2>&1 || packages+=(rsync)
     command -v setfattr >/dev/null 2>&1 || packages+=(attr)
+    # The mount's round-trip tests compare ACLs with getfacl and set them with setfacl.
+    command -v setfacl >/dev/null 2>&1 || packages+=(acl)
     # sandboxctl launch runs apps in a bubblewrap sandbox.
     command -v bwrap >/dev/null 2>&1 || packages+=(bubblewrap)
     # The lock triggers' tests run a private dbus-daemon and a stand-in logind in Debian's Python.

@@ -58,6 +58,7 @@ import base64
 import ctypes
 import ctypes.util
 import hashlib
+import errno
 import hmac
 import json
 import os
@@ -645,15 +646,52 @@ def entry_name(k_siv: bytes, k_name: bytes, dirpath: bytes, iv: bytes, entry: by
 
 
 def decrypt_link_target(k_name: bytes, iv: bytes, stored: bytes) -> bytes:
-    """§7 Link targets: random nonce, AD "L" || IV of the link's directory."""
-    raw = b64url_decode(stored, "link target")
+    """§7 Link targets: "~" then a random nonce, AD "L" || 0x02; the earlier form (no "~") has AD "L" || IV of
+    the directory the link was made in."""
+    bound = not stored.startswith(b"~")
+    raw = b64url_decode(stored if bound else stored[1:], "link target")
     if len(raw) < NONCE_SIZE + TAG_SIZE:
         raise FormatError(f"link target: {len(raw)} bytes decoded, too short")
-    padded = aead_open(k_name, raw[:NONCE_SIZE], raw[NONCE_SIZE:], b"L" + iv, "link target")
+    padded = aead_open(k_name, raw[:NONCE_SIZE], raw[NONCE_SIZE:], b"L" + (iv if bound else b"\x02"), "link target")
     target = padded.rstrip(b"\0")  # padding: fewer than 16 NULs
     if not target or b"\0" in target or len(padded) - len(target) >= 16:
         raise FormatError("link target: empty, contains NUL, or padded wrongly")
     return target
+
+
+ATTRIBUTES_NAME = "user.sandboxctl.attributes"
+
+
+def decrypt_attributes(k_name: bytes, sealed: bytes) -> list:
+    """§7 Extended attributes: nonce || AEAD(K_name, A, "R" || "attributes"); A = 0x01, count (u16), then
+    |name| (u8), name, |value| (u32), value per attribute, spaces to a multiple of 64. [(name, value)]."""
+    if len(sealed) < NONCE_SIZE + TAG_SIZE:
+        raise FormatError(f"extended attributes: {len(sealed)} bytes, too short")
+    plain = aead_open(k_name, sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], b"R" + b"attributes", "extended attributes")
+    if len(plain) < 3 or plain[0] != 1:
+        raise FormatError("extended attributes: not version 1")
+    (count,) = struct.unpack_from("<H", plain, 1)
+    at, found = 3, []
+    for _ in range(count):
+        if at >= len(plain) or plain[at] == 0:
+            raise FormatError("extended attributes: truncated or empty name")
+        length = plain[at]
+        name = plain[at + 1:at + 1 + length]
+        at += 1 + length
+        if len(name) != length or at + 4 > len(plain):
+            raise FormatError("extended attributes: truncated")
+        (size,) = struct.unpack_from("<I", plain, at)
+        value = plain[at + 4:at + 4 + size]
+        at += 4 + size
+        if len(value) != size:
+            raise FormatError("extended attributes: truncated value")
+        text = name.decode("utf-8")  # UnicodeDecodeError is a ValueError: reported as damage by the caller
+        if not text.startswith("user.") or any(text == n for n, _ in found):
+            raise FormatError(f"extended attributes: name {text!r} outside user. or repeated")
+        found.append((text, value))
+    if len(plain) - at >= 64 or plain[at:] != b" " * (len(plain) - at):
+        raise FormatError("extended attributes: padded wrongly")
+    return found
 
 
 def read_dir_iv(dirpath: bytes) -> bytes:
@@ -826,6 +864,8 @@ class ContainerDecryptor:
         dest = None if out_dir is None else os.path.join(out_dir, name)
         try:
             mode = os.lstat(stored).st_mode
+            if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+                self.report_attributes(stored, rel)
             if stat.S_ISDIR(mode):
                 if dest is not None:
                     self.ensure_output(dest, stat.S_ISDIR, os.mkdir)
@@ -858,6 +898,22 @@ class ContainerDecryptor:
         except FileNotFoundError:
             pass
         make(dest)
+
+    def report_attributes(self, stored: bytes, rel: str):
+        """The item's user.* extended attributes, by name and size (§7); damage is a failure of its own."""
+        try:
+            sealed = os.getxattr(stored, ATTRIBUTES_NAME, follow_symlinks=False)
+        except OSError as e:
+            if e.errno in (errno.ENODATA, errno.ENOTSUP):
+                return
+            raise
+        try:
+            found = decrypt_attributes(self.k_name, sealed)
+        except (FormatError, ValueError) as e:
+            self.fail(stored, str(e), rel)
+            return
+        listed = ", ".join(f"{name} ({len(value)} bytes)" for name, value in found)
+        print(f"{rel}: OK attributes {listed}")
 
     @staticmethod
     def replace_with_symlink(target: bytes, dest: bytes):

@@ -15,14 +15,24 @@ package final class FUSEMount: @unchecked Sendable {
     package let fileSystem: ContainerFileSystem
     package let mountPoint: String
     private let logger: Logger
-    /// Lets the sandbox of a root launcher, which runs under another uid, reach the mount (`allow_other`).
-    private let servesOtherUsers: Bool
+    private let sharing: Sharing
 
-    package init(container: Container, mountPoint: String, logger: Logger, servesOtherUsers: Bool = false) {
-        self.fileSystem = ContainerFileSystem(container: container, logger: logger)
+    /// Who besides the mounting user reaches the mount.
+    package enum Sharing: Sendable {
+        /// No one (FUSE's default): every request acts as the mounting user, and the store's file system checks it.
+        case owner
+        /// A root launcher's sandbox, under another uid, in a folder only that uid can enter (`allow_other`).
+        case sandbox
+        /// Every user (`allow_other`), the kernel checking modes and ACLs as ext4 (`default_permissions`, POSIX ACLs);
+        /// run as root, new items belong to the user who made them.
+        case everyone
+    }
+
+    package init(container: Container, mountPoint: String, logger: Logger, sharing: Sharing = .owner) {
+        self.fileSystem = ContainerFileSystem(container: container, logger: logger, givesNewItemsToCreator: sharing == .everyone)
         self.mountPoint = mountPoint
         self.logger = logger
-        self.servesOtherUsers = servesOtherUsers
+        self.sharing = sharing
     }
 
     /// Mounts, calls `ready` once the file system is visible, serves requests, and unmounts. Throws if mounting fails.
@@ -35,9 +45,14 @@ package final class FUSEMount: @unchecked Sendable {
         // on the stored items as that user, so the store's own file system makes ext4's permission checks (where the
         // mount answers from something it holds open, it checks itself). With it, the kernel would ask for the
         // folder's attributes again before each change in it: one request more per created or removed file.
-        // allow_other only for a root launcher's sandbox: its mount point is in a folder only the sandbox's own uid
-        // can enter, so that uid is the only other one reaching it.
-        let options = "nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl" + (servesOtherUsers ? ",allow_other" : "")
+        // allow_other for a root launcher's sandbox: its mount point is in a folder only the sandbox's own uid can
+        // enter, so that uid is the only other one reaching it. For everyone, the kernel checks each request.
+        let shared = switch sharing {
+        case .owner: ""
+        case .sandbox: ",allow_other"
+        case .everyone: ",allow_other,default_permissions"
+        }
+        let options = "nodev,nosuid,fsname=sandboxctl:\(container.bundleIdentifier),subtype=sandboxctl" + shared
         // A git clone or tar -x makes hundreds of folders: each then costs a rename instead of two fsyncs.
         fileSystem.makeFoldersAhead()
         defer { fileSystem.stopMakingFoldersAhead() }
@@ -55,6 +70,11 @@ package final class FUSEMount: @unchecked Sendable {
                 // Over io_uring, a READ's answer stays in its ring entry until the entry's next request.
                 let holding = ps_fuse_rings_scrub(UnsafeMutableRawPointer(handle.fuse), mountPoint)
                 if holding > 0 { logger.error("\(holding) io_uring entries still hold a read's plaintext after the lock: they took no request") }
+            }, forgetName: { path in
+                let result = path.withCString { fuse_invalidate_path(handle.fuse, $0) }
+                if result != 0 && result != -ENOENT {
+                    logger.warning("could not drop the kernel's attributes of \(path), a hard link of a changed file (\(Errno(rawValue: -result))); they may show stale for up to a second")
+                }
             }))
         }, stopping: { [fileSystem] in
             // Before fuse_destroy: a lock arriving later must not reach a freed instance.
@@ -86,6 +106,12 @@ package final class FUSEMount: @unchecked Sendable {
                 // Requests of up to 1 MiB: fewer round trips, and each large enough to decrypt on every core.
                 connection.pointee.max_write = 1 << 20
                 connection.pointee.max_readahead = 1 << 20
+                // The mode as asked, with the umask beside it: the mount applies it unless the folder has a default
+                // ACL, as ext4 does.
+                let (dontMask, posixACL) = (UInt32(FUSE_CAP_DONT_MASK), UInt32(FUSE_CAP_POSIX_ACL))
+                if connection.pointee.capable & dontMask != 0 { connection.pointee.want |= dontMask }
+                // Serving everyone, the kernel checks ACLs too; otherwise the store's file system does, as the owner.
+                if currentMount().sharing == .everyone, connection.pointee.capable & posixACL != 0 { connection.pointee.want |= posixACL }
             }
             if let config {
                 // Inode numbers of the stored files, so hard-link-aware tools (tar, cp -a, find) see stable ones.
@@ -114,16 +140,16 @@ package final class FUSEMount: @unchecked Sendable {
         operations.mknod = { path, mode, _ in
             serve("mknod", path) { fs in
                 if mode & S_IFMT == S_IFREG {
-                    fs.release(try fs.create(try kernelString(path), mode: mode))
+                    fs.release(try fs.create(try kernelString(path), mode: mode, by: creator()))
                 } else {
-                    try fs.createSpecialFile(try kernelString(path), mode: mode)
+                    try fs.createSpecialFile(try kernelString(path), mode: mode, by: creator())
                 }
             }
         }
-        operations.mkdir = { path, mode in serve("mkdir", path) { try $0.createDirectory(try kernelString(path), mode: mode) } }
+        operations.mkdir = { path, mode in serve("mkdir", path) { try $0.createDirectory(try kernelString(path), mode: mode, by: creator()) } }
         operations.unlink = { path in serve("unlink", path) { try $0.removeFile(try kernelString(path)) } }
         operations.rmdir = { path in serve("rmdir", path) { try $0.removeDirectory(try kernelString(path)) } }
-        operations.symlink = { target, path in serve("symlink", path) { try $0.createSymbolicLink(at: try kernelString(path), target: try kernelString(target)) } }
+        operations.symlink = { target, path in serve("symlink", path) { try $0.createSymbolicLink(at: try kernelString(path), target: try kernelString(target), by: creator()) } }
         operations.rename = { source, target, flags in serve("rename", source) { try $0.rename(try kernelString(source), to: try kernelString(target), flags: flags) } }
         operations.link = { source, target in serve("link", source) { try $0.link(try kernelString(source), to: try kernelString(target)) } }
         operations.chmod = { path, mode, file in
@@ -146,7 +172,7 @@ package final class FUSEMount: @unchecked Sendable {
             }
         }
         operations.create = { path, mode, file in
-            serve("create", path) { fs in file!.pointee.fh = try fs.create(try kernelString(path), mode: mode) }
+            serve("create", path) { fs in file!.pointee.fh = try fs.create(try kernelString(path), mode: mode, by: creator()) }
         }
         operations.read = { path, buffer, size, offset, file in
             transfer("read", path) { fs in
@@ -221,8 +247,16 @@ package final class FUSEMount: @unchecked Sendable {
 }
 
 /// The mount serving the current request.
-private func currentFileSystem() -> ContainerFileSystem {
-    Unmanaged<FUSEMount>.fromOpaque(fuse_get_context().pointee.private_data).takeUnretainedValue().fileSystem
+private func currentMount() -> FUSEMount {
+    Unmanaged<FUSEMount>.fromOpaque(fuse_get_context().pointee.private_data).takeUnretainedValue()
+}
+
+private func currentFileSystem() -> ContainerFileSystem { currentMount().fileSystem }
+
+/// Who sent the current request, which makes an item.
+private func creator() -> ContainerFileSystem.Creator {
+    let context = fuse_get_context().pointee
+    return ContainerFileSystem.Creator(user: context.uid, group: context.gid, umask: context.umask)
 }
 
 /// Runs one operation: 0, or the negated errno libfuse expects.

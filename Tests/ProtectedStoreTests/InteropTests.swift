@@ -1,3 +1,4 @@
+import CSupport
 import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
@@ -145,6 +146,17 @@ struct InteropTests {
         expected[deep] = Data("deep".utf8)
         try container.write(expected[deep]!, toPath: deep, options: .noFileProtection)
         try container.createSymbolicLink(atPath: "Documents/shortcut", withDestinationPath: "Projects/class A.txt")
+        // A link as an earlier version stored it, sealed to its folder, and an item's sealed user.* attributes.
+        let documents = try container.directory.openDirectory(.root.appendingComponents(["Documents"]))
+        let bound = try documents.names.cipher.directoryBoundLinkTarget("Projects/class B.txt", directoryIV: documents.names.iv)
+        #expect(symlinkat(bound, documents.descriptor.rawValue, try documents.entry(for: "old shortcut")) == 0)
+        var attributes = SealedAttributes()
+        try attributes.set("user.colour", to: Array("green".utf8))
+        try attributes.set("user.checksum", to: [UInt8](repeating: 7, count: 32))
+        let sealed = try attributes.sealed(with: container.directory.cipher)
+        let tagged = try container.storedPath("Documents/Projects/class A.txt")
+        #expect(setxattr(tagged, SealedAttributes.storedName, sealed, sealed.count, 0) == 0)
+        #expect(SealedAttributes.open(sealed, with: container.directory.cipher) == attributes)
         let source = test.path("report.pdf")
         writeRaw(Array("delivered".utf8), source)
         try container.deliverToInbox(fileAtPath: source, sourceApplication: "com.example.mail")
@@ -158,6 +170,9 @@ struct InteropTests {
             #expect(FileManager.default.contents(atPath: (out as NSString).appendingPathComponent(path)) == contents, "\(path): \(log)")
         }
         #expect(try FileManager.default.destinationOfSymbolicLink(atPath: (out as NSString).appendingPathComponent("Documents/shortcut")) == "Projects/class A.txt")
+        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: (out as NSString).appendingPathComponent("Documents/old shortcut")) == "Projects/class B.txt")
+        #expect(log.contains("class A.txt: OK attributes user.colour (5 bytes), user.checksum (32 bytes)"), "\(log)")
+        withExtendedLifetime(documents) {}
         #expect(log.contains("report.pdf") && log.contains("com.example.mail"), "the Inbox record: \(log)")
 
         writeRaw([1, 2, 3], try container.storedPath("Documents") + "/planted")

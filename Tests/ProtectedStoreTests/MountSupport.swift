@@ -114,9 +114,10 @@ final class MountedDevice: @unchecked Sendable {
     let mountPoint: String
     let transport: MountTransport
 
-    /// Over io_uring, the mount has answered a request from its rings before this returns.
+    /// Over io_uring, the mount has answered a request from its rings before this returns. `allowOther` mounts
+    /// with --allow-other.
     init(defaultProtection: FileProtectionType = .complete, in directory: TemporaryDirectory = TemporaryDirectory(),
-         transport: MountTransport = .devFuse) throws {
+         transport: MountTransport = .devFuse, allowOther: Bool = false) throws {
         test = try TestDevice(in: directory)
         container = try test.makeContainer(defaultProtection: defaultProtection)
         daemon = try DaemonProcess(test, grace: 1)
@@ -128,7 +129,7 @@ final class MountedDevice: @unchecked Sendable {
         mount = try transport.start(at: mountPoint) { transportArguments in
             try SpawnedProcess(SpawnedProcess.builtExecutable("sandboxctl"),
                                ["mount", TestDevice.bundleIdentifier, mountPoint, "--foreground", "--verbose",
-                                "--root", test.root, "--device-secret", test.secretPath] + transportArguments)
+                                "--root", test.root, "--device-secret", test.secretPath] + (allowOther ? ["--allow-other"] : []) + transportArguments)
         }
     }
 

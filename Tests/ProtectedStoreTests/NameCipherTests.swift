@@ -64,8 +64,9 @@ struct NameCipherTests {
         #expect(cipher.name(fromEncrypted: stored + "A", directoryIV: documents) == nil)
         #expect(cipher.name(fromEncrypted: String(stored.dropLast()), directoryIV: documents) == nil)
         // The same padded bytes sealed as a link target (another domain in the associated data) are not a name.
-        let linkTarget = try cipher.sealedLinkTarget("Report.pdf" + String(repeating: "\0", count: 6), directoryIV: documents)
+        let linkTarget = try cipher.directoryBoundLinkTarget("Report.pdf" + String(repeating: "\0", count: 6), directoryIV: documents)
         #expect(cipher.name(fromEncrypted: linkTarget, directoryIV: documents) == nil, "a link target is not a name")
+        #expect(cipher.name(fromEncrypted: try cipher.sealedLinkTarget("Report.pdf"), directoryIV: documents) == nil)
     }
 
     @Test("garbage is refused, never a crash", arguments: ["", "~", ".", "..", "a", "A===", "AAAA", "-_-_", "é", String(repeating: "A", count: 400), "~" + String(repeating: "x", count: 43)])
@@ -87,16 +88,24 @@ struct NameCipherTests {
         #expect(Base64URL.decode("AA==") == nil)
     }
 
-    @Test("link targets round-trip with a random nonce, bound to their directory")
+    @Test("link targets round-trip with a random nonce and read in any directory; those of the first form only in their own")
     func linkTargets() throws {
         let target = "../Library/Caches/" + String(repeating: "deep/", count: 100) + "file"
-        let first = try cipher.sealedLinkTarget(target, directoryIV: documents)
-        let second = try cipher.sealedLinkTarget(target, directoryIV: documents)
+        let first = try cipher.sealedLinkTarget(target)
+        let second = try cipher.sealedLinkTarget(target)
         #expect(first != second)
+        #expect(first.hasPrefix(NameCipher.linkTargetPrefix) && !NameCipher.isBoundToDirectory(linkTarget: first))
         #expect(cipher.linkTarget(fromSealed: first, directoryIV: documents) == target)
-        #expect(cipher.linkTarget(fromSealed: second, directoryIV: documents) == target)
-        #expect(cipher.linkTarget(fromSealed: first, directoryIV: caches) == nil)
+        #expect(cipher.linkTarget(fromSealed: second, directoryIV: caches) == target, "a moved link reads in its new directory")
         #expect(!first.contains("Library"))
+        var bytes = try #require(Base64URL.decode(String(first.dropFirst())))
+        bytes[bytes.count - 1] ^= 1
+        #expect(cipher.linkTarget(fromSealed: "~" + Base64URL.encode(bytes), directoryIV: documents) == nil, "a flipped bit")
+        let bound = try cipher.directoryBoundLinkTarget(target, directoryIV: documents)
+        #expect(NameCipher.isBoundToDirectory(linkTarget: bound))
+        #expect(cipher.linkTarget(fromSealed: bound, directoryIV: documents) == target)
+        #expect(cipher.linkTarget(fromSealed: bound, directoryIV: caches) == nil)
+        #expect(cipher.linkTarget(fromSealed: "~" + bound, directoryIV: documents) == nil, "the first form is not the current one")
         let name = try cipher.storedName(for: "file", directoryIV: documents).entry
         #expect(cipher.linkTarget(fromSealed: name, directoryIV: documents) == nil, "a name is not a link target")
     }

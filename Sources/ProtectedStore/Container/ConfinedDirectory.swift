@@ -7,7 +7,7 @@ import SystemPackage
 package final class OpenDirectory: @unchecked Sendable {
     package let descriptor: FileDescriptor
     /// Its path inside the container, after symlinks.
-    let path: ContainerPath
+    package let path: ContainerPath
     /// The container's name cipher and this directory's IV.
     package let names: DirectoryNames
     /// What all directories of the container share.
@@ -86,7 +86,8 @@ package final class OpenDirectory: @unchecked Sendable {
         var parent = stat()
         let known = fstat(descriptor.rawValue, &parent) == 0
         let setsGroupID = known && parent.st_mode & S_ISGID != 0
-        if let pool, known, !setsGroupID, parent.st_dev == pool.device, !Self.hasDefaultACL(descriptor), let folder = pool.take() {
+        let inheritsACL = Self.hasDefaultACL(descriptor)
+        if let pool, known, !setsGroupID, parent.st_dev == pool.device, !inheritsACL, let folder = pool.take() {
             stagingParent = pool.directory
             staging = FileLocation(directory: stagingParent, name: folder.name, displayPath: displayPath)
             made = folder
@@ -94,7 +95,8 @@ package final class OpenDirectory: @unchecked Sendable {
             stagingParent = descriptor
             staging = FileLocation(directory: stagingParent, name: "\(FileSystem.temporaryPrefix)\(Random.bytes(8).hex)", displayPath: displayPath)
             made = nil
-            guard DurableIO.makeDirectory(staging.name, relativeTo: descriptor.rawValue, mode: 0o700) == 0 else {
+            // Under a default ACL, as ext4: the ACL masked by the mode (the owner's bits are settled below).
+            guard DurableIO.makeDirectory(staging.name, relativeTo: descriptor.rawValue, mode: inheritsACL ? mode & 0o777 | 0o700 : 0o700) == 0 else {
                 throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "create the directory")
             }
         }
@@ -109,7 +111,12 @@ package final class OpenDirectory: @unchecked Sendable {
                 throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: displayPath, doing: "set the new directory's times")
             }
             try prepare(created)
-            let finalMode = mode & 0o7777 | (setsGroupID ? S_ISGID : 0)
+            var finalMode = mode & 0o7777 | (setsGroupID ? S_ISGID : 0)
+            var built = stat()
+            if inheritsACL, fstat(fd.rawValue, &built) == 0 {
+                // The group bits are the inherited ACL's mask: a chmod to the mode's own would replace it.
+                finalMode = finalMode & 0o7000 | built.st_mode & mode & 0o700 | built.st_mode & 0o077
+            }
             if finalMode != 0o700 {
                 // Last, since a mode without the owner's write bit would keep the files above from being written.
                 guard fchmod(fd.rawValue, finalMode) == 0 else {
@@ -123,7 +130,8 @@ package final class OpenDirectory: @unchecked Sendable {
         }
     }
 
-    private static func hasDefaultACL(_ directory: FileDescriptor) -> Bool {
+    /// Whether new items in `directory` take its default ACL (and no umask), as the stored file system gives it them.
+    package static func hasDefaultACL(_ directory: FileDescriptor) -> Bool {
         fgetxattr(directory.rawValue, "system.posix_acl_default", nil, 0) > 0
     }
 
@@ -286,8 +294,37 @@ package struct DirectoryNames: Sendable {
         return name
     }
 
-    /// The target a symbolic link stores for `target`.
-    package func sealedLinkTarget(_ target: String) throws -> String { try cipher.sealedLinkTarget(target, directoryIV: iv) }
+    /// The target a symbolic link stores for `target` (readable in any directory).
+    package func sealedLinkTarget(_ target: String) throws -> String { try cipher.sealedLinkTarget(target) }
+
+    /// Before the item at `location` in this directory is moved or linked into another directory: a symbolic link
+    /// whose target is stored in the first form, bound to this directory, is sealed again in the current form. A new
+    /// link (owner and times kept) is renamed over it, durably, so a power cut leaves one or the other. Anything else
+    /// is left as it is.
+    package func unbindLinkTarget(at location: FileLocation) throws {
+        guard let info = try location.status(), info.st_mode & S_IFMT == S_IFLNK,
+              NameCipher.isBoundToDirectory(linkTarget: try location.readLink()) else { return }
+        let target = try linkTarget(at: location)
+        let fresh = location.temporarySibling()
+        guard symlinkat(try sealedLinkTarget(target), location.directoryDescriptor, fresh.name) == 0 else {
+            throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: location.displayPath, doing: "seal the symbolic link's target again")
+        }
+        var times = [info.st_atim, info.st_mtim]
+        // Only root may give the new link another owner; as anyone else the owner is this process's already.
+        guard (geteuid() != 0 || fchownat(location.directoryDescriptor, fresh.name, info.st_uid, info.st_gid, AT_SYMLINK_NOFOLLOW) == 0),
+              utimensat(location.directoryDescriptor, fresh.name, &times, AT_SYMLINK_NOFOLLOW) == 0 else {
+            let failure = Errno(rawValue: Foundation.errno)
+            fresh.unlink()
+            throw ProtectedStoreError.io(failure, path: location.displayPath, doing: "seal the symbolic link's target again")
+        }
+        do {
+            try fresh.rename(to: location, replacing: true)
+        } catch {
+            fresh.unlink()
+            throw error
+        }
+        try location.synchronizeDirectory()
+    }
 
     /// The plaintext target of the symbolic link at `location` in this directory; an integrity error unless authentic.
     package func linkTarget(at location: FileLocation) throws -> String {

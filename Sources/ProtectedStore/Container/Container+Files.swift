@@ -241,6 +241,7 @@ extension Container {
                 throw ProtectedStoreError(.notFound, path: from.displayPath, problem: "no such file or directory", remedy: "Check the path")
             }
             try to.prepareEntry()
+            if from.parent.path != to.parent.path { try from.parent.names.unbindLinkTarget(at: from.location) }
             do {
                 try from.location.rename(to: to.location, replacing: false)
                 from.entryRemoved()

@@ -4,7 +4,7 @@ import ProtectedStoreCore
 /// component, and none of the names ProtectedStore reserves for its own files. Symlinks are checked when resolving.
 package struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
     /// Longest component, in UTF-8 bytes (Linux's NAME_MAX).
-    static let maximumNameBytes = 255
+    package static let maximumNameBytes = 255
     /// Longest path, in UTF-8 bytes; leaves room under PATH_MAX for the root above the container.
     static let maximumPathBytes = 1024
     /// Names starting with this are ProtectedStore's own (directory classes, files being written), hidden from listings.
@@ -73,7 +73,7 @@ package struct ContainerPath: Sendable, Hashable, CustomStringConvertible {
     package var parent: ContainerPath { ContainerPath(components: Array(components.dropLast())) }
     package var description: String { components.joined(separator: "/") }
 
-    func appending(_ name: String) -> ContainerPath { ContainerPath(components: components + [name]) }
+    package func appending(_ name: String) -> ContainerPath { ContainerPath(components: components + [name]) }
 
     // Identity is the components: a trailing slash is a constraint on what the path names, not another path.
     package static func == (lhs: ContainerPath, rhs: ContainerPath) -> Bool { lhs.components == rhs.components }

@@ -78,8 +78,10 @@ public final class EncryptedFile: @unchecked Sendable {
         try create(at: FileLocation(path: path), protectionClass: protectionClass, keys: keys, blockSize: blockSize)
     }
 
+    /// `permissions` are open(2)'s: the process's umask, or the folder's default ACL, applies.
     package static func create(at location: FileLocation, protectionClass: ProtectionClass, flags: FileHeader.Flags = [], keys: any ClassKeyProviding,
-                               blockSize: Int = defaultBlockSize, cipher: FileHeader.Cipher = .preferred) throws -> EncryptedFile {
+                               blockSize: Int = defaultBlockSize, cipher: FileHeader.Cipher = .preferred,
+                               permissions: FilePermissions = .ownerReadWrite) throws -> EncryptedFile {
         precondition(blockSize >= FileHeader.minimumBlockSize && blockSize <= FileHeader.maximumBlockSize && blockSize & (blockSize - 1) == 0)
         precondition(cipher.isAvailable)
         let path = location.displayPath
@@ -88,7 +90,7 @@ public final class EncryptedFile: @unchecked Sendable {
         }
         let descriptor: FileDescriptor
         do {
-            descriptor = try location.open(.readWrite, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite],
+            descriptor = try location.open(.readWrite, options: [.create, .exclusiveCreate], permissions: permissions,
                                            doing: "create the encrypted file")
         } catch {
             fileKey.discard()

@@ -116,9 +116,13 @@ package final class NameCipher: Sendable {
         entry.hasPrefix(longEntryPrefix) && entry.utf8.count == longEntryPrefix.utf8.count + 43
     }
 
-    /// The stored target of a symbolic link to `target` in the directory whose IV is `directoryIV`.
-    package func sealedLinkTarget(_ target: String, directoryIV: [UInt8]) throws -> String {
-        precondition(directoryIV.count == Self.directoryIVBytes)
+    /// Begins every link target stored in the current form, sealed without its directory; never a base64url
+    /// character, so never the start of a target stored in the first form, which was bound to its directory.
+    package static let linkTargetPrefix = "~"
+
+    /// The stored target of a symbolic link to `target`: "~" and the sealed target, bound to no directory, so the
+    /// link reads wherever it is moved or hard-linked (docs/FORMAT.md §7).
+    package func sealedLinkTarget(_ target: String) throws -> String {
         let nonce = Random.bytes(AEAD.nonceBytes)
         // Padded with NULs to a multiple of 16, as names are, so the stored length tells the target's only roughly
         // (a target holds no NUL, so the padding is unambiguous).
@@ -126,20 +130,43 @@ package final class NameCipher: Sendable {
         padded += [UInt8](repeating: 0, count: (Self.paddingBlock - padded.count % Self.paddingBlock) % Self.paddingBlock)
         defer { zeroize(&padded) }
         var sealed = [UInt8](repeating: 0, count: padded.count + AEAD.tagBytes)
-        try seal(padded, nonce: nonce, associatedData: [Self.linkDomain] + directoryIV, into: &sealed)
-        return Base64URL.encode(nonce + sealed)
+        try seal(padded, nonce: nonce, associatedData: Self.linkAssociatedData, into: &sealed)
+        return Self.linkTargetPrefix + Base64URL.encode(nonce + sealed)
     }
 
-    /// The target a stored link target stands for; nil unless it is authentic and holds no NUL before its padding.
+    /// The target a stored link target stands for, in either form (the first one needs the IV of the directory the
+    /// link was made in, `directoryIV`); nil unless it is authentic and holds no NUL before its padding.
     package func linkTarget(fromSealed stored: String, directoryIV: [UInt8]) -> String? {
-        guard directoryIV.count == Self.directoryIVBytes, let bytes = Base64URL.decode(stored),
-              bytes.count >= AEAD.nonceBytes + AEAD.tagBytes,
+        let isBound = !stored.hasPrefix(Self.linkTargetPrefix)
+        guard let bytes = Base64URL.decode(isBound ? stored : String(stored.dropFirst(Self.linkTargetPrefix.count))),
+              bytes.count >= AEAD.nonceBytes + AEAD.tagBytes, !isBound || directoryIV.count == Self.directoryIVBytes,
               let plain = try? open(bytes[AEAD.nonceBytes...], nonce: Array(bytes[..<AEAD.nonceBytes]),
-                                    associatedData: [Self.linkDomain] + directoryIV) else { return nil }
+                                    associatedData: isBound ? [Self.linkDomain] + directoryIV : Self.linkAssociatedData) else { return nil }
         // The padding: fewer than 16 NULs after a non-empty target.
         let end = plain.firstIndex(of: 0) ?? plain.count
         guard end > 0, plain.count - end < Self.paddingBlock, plain[end...].allSatisfy({ $0 == 0 }) else { return nil }
         return String(validating: plain[..<end], as: UTF8.self)
+    }
+
+    /// Whether a stored link target is in the first form, bound to the directory the link was made in: such a link
+    /// is sealed again (`sealedLinkTarget`) before it is moved to another directory or given a name in one.
+    package static func isBoundToDirectory(linkTarget stored: String) -> Bool { !stored.hasPrefix(linkTargetPrefix) }
+
+    /// The first form bound a target to its directory with the directory's IV; the current one binds it to the
+    /// domain and the form's number only (2 bytes, never the 17 of the first form's data).
+    private static let linkAssociatedData: [UInt8] = [linkDomain, 2]
+
+    /// The first form of a stored link target, bound to the directory whose IV is `directoryIV`: kept to test the
+    /// reading of links stored before the current form.
+    func directoryBoundLinkTarget(_ target: String, directoryIV: [UInt8]) throws -> String {
+        precondition(directoryIV.count == Self.directoryIVBytes)
+        let nonce = Random.bytes(AEAD.nonceBytes)
+        var padded = Array(target.utf8)
+        padded += [UInt8](repeating: 0, count: (Self.paddingBlock - padded.count % Self.paddingBlock) % Self.paddingBlock)
+        defer { zeroize(&padded) }
+        var sealed = [UInt8](repeating: 0, count: padded.count + AEAD.tagBytes)
+        try seal(padded, nonce: nonce, associatedData: [Self.linkDomain] + directoryIV, into: &sealed)
+        return Base64URL.encode(nonce + sealed)
     }
 
     /// A 16-byte identifier of `text` (a bundle identifier) that reveals nothing of it without the key: the first

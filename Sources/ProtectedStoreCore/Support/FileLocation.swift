@@ -76,7 +76,7 @@ package struct FileLocation: Sendable {
         try? decoder.decode(type, from: Data(readPrefix(count: 64 * 1024, what: what)))
     }
 
-    private var directoryDescriptor: Int32 { directory?.rawValue ?? AT_FDCWD }
+    package var directoryDescriptor: Int32 { directory?.rawValue ?? AT_FDCWD }
     private var noFollow: Int32 { directory == nil ? 0 : O_NOFOLLOW }
 
     package func open(_ mode: FileDescriptor.AccessMode, options: FileDescriptor.OpenOptions = [], permissions: FilePermissions? = nil,

@@ -18,39 +18,54 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package static let protectionAttribute = "user.protection.class"
 
     package let container: Container
-    private let table = OpenFileTable()
+    let table = OpenFileTable()
+    private let linkNames = HardLinkNames()
+    /// Serializes the read, change and store of an item's sealed `user.*` attributes.
+    let attributesLock = NSLock()
+    /// Drops the kernel's attributes of other names after a change through an open file, outside the request: its
+    /// answer may be what the kernel waits for before it lets the pages of those names go.
+    let namesRefresh = DispatchQueue(label: "sandboxctl.mount.hard-link-names")
     private let directories = DirectoryCache()
     private let sizes: PlaintextSizes
-    private let logger: Logger
+    let logger: Logger
     private let invalidatorLock = NSLock()
-    private var frontEnd: FrontEndAtLock?
+    private var frontEnd: FrontEnd?
     private let poolLock = NSLock()
     private var folderPool: FolderPool?
 
     private var device: Device { container.device }
-    private var root: Int32 { container.directory.root.rawValue }
+    var root: Int32 { container.directory.root.rawValue }
 
-    package init(container: Container, logger: Logger = Logger(label: "sandboxctl.mount")) {
+    /// Whether a new item is given to the user who made it (chown), not left to this process: as root, serving others.
+    private let givesNewItemsToCreator: Bool
+
+    /// `givesNewItemsToCreator`: when this process, as root, serves other users (`FUSEMount.Sharing.everyone`).
+    package init(container: Container, logger: Logger = Logger(label: "sandboxctl.mount"), givesNewItemsToCreator: Bool = false) {
         self.container = container
         self.logger = logger
+        self.givesNewItemsToCreator = givesNewItemsToCreator && geteuid() == 0
         sizes = PlaintextSizes(keeping: PlaintextSizes.stampsChangesReliably(container.directory.root))
         container.device.onKeysDiscarded { [weak self] files in self?.dropCachedPlaintext(of: files) }
     }
 
-    /// What the front end does at a lock: drop the kernel's cached pages of a path, then zero its own buffers that
-    /// may still hold plaintext.
-    package struct FrontEndAtLock: Sendable {
+    /// What the front end does to the kernel's caches: at a lock, drop the cached pages of a path, then zero its own
+    /// buffers that may still hold plaintext; after a change through one name of a hard-linked item, drop what the
+    /// kernel holds of another name (its attributes and pages).
+    package struct FrontEnd: Sendable {
         package let dropCachedPages: @Sendable (String) -> Void
         package let zeroBuffers: @Sendable () -> Void
+        package let forgetName: @Sendable (String) -> Void
 
-        package init(dropCachedPages: @escaping @Sendable (String) -> Void, zeroBuffers: @escaping @Sendable () -> Void) {
+        package init(dropCachedPages: @escaping @Sendable (String) -> Void, zeroBuffers: @escaping @Sendable () -> Void,
+                     forgetName: @escaping @Sendable (String) -> Void) {
             self.dropCachedPages = dropCachedPages
             self.zeroBuffers = zeroBuffers
+            self.forgetName = forgetName
         }
     }
 
-    /// Sets the front end's part of a lock; nil once the front end is gone.
-    package func setFrontEnd(_ frontEnd: FrontEndAtLock?) {
+    /// Sets the front end; nil once it is gone.
+    package func setFrontEnd(_ frontEnd: FrontEnd?) {
         invalidatorLock.withLock { self.frontEnd = frontEnd }
     }
 
@@ -70,6 +85,43 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// Removes the folders made ahead; mkdir builds each folder from now on.
     package func stopMakingFoldersAhead() {
         poolLock.withLock { folderPool.take() }?.close()
+    }
+
+    /// Who asks for a new item: its umask, applied unless the folder has a default ACL (as ext4), and its user and
+    /// group, who own the item when the mount gives new items to their creator.
+    package struct Creator: Sendable {
+        package var user: uid_t
+        package var group: gid_t
+        package var umask: mode_t
+
+        package init(user: uid_t, group: gid_t, umask: mode_t) {
+            self.user = user
+            self.group = group
+            self.umask = umask
+        }
+
+        /// This process, with no umask: the mode asked for is the mode given.
+        package static var thisProcess: Creator { Creator(user: geteuid(), group: getegid(), umask: 0) }
+    }
+
+    /// The permission bits `mode` gives a new item in `parent`, and whether the stored file system sets them itself
+    /// from the folder's default ACL (then no umask applies and the ACL is masked by the mode, as ext4 does).
+    private func permissions(_ mode: mode_t, in parent: OpenDirectory, by creator: Creator) -> (mode: mode_t, fromACL: Bool) {
+        OpenDirectory.hasDefaultACL(parent.descriptor) ? (mode & 0o7777, true) : (mode & 0o7777 & ~creator.umask, false)
+    }
+
+    /// Gives a new item to its creator, before its mode is set (a chown would clear set-id bits set earlier). In a
+    /// set-group-ID folder the group stays the folder's, which the stored file system gave it.
+    private func giveToCreator(_ descriptor: Int32, _ name: String?, in parent: OpenDirectory, by creator: Creator) throws {
+        guard givesNewItemsToCreator, creator.user != geteuid() || creator.group != getegid() else { return }
+        var folder = stat()
+        let keepsGroup = fstat(parent.descriptor.rawValue, &folder) == 0 && folder.st_mode & S_ISGID != 0
+        let group = keepsGroup ? gid_t.max : creator.group
+        if let name {
+            try Self.check(fchownat(descriptor, name, creator.user, group, AT_SYMLINK_NOFOLLOW))
+        } else {
+            try Self.check(fchown(descriptor, creator.user, group))
+        }
     }
 
     // MARK: Errors
@@ -126,6 +178,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
             // As ext4 shows it: the target's length, not the stored (sealed) one's.
             info.st_size = off_t(target.utf8.count)
         }
+        linkNames.shown(kernelPath, info)
         return info
     }
 
@@ -162,7 +215,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
             // A write stored after the chmod would clear the set-id bits it gave.
             open.file.waitForWritesBehind()
             try Self.check(fchmod(open.file.metadataDescriptor.rawValue, requested))
-            return
+            return refreshOtherNames(of: open)
         }
         let path = try containerPath(try required(kernelPath))
         if path != container.inboxPath && requested & 0o222 != 0 {
@@ -182,14 +235,16 @@ package final class ContainerFileSystem: @unchecked Sendable {
         try Self.check(fchmodat(item.parent.descriptor.rawValue, item.entry, requested, 0))
         // Walks through a cached descriptor would not meet a search permission just taken away.
         if type == S_IFDIR { directories.removeAll() }
+        refreshOtherNames(of: info, changedThrough: Self.kernelPath(of: path))
     }
 
     /// Changes owner and group (-1 leaves one as it is); the kernel has checked the caller may.
     package func setOwner(user: uid_t, group: gid_t, of kernelPath: String?, handle: UInt64?) throws {
         if let handle {
-            let file = try table.handle(handle).file.file
-            file.waitForWritesBehind()
-            return try Self.check(fchown(file.metadataDescriptor.rawValue, user, group))
+            let open = try table.handle(handle).file
+            open.file.waitForWritesBehind()
+            try Self.check(fchown(open.file.metadataDescriptor.rawValue, user, group))
+            return refreshOtherNames(of: open)
         }
         let path = try containerPath(try required(kernelPath))
         guard !path.isRoot else { return try Self.check(fchown(root, user, group)) }
@@ -197,15 +252,17 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { withExtendedLifetime(item) {} }
         waitForWritesBehind(of: item)
         try Self.check(fchownat(item.parent.descriptor.rawValue, item.entry, user, group, AT_SYMLINK_NOFOLLOW))
+        refreshOtherNames(of: item, changedThrough: Self.kernelPath(of: path))
     }
 
     /// Sets access and modification times (UTIME_NOW and UTIME_OMIT as utimensat).
     package func setTimes(_ times: UnsafePointer<timespec>?, of kernelPath: String?, handle: UInt64?) throws {
         if let handle {
             // Otherwise a write stored after it would set the modification time it gave (cp -p, rsync -t).
-            let file = try table.handle(handle).file.file
-            file.waitForWritesBehind()
-            return try Self.check(futimens(file.metadataDescriptor.rawValue, times))
+            let open = try table.handle(handle).file
+            open.file.waitForWritesBehind()
+            try Self.check(futimens(open.file.metadataDescriptor.rawValue, times))
+            return refreshOtherNames(of: open)
         }
         let path = try containerPath(try required(kernelPath))
         guard !path.isRoot else { return try Self.check(futimens(root, times)) }
@@ -213,6 +270,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { withExtendedLifetime(item) {} }
         waitForWritesBehind(of: item)
         try Self.check(utimensat(item.parent.descriptor.rawValue, item.entry, times, AT_SYMLINK_NOFOLLOW))
+        refreshOtherNames(of: item, changedThrough: Self.kernelPath(of: path))
     }
 
     /// Waits for the writes queued behind on `item`, if it is a file open through the mount (`tar -x` sets each
@@ -303,6 +361,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         var info = stat()
         let observed = PlaintextSizes.now()
         guard fstatat(directory.descriptor.rawValue, stored, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_mode & S_IFMT != S_IFLNK else { return nil }
+        linkNames.shown(Self.kernelPath(of: directory.path.appending(entry.name)), info)
         if info.st_mode & S_IFMT == S_IFREG {
             showPlaintext(&info, observedAt: observed, of: FileLocation(directory: directory.descriptor, name: stored, displayPath: stored),
                           inInbox: directory.path.isWithin(container.inboxPath))
@@ -339,7 +398,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     }
 
     /// mkdir; the new directory takes its parent's class marker, as in the library.
-    package func createDirectory(_ kernelPath: String, mode: mode_t) throws {
+    package func createDirectory(_ kernelPath: String, mode: mode_t, by creator: Creator = .thisProcess) throws {
         let path = try containerPath(kernelPath, creating: true)
         try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
         let item = try resolve(path)
@@ -347,8 +406,10 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let inherited = try container.directoryClass(of: item.parent)
         // Built aside (or made ahead) with its IV, given its class marker, then renamed into place: never seen without either.
         let pool = poolLock.withLock { folderPool }
-        try item.parent.makeSubdirectory(item.name, mode: mode & 0o7777, displayPath: item.displayPath, pool: pool) { created in
+        let permissions = permissions(mode, in: item.parent, by: creator).mode
+        try item.parent.makeSubdirectory(item.name, mode: permissions, displayPath: item.displayPath, pool: pool) { created in
             if let inherited { try container.writeDirectoryClass(inherited, in: created, displayPath: item.displayPath) }
+            try giveToCreator(created.descriptor.rawValue, nil, in: item.parent, by: creator)
         }
     }
 
@@ -383,9 +444,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
     package func removeFile(_ kernelPath: String) throws {
         let item = try resolve(try containerPath(kernelPath))
         defer { withExtendedLifetime(item) {} }
+        let removed = try? status(item)
         try Self.check(DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue))
         item.entryRemoved()
         table.unlinked(kernelPath)
+        linkNames.removed(kernelPath)
+        if let removed { refreshOtherNames(of: removed, changedThrough: kernelPath) }
     }
 
     /// rename(2) and renameat2's RENAME_NOREPLACE and RENAME_EXCHANGE. Moving out of the Inbox is allowed, into it
@@ -411,9 +475,17 @@ package final class ContainerFileSystem: @unchecked Sendable {
             withExtendedLifetime((from, to)) {}
         }
         let (fromDirectory, toDirectory) = (from.parent.descriptor.rawValue, to.parent.descriptor.rawValue)
+        // A hard-linked item replaced loses a name: the kernel's other names of it show one link fewer.
+        let replaced = try? status(to)
+        if from.parent.path != to.parent.path {
+            try from.parent.names.unbindLinkTarget(at: from.location)
+            if flags & exchange != 0 { try to.parent.names.unbindLinkTarget(at: to.location) }
+        }
         if flags & exchange != 0 {
             try Self.check(ps_rename_exchange(fromDirectory, from.entry, toDirectory, to.entry))
             table.exchanged(kernelSource, kernelTarget)
+            linkNames.removed(kernelSource)
+            linkNames.removed(kernelTarget)
             return
         }
         try to.prepareEntry()
@@ -427,6 +499,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
         if from.path != to.path, (try? from.location.status()) == nil { from.entryRemoved() }
         table.unlinked(kernelTarget)
         table.renamed(kernelSource, to: kernelTarget)
+        linkNames.renamed(kernelSource, to: kernelTarget)
+        if let replaced { refreshOtherNames(of: replaced, changedThrough: kernelTarget) }
     }
 
     /// libfuse unlinks a file still open by renaming it to `.fuse_hidden…` in its directory (and removes it at the
@@ -436,7 +510,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     }
 
     /// symlink; the target must be relative and stay inside the container (EPERM otherwise).
-    package func createSymbolicLink(at kernelPath: String, target: String) throws {
+    package func createSymbolicLink(at kernelPath: String, target: String, by creator: Creator = .thisProcess) throws {
         let path = try containerPath(kernelPath, creating: true)
         try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
         guard Self.staysInside(target: target, from: path.parent) else {
@@ -447,6 +521,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
         defer { withExtendedLifetime(item) {} }
         try item.prepareEntry()
         try Self.check(symlinkat(try item.parent.names.sealedLinkTarget(target), item.parent.descriptor.rawValue, item.entry))
+        do {
+            try giveToCreator(item.parent.descriptor.rawValue, item.entry, in: item.parent, by: creator)
+        } catch {
+            item.location.unlink()
+            throw error
+        }
     }
 
     /// link(2): a second name for a file. Creating one in the Inbox is refused (EACCES), and so is a name elsewhere for
@@ -459,12 +539,18 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let from = try resolve(source), to = try resolve(target)
         defer { withExtendedLifetime((from, to)) {} }
         try to.prepareEntry()
+        if from.parent.path != to.parent.path { try from.parent.names.unbindLinkTarget(at: from.location) }
         try Self.check(DurableIO.link(from.entry, relativeTo: from.parent.descriptor.rawValue, to: to.entry, relativeTo: to.parent.descriptor.rawValue))
+        // The kernel gives the new name the attributes of the answer; the source's (one link fewer) it keeps.
+        if let linked = try? status(from) {
+            linkNames.shown(kernelSource, linked)
+            refreshOtherNames(of: linked, changedThrough: kernelTarget)
+        }
     }
 
     /// mknod of a FIFO or a Unix socket (what mkfifo and bind make): a name with no data at rest, so no class applies.
     /// Device nodes are refused (EPERM): an app container holds none, as on iOS, and the mount is nodev.
-    package func createSpecialFile(_ kernelPath: String, mode: mode_t) throws {
+    package func createSpecialFile(_ kernelPath: String, mode: mode_t, by creator: Creator = .thisProcess) throws {
         guard mode & S_IFMT == S_IFIFO || mode & S_IFMT == S_IFSOCK else {
             logger.info("mknod \(kernelPath): device nodes can't be made in a container; only files, FIFOs and sockets")
             throw Errno.notPermitted
@@ -474,7 +560,16 @@ package final class ContainerFileSystem: @unchecked Sendable {
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         try item.prepareEntry()
-        try Self.check(DurableIO.makeSpecialFile(item.entry, relativeTo: item.parent.descriptor.rawValue, mode: mode & (S_IFMT | 0o7777)))
+        let (permissions, fromACL) = permissions(mode, in: item.parent, by: creator)
+        try Self.check(DurableIO.makeSpecialFile(item.entry, relativeTo: item.parent.descriptor.rawValue, mode: mode & S_IFMT | permissions))
+        do {
+            try giveToCreator(item.parent.descriptor.rawValue, item.entry, in: item.parent, by: creator)
+            // mknod took this process's umask out.
+            if !fromACL { try Self.check(fchmodat(item.parent.descriptor.rawValue, item.entry, permissions, 0)) }
+        } catch {
+            item.location.unlink()
+            throw error
+        }
     }
 
     /// readlink; a link that would lead out of the container when followed (one made outside the mount, or through
@@ -517,15 +612,19 @@ package final class ContainerFileSystem: @unchecked Sendable {
     }
 
     /// open(2) with O_CREAT of a new file, of its directory's class. Class A can't be created while locked, B can.
-    package func create(_ kernelPath: String, mode: mode_t) throws -> UInt64 {
+    package func create(_ kernelPath: String, mode: mode_t, by creator: Creator = .thisProcess) throws -> UInt64 {
         let path = try containerPath(kernelPath, creating: true)
         try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
         try item.prepareEntry()
-        let file = try EncryptedFile.create(at: item.location, protectionClass: try container.inheritedClass(in: item.parent), keys: device)
+        let (permissions, fromACL) = permissions(mode, in: item.parent, by: creator)
+        let file = try EncryptedFile.create(at: item.location, protectionClass: try container.inheritedClass(in: item.parent), keys: device,
+                                            permissions: FilePermissions(rawValue: permissions))
         do {
-            try Self.check(fchmod(file.metadataDescriptor.rawValue, mode & 0o7777))
+            try giveToCreator(file.metadataDescriptor.rawValue, nil, in: item.parent, by: creator)
+            // open(2) took this process's umask out; under a default ACL the stored file system gave it ext4's mode.
+            if !fromACL { try Self.check(fchmod(file.metadataDescriptor.rawValue, permissions)) }
             try device.track(file)
             let identity = FileIdentity(try Self.status(of: file.metadataDescriptor))
             return table.handle(forCreated: file, identity: identity, path: kernelPath)
@@ -559,6 +658,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
                 try file.write(from: buffer, at: offset)
             }
         }
+        if !linkNames.isEmpty { refreshOtherNames(of: handle.file) }
         return buffer.count
     }
 
@@ -568,14 +668,19 @@ package final class ContainerFileSystem: @unchecked Sendable {
         if let handle {
             let open = try table.handle(handle)
             guard open.isWritable else { throw Errno.badFileDescriptor }
-            return try withKeyBroughtBack(open.file.file) { try open.file.file.truncate(to: size) }
+            try withKeyBroughtBack(open.file.file) { try open.file.file.truncate(to: size) }
+            return refreshOtherNames(of: open.file)
         }
         guard let kernelPath else { throw Errno.badFileDescriptor }
         let path = try containerPath(kernelPath)
         try container.refuseInboxChange(path, displayPath: display(path), doing: "truncated")
         let number = try openHandle(try resolve(path), kernelPath: kernelPath, writable: true)
         defer { release(number) }
-        try table.handle(number).file.file.truncate(to: size)
+        let open = try table.handle(number).file
+        try open.file.truncate(to: size)
+        // By path, no file of the kernel's waits on this answer: the other names go before it, so a stat (or an
+        // O_APPEND write) through one of them next sees the new size.
+        if !linkNames.isEmpty { forget(linkNames.names(of: open.identity.inode, except: [kernelPath])) }
     }
 
     /// fallocate: modes 0 and FALLOC_FL_KEEP_SIZE reserve space for the range's ciphertext (mode 0 also grows the
@@ -652,73 +757,6 @@ package final class ContainerFileSystem: @unchecked Sendable {
         logger.error("\(paths.sorted().first ?? file.path), after its last flush: \(failure.localizedDescription)")
     }
 
-    // MARK: Extended attributes
-
-    /// `user.protection.class`: a file's class, or the class a directory gives new files (ENODATA when it sets none).
-    package func extendedAttribute(_ kernelPath: String, name: String) throws -> [UInt8] {
-        guard name == Self.protectionAttribute else { throw Errno.noData }
-        guard let protectionClass = try protectionClass(of: try containerPath(kernelPath)) else { throw Errno.noData }
-        return Array(protectionClass.name.utf8)
-    }
-
-    /// The extended attributes an item has: `user.protection.class` for files and for directories that set a class.
-    package func extendedAttributeNames(_ kernelPath: String) throws -> [String] {
-        try protectionClass(of: try containerPath(kernelPath)) == nil ? [] : [Self.protectionAttribute]
-    }
-
-    /// Sets `user.protection.class` (a class name as the CLI's, A–D or a Foundation name): re-wraps a file's key (which
-    /// needs both classes' keys), or sets a directory's class for new items. Other attributes are not supported.
-    package func setExtendedAttribute(_ kernelPath: String, name: String, value: [UInt8], flags: Int32) throws {
-        guard name == Self.protectionAttribute else { throw Errno.notSupported }
-        let text = String(decoding: value, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines.union(["\0"]))
-        guard let newClass = ProtectionClass(name: text) else {
-            logger.info("setxattr \(kernelPath): \"\(text.prefix(80))\" is not a class; use one of \(ProtectionClass.acceptedNames)")
-            throw Errno.invalidArgument
-        }
-        let path = try containerPath(kernelPath)
-        try container.refuseInboxChange(path, displayPath: display(path), doing: "given another class")
-        let existing = try protectionClass(of: path)
-        let (createOnly, replaceOnly): (Int32, Int32) = (1, 2)  // XATTR_CREATE, XATTR_REPLACE
-        if flags & createOnly != 0 && existing != nil { throw Errno.fileExists }
-        if flags & replaceOnly != 0 && existing == nil { throw Errno.noData }
-        if path.isRoot {
-            return try container.writeDirectoryClass(newClass, in: try heldDirectory(.root), displayPath: display(path))
-        }
-        let item = try resolve(path)
-        defer { withExtendedLifetime(item) {} }
-        switch try status(item).st_mode & S_IFMT {
-        case S_IFDIR:
-            try container.writeDirectoryClass(newClass, in: try item.parent.subdirectory(item.name, displayPath: item.displayPath), displayPath: item.displayPath)
-        case S_IFREG:
-            let number = try openHandle(item, kernelPath: kernelPath, writable: true)
-            defer { release(number) }
-            try container.changeClass(of: try table.handle(number).file.file, to: newClass)
-        default:
-            throw Errno.notSupported
-        }
-    }
-
-    /// Removing `user.protection.class` clears a directory's class (new items take the container default); a file
-    /// always has one (EPERM).
-    package func removeExtendedAttribute(_ kernelPath: String, name: String) throws {
-        guard name == Self.protectionAttribute else { throw Errno.noData }
-        let path = try containerPath(kernelPath)
-        try container.refuseInboxChange(path, displayPath: display(path), doing: "given another class")
-        let directory: OpenDirectory
-        if path.isRoot {
-            directory = try heldDirectory(.root)
-        } else {
-            let item = try resolve(path)
-            defer { withExtendedLifetime(item) {} }
-            guard try status(item).st_mode & S_IFMT == S_IFDIR else { throw Errno.notPermitted }
-            directory = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
-        }
-        defer { withExtendedLifetime(directory) {} }
-        guard DurableIO.unlink(Container.directoryClassName, relativeTo: directory.descriptor.rawValue) == 0 else {
-            throw Foundation.errno == ENOENT ? Errno.noData : Errno(rawValue: Foundation.errno)
-        }
-    }
-
     // MARK: Lock
 
     /// After a lock zeroed the keys of open class A files: the kernel must not keep serving their plaintext from its
@@ -760,7 +798,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     // MARK: Helpers
 
-    private func openHandle(_ item: ResolvedItem, kernelPath: String, writable: Bool) throws -> UInt64 {
+    func openHandle(_ item: ResolvedItem, kernelPath: String, writable: Bool) throws -> UInt64 {
         let info = try status(item)
         switch info.st_mode & S_IFMT {
         case S_IFREG: break
@@ -800,7 +838,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
     }
 
-    private func protectionClass(of path: ContainerPath) throws -> ProtectionClass? {
+    func protectionClass(of path: ContainerPath) throws -> ProtectionClass? {
         if path.isRoot { return try container.directoryClass(of: try heldDirectory(.root)) }
         let item = try resolve(path)
         defer { withExtendedLifetime(item) {} }
@@ -814,6 +852,36 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
     }
 
+    /// After a change to `item` through the name `kernelPath`: the kernel drops what it holds of the item's other
+    /// names (HardLinkNames), at once. The kernel updates the name changed through from the answer.
+    func refreshOtherNames(of item: ResolvedItem, changedThrough kernelPath: String) {
+        guard !linkNames.isEmpty, let info = try? status(item) else { return }
+        refreshOtherNames(of: info, changedThrough: kernelPath)
+    }
+
+    func refreshOtherNames(of info: stat, changedThrough kernelPath: String) {
+        guard info.st_mode & S_IFMT != S_IFDIR else { return }
+        forget(linkNames.names(of: UInt64(info.st_ino), except: [kernelPath]))
+    }
+
+    /// After a change through an open file: its own names are left alone (one of them is the node the request came
+    /// by, whose pages the kernel may hold while it waits for the answer), the others are dropped once this request
+    /// is answered.
+    private func refreshOtherNames(of open: OpenFile) {
+        guard !linkNames.isEmpty else { return }
+        let others = linkNames.names(of: open.identity.inode, except: Set(table.paths(of: open)))
+        guard !others.isEmpty else { return }
+        namesRefresh.async { [weak self] in self?.forget(others) }
+    }
+
+    func forget(_ names: [String]) {
+        guard !names.isEmpty else { return }
+        invalidatorLock.withLock { names.forEach { frontEnd?.forgetName($0) } }
+    }
+
+    /// The path the kernel gives for a container path.
+    static func kernelPath(of path: ContainerPath) -> String { "/" + path.components.joined(separator: "/") }
+
     /// The path of an operation given no open file: there must be one.
     private func required(_ kernelPath: String?) throws -> String {
         guard let kernelPath else { throw Errno.badFileDescriptor }
@@ -821,10 +889,12 @@ package final class ContainerFileSystem: @unchecked Sendable {
     }
 
     /// The kernel's path as a container path; ProtectedStore's own names don't exist (ENOENT) and can't be made (EPERM).
-    private func containerPath(_ kernelPath: String, creating: Bool = false) throws -> ContainerPath {
+    func containerPath(_ kernelPath: String, creating: Bool = false) throws -> ContainerPath {
         let components = kernelPath.splitAtSlashes(omittingEmpty: true)
         // The kernel resolves "." and ".." itself; one here would be a way past the walk's checks.
         guard !components.contains(where: { $0 == "." || $0 == ".." }) else { throw Errno.invalidArgument }
+        // As ext4, also when only looking a name up: the kernel leaves NAME_MAX to the file system.
+        guard !components.contains(where: { $0.utf8.count > ContainerPath.maximumNameBytes }) else { throw Errno.fileNameTooLong }
         guard !components.contains(where: { $0.hasPrefix(ContainerPath.reservedPrefix) }) else {
             if creating {
                 logger.info("\(kernelPath): names starting with \(ContainerPath.reservedPrefix) are reserved for ProtectedStore's own files; choose another name")
@@ -835,7 +905,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     }
 
     /// The opened parent directory (cached) and the final name.
-    private func resolve(_ path: ContainerPath) throws -> ResolvedItem {
+    func resolve(_ path: ContainerPath) throws -> ResolvedItem {
         guard let name = path.name else { throw Errno.invalidArgument }
         return try ResolvedItem(parent: try cachedDirectory(path.parent), name: name, displayPath: display(path))
     }
@@ -850,7 +920,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// The root or one of the container's own folders, which the walks hold open, once the caller may search the
     /// folders above it.
-    private func heldDirectory(_ path: ContainerPath) throws -> OpenDirectory {
+    func heldDirectory(_ path: ContainerPath) throws -> OpenDirectory {
         try checkSearchThroughHeldFolders(to: path)
         return try container.directory.openDirectory(path)
     }
@@ -858,7 +928,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// The root and the container's own folders stay open, and walks start at the deepest one on the way, so the
     /// stored file system checks search permission only from there down (at every lookup in a folder, its own); the
     /// folders above it are checked here, as ext4's path walk would.
-    private func checkSearchThroughHeldFolders(to path: ContainerPath) throws {
+    func checkSearchThroughHeldFolders(to path: ContainerPath) throws {
         var above = ContainerPath.root
         for component in path.components {
             let next = above.appendingComponents([component])
@@ -870,7 +940,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
     }
 
-    private func status(_ item: ResolvedItem) throws -> stat {
+    func status(_ item: ResolvedItem) throws -> stat {
         var info = stat()
         try Self.check(fstatat(item.parent.descriptor.rawValue, item.entry, &info, AT_SYMLINK_NOFOLLOW))
         return info
@@ -882,7 +952,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         return info
     }
 
-    private func display(_ path: ContainerPath) -> String { container.directory.displayPath(path) }
+    func display(_ path: ContainerPath) -> String { container.directory.displayPath(path) }
 
     /// Every name an open file is shown under now (hard links give it several), as container paths; none once unlinked.
     private func currentPaths(of file: OpenFile) -> [ContainerPath] {
@@ -952,7 +1022,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         }
     }
 
-    private static func check(_ result: Int32) throws {
+    static func check(_ result: Int32) throws {
         guard result == 0 else { throw Errno(rawValue: Foundation.errno) }
     }
 }

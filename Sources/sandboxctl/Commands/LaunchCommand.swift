@@ -241,7 +241,7 @@ final class Sandbox: @unchecked Sendable {
         let home = slot.homeMount
         try prepareMountPoint(home)
         defer { rmdir(home) }
-        let mount = FUSEMount(container: container, mountPoint: home, logger: logger, servesOtherUsers: hostIdentity != nil)
+        let mount = FUSEMount(container: container, mountPoint: home, logger: logger, sharing: hostIdentity != nil ? .sandbox : .owner)
         let mounted = DispatchSemaphore(value: 0)
         let finished = DispatchSemaphore(value: 0)
         nonisolated(unsafe) var unmount: (@Sendable () -> Void)?

@@ -15,7 +15,9 @@ struct MountCommand: ParsableCommand {
             `sandboxctl lock` and `unlock` apply at once. While locked, class A files fail with EPERM (open, read, write, \
             also on descriptors opened before the lock, and no cached plaintext is served); class B files open before the \
             lock keep working and new ones can be created. Documents/Inbox is read-and-delete only (EACCES). The extended \
-            attribute user.protection.class reads and sets an item's class (getfattr/setfattr, class names as elsewhere).
+            attribute user.protection.class reads and sets an item's class (getfattr/setfattr, class names as elsewhere); \
+            it is never listed, so copies (cp -a, rsync -aX, tar --xattrs) take their new folder's class, and removing it \
+            gives a file its folder's. Other user.* attributes are kept encrypted, and POSIX ACLs work as on ext4.
 
             By default the mount runs in the background and this command returns once it is ready; its log goes to \
             $XDG_STATE_HOME/sandboxctl/logs/<keybag id>/mount-<container id>.log (outside the root: log lines name paths; the file name is the container's folder id, not its bundle identifier). Unmount with `fusermount3 -u MOUNTPOINT`, or send the mount's process \
@@ -44,6 +46,10 @@ struct MountCommand: ParsableCommand {
     @Flag(help: "Also log every refusal (data protection, Inbox rule, reserved names), not only errors.")
     var verbose = false
 
+    @Flag(help: ArgumentHelp("Let every user reach the mount, the kernel checking modes and ACLs for each as ext4 would (off by default: only you).",
+                             discussion: "FUSE's allow_other with default_permissions. As root, a new item belongs to the user who made it; as anyone else, to you, and fusermount3 allows it only with a line user_allow_other in /etc/fuse.conf."))
+    var allowOther = false
+
     @OptionGroup var transport: TransportOptions
 
     /// Set on the background process this command starts: detach, then say "ready" on standard output once mounted.
@@ -68,7 +74,7 @@ struct MountCommand: ParsableCommand {
         if backgroundChild { setsid() }
         try PlaintextHygiene.hardenProcess()
         Self.bootstrapLogging(verbose: verbose)
-        let mount = FUSEMount(container: container, mountPoint: mountPoint, logger: Logger(label: "sandboxctl.mount"))
+        let mount = FUSEMount(container: container, mountPoint: mountPoint, logger: Logger(label: "sandboxctl.mount"), sharing: allowOther ? .everyone : .owner)
         try mount.run(overIOUring: transport.overIOUring) {
             guard backgroundChild else {
                 FileHandle.standardError.write(Data("Serving \(container.bundleIdentifier) at \(mountPoint); Ctrl-C or `fusermount3 -u \(mountPoint)` to stop\n".utf8))
@@ -107,6 +113,7 @@ struct MountCommand: ParsableCommand {
         var arguments = ["mount", bundleIdentifier, mountPoint, "--background-child", "--root", root]
         if let secret = device.resolvedDeviceSecret { arguments += ["--device-secret", secret] }
         if verbose { arguments.append("--verbose") }
+        if allowOther { arguments.append("--allow-other") }
         arguments += transport.arguments
         let started = try Self.startDetached(arguments: arguments, root: root, logName: "mount-\(container.storageIdentifier).log")
         print("Mounted \(bundleIdentifier) at \(mountPoint) (pid \(started.process), log \(started.log)).")

@@ -1,0 +1,262 @@
+import CSupport
+import Foundation
+import ProtectedStore
+import ProtectedStoreCore
+import SystemPackage
+
+/// Extended attributes as ext4 keeps them, so `cp -a`, `rsync -aHAX` and `tar --xattrs` round-trip: `user.*` stored
+/// sealed (SealedAttributes), POSIX ACLs as the stored item's own (its file system checks them, as it checks modes),
+/// and `user.protection.class`, which reads and sets the class but is never listed (docs/DESIGN.md says why).
+extension ContainerFileSystem {
+    private static let accessACL = "system.posix_acl_access"
+    private static let defaultACL = "system.posix_acl_default"
+    private static let (createOnly, replaceOnly): (Int32, Int32) = (1, 2)  // XATTR_CREATE, XATTR_REPLACE
+
+    private enum Kind {
+        case protectionClass, user, acl, unsupported
+    }
+
+    private static func kind(of name: String) throws -> Kind {
+        if name == protectionAttribute { return .protectionClass }
+        if name == accessACL || name == defaultACL { return .acl }
+        guard name.hasPrefix(SealedAttributes.namespace) else { return .unsupported }
+        // As ext4: a name needs something after its namespace.
+        guard name.utf8.count > SealedAttributes.namespace.utf8.count else { throw Errno.invalidArgument }
+        return .user
+    }
+
+    /// getxattr. ENODATA when the item has no such attribute; other namespaces than `user.` and the ACLs have none.
+    package func extendedAttribute(_ kernelPath: String, name: String) throws -> [UInt8] {
+        let path = try containerPath(kernelPath)
+        switch try Self.kind(of: name) {
+        case .protectionClass:
+            guard let protectionClass = try protectionClass(of: path) else { throw Errno.noData }
+            return Array(protectionClass.name.utf8)
+        case .user:
+            return try withStoredItem(path) { item in
+                guard let value = try userAttributes(of: item).value(named: name) else { throw Errno.noData }
+                return value
+            }
+        case .acl:
+            return try withStoredItem(path) { item in
+                guard item.type != S_IFLNK else { throw Errno.notSupported }
+                guard let value = try item.storedAttribute(name) else { throw Errno.noData }
+                return value
+            }
+        case .unsupported:
+            throw Errno.noData
+        }
+    }
+
+    /// listxattr: the item's `user.*` attributes in the order they were set, then its ACLs.
+    package func extendedAttributeNames(_ kernelPath: String) throws -> [String] {
+        try withStoredItem(try containerPath(kernelPath)) { item in
+            guard item.type != S_IFLNK else { return [] }
+            let acls = try item.storedAttributeNames().filter { $0 == Self.accessACL || $0 == Self.defaultACL }
+            return try userAttributes(of: item).entries.map(\.name) + acls
+        }
+    }
+
+    /// setxattr. `user.*` on files and directories (EPERM on others, as ext4), within `SealedAttributes.capacity`
+    /// (ENOSPC); ACLs as the stored item's own; `user.protection.class` takes a class name (A–D or a Foundation name)
+    /// and re-wraps a file's key (which needs both classes' keys) or sets a directory's class for new items.
+    package func setExtendedAttribute(_ kernelPath: String, name: String, value: [UInt8], flags: Int32) throws {
+        let path = try containerPath(kernelPath)
+        let kind = try Self.kind(of: name)
+        guard kind != .unsupported else { throw Errno.notSupported }
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "given extended attributes")
+        switch kind {
+        case .protectionClass:
+            try setProtectionClass(of: path, kernelPath: kernelPath, to: value, flags: flags)
+        case .user:
+            try withStoredItem(path) { item in
+                guard item.type == S_IFREG || item.type == S_IFDIR else { throw Errno.notPermitted }
+                try attributesLock.withLock {
+                    var attributes = try userAttributes(of: item)
+                    let exists = attributes.value(named: name) != nil
+                    if flags & Self.createOnly != 0 && exists { throw Errno.fileExists }
+                    if flags & Self.replaceOnly != 0 && !exists { throw Errno.noData }
+                    do {
+                        try attributes.set(name, to: value)
+                    } catch let error as ProtectedStoreError where error.errno == .noSpace {
+                        logger.info("setxattr \(display(path)) \(name): \(error.problem)")
+                        throw Errno.noSpace
+                    }
+                    try store(attributes, of: item)
+                }
+            }
+        case .acl:
+            try withStoredItem(path) { item in
+                guard item.type != S_IFLNK else { throw Errno.notSupported }
+                try Self.check(setxattr(item.procPath, name, value, value.count, flags))
+                refreshOtherNames(of: item.info, changedThrough: kernelPath)
+            }
+        case .unsupported:
+            break
+        }
+    }
+
+    /// removexattr. Removing `user.protection.class` gives a file its folder's class again (what a copy that leaves the
+    /// attribute behind gets) and clears a directory's own class.
+    package func removeExtendedAttribute(_ kernelPath: String, name: String) throws {
+        let path = try containerPath(kernelPath)
+        let kind = try Self.kind(of: name)
+        guard kind != .unsupported else { throw Errno.noData }
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "given extended attributes")
+        switch kind {
+        case .protectionClass:
+            try removeProtectionClass(of: path, kernelPath: kernelPath)
+        case .user:
+            try withStoredItem(path) { item in
+                try attributesLock.withLock {
+                    var attributes = try userAttributes(of: item)
+                    guard attributes.remove(name) else { throw Errno.noData }
+                    try store(attributes, of: item)
+                }
+            }
+        case .acl:
+            try withStoredItem(path) { item in
+                guard item.type != S_IFLNK else { throw Errno.notSupported }
+                try Self.check(removexattr(item.procPath, name))
+                refreshOtherNames(of: item.info, changedThrough: kernelPath)
+            }
+        case .unsupported:
+            break
+        }
+    }
+
+    // MARK: Protection class
+
+    private func setProtectionClass(of path: ContainerPath, kernelPath: String, to value: [UInt8], flags: Int32) throws {
+        let text = String(decoding: value, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines.union(["\0"]))
+        guard let newClass = ProtectionClass(name: text) else {
+            logger.info("setxattr \(kernelPath): \"\(text.prefix(80))\" is not a class; use one of \(ProtectionClass.acceptedNames)")
+            throw Errno.invalidArgument
+        }
+        let existing = try protectionClass(of: path)
+        if flags & Self.createOnly != 0 && existing != nil { throw Errno.fileExists }
+        if flags & Self.replaceOnly != 0 && existing == nil { throw Errno.noData }
+        if path.isRoot {
+            return try container.writeDirectoryClass(newClass, in: try heldDirectory(.root), displayPath: display(path))
+        }
+        let item = try resolve(path)
+        defer { withExtendedLifetime(item) {} }
+        switch try status(item).st_mode & S_IFMT {
+        case S_IFDIR:
+            try container.writeDirectoryClass(newClass, in: try item.parent.subdirectory(item.name, displayPath: item.displayPath), displayPath: item.displayPath)
+        case S_IFREG:
+            try changeClass(of: item, kernelPath: kernelPath, to: newClass)
+        default:
+            throw Errno.notSupported
+        }
+    }
+
+    private func removeProtectionClass(of path: ContainerPath, kernelPath: String) throws {
+        let directory: OpenDirectory
+        if path.isRoot {
+            directory = try heldDirectory(.root)
+        } else {
+            let item = try resolve(path)
+            defer { withExtendedLifetime(item) {} }
+            switch try status(item).st_mode & S_IFMT {
+            case S_IFREG:
+                return try changeClass(of: item, kernelPath: kernelPath, to: try container.inheritedClass(in: item.parent))
+            case S_IFDIR:
+                directory = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
+            default:
+                throw Errno.noData
+            }
+        }
+        defer { withExtendedLifetime(directory) {} }
+        guard DurableIO.unlink(Container.directoryClassName, relativeTo: directory.descriptor.rawValue) == 0 else {
+            throw Foundation.errno == ENOENT ? Errno.noData : Errno(rawValue: Foundation.errno)
+        }
+    }
+
+    private func changeClass(of item: ResolvedItem, kernelPath: String, to newClass: ProtectionClass) throws {
+        let number = try openHandle(item, kernelPath: kernelPath, writable: true)
+        defer { release(number) }
+        let file = try table.handle(number).file.file
+        guard try EncryptedFile.header(at: item.location).protectionClass != newClass else { return }
+        try container.changeClass(of: file, to: newClass)
+    }
+
+    // MARK: Stored item
+
+    /// The stored item, opened without following a symlink or needing any permission: its attributes are read and
+    /// set through /proc/self/fd (the *xattr calls take no O_PATH descriptor).
+    private struct StoredItem {
+        let descriptor: Int32
+        let info: stat
+        let displayPath: String
+        var type: mode_t { info.st_mode & S_IFMT }
+        var procPath: String { "/proc/self/fd/\(descriptor)" }
+
+        func storedAttribute(_ name: String) throws -> [UInt8]? {
+            while true {
+                let size = getxattr(procPath, name, nil, 0)
+                if size < 0 {
+                    if Foundation.errno == ENODATA { return nil }
+                    throw Errno(rawValue: Foundation.errno)
+                }
+                var value = [UInt8](repeating: 0, count: size)
+                let read = value.withUnsafeMutableBytes { getxattr(procPath, name, $0.baseAddress, size) }
+                // Grown meanwhile: ask again.
+                if read < 0 && Foundation.errno == ERANGE { continue }
+                guard read >= 0 else { throw Errno(rawValue: Foundation.errno) }
+                return Array(value.prefix(read))
+            }
+        }
+
+        func storedAttributeNames() throws -> [String] {
+            while true {
+                let size = listxattr(procPath, nil, 0)
+                guard size >= 0 else { throw Errno(rawValue: Foundation.errno) }
+                var list = [UInt8](repeating: 0, count: size)
+                let read = list.withUnsafeMutableBytes { listxattr(procPath, $0.baseAddress?.assumingMemoryBound(to: CChar.self), size) }
+                if read < 0 && Foundation.errno == ERANGE { continue }
+                guard read >= 0 else { throw Errno(rawValue: Foundation.errno) }
+                return list.prefix(read).split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+            }
+        }
+    }
+
+    private func withStoredItem<R>(_ path: ContainerPath, _ body: (StoredItem) throws -> R) throws -> R {
+        let descriptor: Int32
+        let opensAsPath: Int32 = 0o10000000  // O_PATH, which Swift's Glibc module does not export
+        if path.isRoot {
+            try checkSearchThroughHeldFolders(to: path)
+            descriptor = fcntl(root, F_DUPFD_CLOEXEC, 0)
+        } else {
+            let item = try resolve(path)
+            descriptor = withExtendedLifetime(item) { openat(item.parent.descriptor.rawValue, item.entry, opensAsPath | O_NOFOLLOW | O_CLOEXEC) }
+        }
+        guard descriptor >= 0 else { throw Errno(rawValue: Foundation.errno) }
+        defer { close(descriptor) }
+        var info = stat()
+        try Self.check(fstat(descriptor, &info))
+        return try body(StoredItem(descriptor: descriptor, info: info, displayPath: display(path)))
+    }
+
+    /// The item's `user.*` attributes; a stored value that does not open is damage, reported (EIO), never taken as none.
+    private func userAttributes(of item: StoredItem) throws -> SealedAttributes {
+        guard item.type == S_IFREG || item.type == S_IFDIR, let sealed = try item.storedAttribute(SealedAttributes.storedName) else {
+            return SealedAttributes()
+        }
+        guard let attributes = SealedAttributes.open(sealed, with: container.directory.cipher) else {
+            throw ProtectedStoreError(.integrity, path: item.displayPath, problem: "its extended attributes (\(SealedAttributes.storedName)) do not decrypt: damaged or not written by this container",
+                                      remedy: "Remove the stored attribute with setfattr -x \(SealedAttributes.storedName) on the stored item, or restore it from a backup")
+        }
+        return attributes
+    }
+
+    /// Replaces the stored value in one setxattr (atomic on the store's file system), or removes it when none are left.
+    private func store(_ attributes: SealedAttributes, of item: StoredItem) throws {
+        if attributes.entries.isEmpty {
+            guard removexattr(item.procPath, SealedAttributes.storedName) == 0 || Foundation.errno == ENODATA else { throw Errno(rawValue: Foundation.errno) }
+            return
+        }
+        let sealed = try attributes.sealed(with: container.directory.cipher)
+        try Self.check(setxattr(item.procPath, SealedAttributes.storedName, sealed, sealed.count, 0))
+    }
+}
