@@ -33,14 +33,14 @@ extension ContainerFileSystem {
             guard let protectionClass = try protectionClass(of: path) else { throw Errno.noData }
             return Array(protectionClass.name.utf8)
         case .user:
-            return try withStoredItem(path) { item in
-                guard let value = try userAttributes(of: item).value(named: name) else { throw Errno.noData }
+            return try withStoredPath(path) { stored in
+                guard let value = try userAttributes(at: stored, of: path).value(named: name) else { throw Errno.noData }
                 return value
             }
         case .acl:
-            return try withStoredItem(path) { item in
-                guard item.type != S_IFLNK else { throw Errno.notSupported }
-                guard let value = try item.storedAttribute(name) else { throw Errno.noData }
+            // A symbolic link's is EOPNOTSUPP, as the store's file system answers.
+            return try withStoredPath(path) { stored in
+                guard let value = try Self.storedAttribute(name, at: stored) else { throw Errno.noData }
                 return value
             }
         case .unsupported:
@@ -49,11 +49,14 @@ extension ContainerFileSystem {
     }
 
     /// listxattr: the item's `user.*` attributes in the order they were set, then its ACLs.
+    /// One call to the store's file system for an item with no `user.*` attributes (`ls -l` asks of every item).
     package func extendedAttributeNames(_ kernelPath: String) throws -> [String] {
-        try withStoredItem(try containerPath(kernelPath)) { item in
-            guard item.type != S_IFLNK else { return [] }
-            let acls = try item.storedAttributeNames().filter { $0 == Self.accessACL || $0 == Self.defaultACL }
-            return try userAttributes(of: item).entries.map(\.name) + acls
+        let path = try containerPath(kernelPath)
+        return try withStoredPath(path) { stored in
+            let names = try Self.storedAttributeNames(at: stored)
+            let acls = names.filter { $0 == Self.accessACL || $0 == Self.defaultACL }
+            guard names.contains(SealedAttributes.storedName) else { return acls }
+            return try userAttributes(at: stored, of: path).entries.map(\.name) + acls
         }
     }
 
@@ -69,10 +72,10 @@ extension ContainerFileSystem {
         case .protectionClass:
             try setProtectionClass(of: path, kernelPath: kernelPath, to: value, flags: flags)
         case .user:
-            try withStoredItem(path) { item in
-                guard item.type == S_IFREG || item.type == S_IFDIR else { throw Errno.notPermitted }
+            // The store's file system refuses a symbolic link's or a FIFO's (EPERM), as ext4 does.
+            try withStoredPath(path) { stored in
                 try attributesLock.withLock {
-                    var attributes = try userAttributes(of: item)
+                    var attributes = try userAttributes(at: stored, of: path)
                     let exists = attributes.value(named: name) != nil
                     if flags & Self.createOnly != 0 && exists { throw Errno.fileExists }
                     if flags & Self.replaceOnly != 0 && !exists { throw Errno.noData }
@@ -82,15 +85,12 @@ extension ContainerFileSystem {
                         logger.info("setxattr \(display(path)) \(name): \(error.problem)")
                         throw Errno.noSpace
                     }
-                    try store(attributes, of: item)
+                    try store(attributes, at: stored)
                 }
             }
         case .acl:
-            try withStoredItem(path) { item in
-                guard item.type != S_IFLNK else { throw Errno.notSupported }
-                try Self.check(setxattr(item.procPath, name, value, value.count, flags))
-                refreshOtherNames(of: item.info, changedThrough: kernelPath)
-            }
+            try withStoredPath(path) { stored in try Self.check(lsetxattr(stored.path, name, value, value.count, flags)) }
+            if !path.isRoot { refreshOtherNames(of: try resolve(path), changedThrough: kernelPath) }
         case .unsupported:
             break
         }
@@ -107,19 +107,16 @@ extension ContainerFileSystem {
         case .protectionClass:
             try removeProtectionClass(of: path, kernelPath: kernelPath)
         case .user:
-            try withStoredItem(path) { item in
+            try withStoredPath(path) { stored in
                 try attributesLock.withLock {
-                    var attributes = try userAttributes(of: item)
+                    var attributes = try userAttributes(at: stored, of: path)
                     guard attributes.remove(name) else { throw Errno.noData }
-                    try store(attributes, of: item)
+                    try store(attributes, at: stored)
                 }
             }
         case .acl:
-            try withStoredItem(path) { item in
-                guard item.type != S_IFLNK else { throw Errno.notSupported }
-                try Self.check(removexattr(item.procPath, name))
-                refreshOtherNames(of: item.info, changedThrough: kernelPath)
-            }
+            try withStoredPath(path) { stored in try Self.check(lremovexattr(stored.path, name)) }
+            if !path.isRoot { refreshOtherNames(of: try resolve(path), changedThrough: kernelPath) }
         case .unsupported:
             break
         }
@@ -183,80 +180,75 @@ extension ContainerFileSystem {
 
     // MARK: Stored item
 
-    /// The stored item, opened without following a symlink or needing any permission: its attributes are read and
-    /// set through /proc/self/fd (the *xattr calls take no O_PATH descriptor).
-    private struct StoredItem {
-        let descriptor: Int32
-        let info: stat
-        let displayPath: String
-        var type: mode_t { info.st_mode & S_IFMT }
-        var procPath: String { "/proc/self/fd/\(descriptor)" }
+    /// An item as the store's file system knows it: an entry of a folder this process holds open ("" for the
+    /// folder itself, the root), reached through /proc in one call each, with no descriptor of its own.
+    struct StoredName {
+        let directory: Int32
+        let entry: String
 
-        func storedAttribute(_ name: String) throws -> [UInt8]? {
-            while true {
-                let size = getxattr(procPath, name, nil, 0)
-                if size < 0 {
-                    if Foundation.errno == ENODATA { return nil }
-                    throw Errno(rawValue: Foundation.errno)
-                }
-                var value = [UInt8](repeating: 0, count: size)
-                let read = value.withUnsafeMutableBytes { getxattr(procPath, name, $0.baseAddress, size) }
-                // Grown meanwhile: ask again.
-                if read < 0 && Foundation.errno == ERANGE { continue }
-                guard read >= 0 else { throw Errno(rawValue: Foundation.errno) }
-                return Array(value.prefix(read))
-            }
-        }
-
-        func storedAttributeNames() throws -> [String] {
-            while true {
-                let size = listxattr(procPath, nil, 0)
-                guard size >= 0 else { throw Errno(rawValue: Foundation.errno) }
-                var list = [UInt8](repeating: 0, count: size)
-                let read = list.withUnsafeMutableBytes { listxattr(procPath, $0.baseAddress?.assumingMemoryBound(to: CChar.self), size) }
-                if read < 0 && Foundation.errno == ERANGE { continue }
-                guard read >= 0 else { throw Errno(rawValue: Foundation.errno) }
-                return list.prefix(read).split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
-            }
-        }
+        /// The same as a path through /proc, for the l*xattr calls, which act on a symbolic link itself ("/." names
+        /// the folder itself, where the magic link alone would be what they act on).
+        var path: String { "/proc/self/fd/\(directory)/\(entry.isEmpty ? "." : entry)" }
     }
 
-    private func withStoredItem<R>(_ path: ContainerPath, _ body: (StoredItem) throws -> R) throws -> R {
-        let descriptor: Int32
-        let opensAsPath: Int32 = 0o10000000  // O_PATH, which Swift's Glibc module does not export
+    private func withStoredPath<R>(_ path: ContainerPath, _ body: (StoredName) throws -> R) throws -> R {
         if path.isRoot {
             try checkSearchThroughHeldFolders(to: path)
-            descriptor = fcntl(root, F_DUPFD_CLOEXEC, 0)
-        } else {
-            let item = try resolve(path)
-            descriptor = withExtendedLifetime(item) { openat(item.parent.descriptor.rawValue, item.entry, opensAsPath | O_NOFOLLOW | O_CLOEXEC) }
+            return try body(StoredName(directory: root, entry: ""))
         }
-        guard descriptor >= 0 else { throw Errno(rawValue: Foundation.errno) }
-        defer { close(descriptor) }
-        var info = stat()
-        try Self.check(fstat(descriptor, &info))
-        return try body(StoredItem(descriptor: descriptor, info: info, displayPath: display(path)))
+        let item = try resolve(path)
+        return try withExtendedLifetime(item) { try body(StoredName(directory: item.parent.descriptor.rawValue, entry: item.entry)) }
     }
 
-    /// The item's `user.*` attributes; a stored value that does not open is damage, reported (EIO), never taken as none.
-    private func userAttributes(of item: StoredItem) throws -> SealedAttributes {
-        guard item.type == S_IFREG || item.type == S_IFDIR, let sealed = try item.storedAttribute(SealedAttributes.storedName) else {
-            return SealedAttributes()
+    private static func storedAttribute(_ name: String, at stored: StoredName) throws -> [UInt8]? {
+        func get(_ buffer: UnsafeMutableRawPointer?, _ size: Int) -> Int { lgetxattr(stored.path, name, buffer, size) }
+        while true {
+            let size = get(nil, 0)
+            if size < 0 {
+                if Foundation.errno == ENODATA { return nil }
+                throw Errno(rawValue: Foundation.errno)
+            }
+            var value = [UInt8](repeating: 0, count: size)
+            let read = value.withUnsafeMutableBytes { get($0.baseAddress, size) }
+            // Grown meanwhile: ask again.
+            if read < 0 && Foundation.errno == ERANGE { continue }
+            guard read >= 0 else { throw Errno(rawValue: Foundation.errno) }
+            return Array(value.prefix(read))
         }
+    }
+
+    private static func storedAttributeNames(at stored: StoredName) throws -> [String] {
+        func list(_ buffer: UnsafeMutablePointer<CChar>?, _ size: Int) -> Int { llistxattr(stored.path, buffer, size) }
+        while true {
+            let size = list(nil, 0)
+            guard size >= 0 else { throw Errno(rawValue: Foundation.errno) }
+            guard size > 0 else { return [] }
+            var names = [UInt8](repeating: 0, count: size)
+            let read = names.withUnsafeMutableBytes { list($0.baseAddress?.assumingMemoryBound(to: CChar.self), size) }
+            if read < 0 && Foundation.errno == ERANGE { continue }
+            guard read >= 0 else { throw Errno(rawValue: Foundation.errno) }
+            return names.prefix(read).split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+        }
+    }
+
+    /// The `user.*` attributes of the item stored at `stored` (a symbolic link has none: the store's file system
+    /// keeps none for one); a stored value that does not open is damage, reported (EIO), never taken as none.
+    private func userAttributes(at stored: StoredName, of path: ContainerPath) throws -> SealedAttributes {
+        guard let sealed = try Self.storedAttribute(SealedAttributes.storedName, at: stored) else { return SealedAttributes() }
         guard let attributes = SealedAttributes.open(sealed, with: container.directory.cipher) else {
-            throw ProtectedStoreError(.integrity, path: item.displayPath, problem: "its extended attributes (\(SealedAttributes.storedName)) do not decrypt: damaged or not written by this container",
+            throw ProtectedStoreError(.integrity, path: display(path), problem: "its extended attributes (\(SealedAttributes.storedName)) do not decrypt: damaged or not written by this container",
                                       remedy: "Remove the stored attribute with setfattr -x \(SealedAttributes.storedName) on the stored item, or restore it from a backup")
         }
         return attributes
     }
 
     /// Replaces the stored value in one setxattr (atomic on the store's file system), or removes it when none are left.
-    private func store(_ attributes: SealedAttributes, of item: StoredItem) throws {
+    private func store(_ attributes: SealedAttributes, at stored: StoredName) throws {
         if attributes.entries.isEmpty {
-            guard removexattr(item.procPath, SealedAttributes.storedName) == 0 || Foundation.errno == ENODATA else { throw Errno(rawValue: Foundation.errno) }
+            guard lremovexattr(stored.path, SealedAttributes.storedName) == 0 || Foundation.errno == ENODATA else { throw Errno(rawValue: Foundation.errno) }
             return
         }
         let sealed = try attributes.sealed(with: container.directory.cipher)
-        try Self.check(setxattr(item.procPath, SealedAttributes.storedName, sealed, sealed.count, 0))
+        try Self.check(lsetxattr(stored.path, SealedAttributes.storedName, sealed, sealed.count, 0))
     }
 }

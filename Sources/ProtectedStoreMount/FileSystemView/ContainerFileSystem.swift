@@ -19,13 +19,13 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     package let container: Container
     let table = OpenFileTable()
-    private let linkNames = HardLinkNames()
+    let linkNames = HardLinkNames()
     /// Serializes the read, change and store of an item's sealed `user.*` attributes.
     let attributesLock = NSLock()
     /// Drops the kernel's attributes of other names after a change through an open file, outside the request: its
     /// answer may be what the kernel waits for before it lets the pages of those names go.
     let namesRefresh = DispatchQueue(label: "sandboxctl.mount.hard-link-names")
-    private let directories = DirectoryCache()
+    let directories = DirectoryCache()
     private let sizes: PlaintextSizes
     let logger: Logger
     private let invalidatorLock = NSLock()
@@ -33,7 +33,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     private let poolLock = NSLock()
     private var folderPool: FolderPool?
 
-    private var device: Device { container.device }
+    var device: Device { container.device }
     var root: Int32 { container.directory.root.rawValue }
 
     /// Whether a new item is given to the user who made it (chown), not left to this process: as root, serving others.
@@ -110,9 +110,20 @@ package final class ContainerFileSystem: @unchecked Sendable {
         OpenDirectory.hasDefaultACL(parent.descriptor) ? (mode & 0o7777, true) : (mode & 0o7777 & ~creator.umask, false)
     }
 
+    /// Where a file, FIFO or socket is to be made (its path checked, its long name recorded) and the permission bits
+    /// it gets (`permissions(_:in:by:)`).
+    func newEntry(_ kernelPath: String, mode: mode_t, by creator: Creator) throws -> (item: ResolvedItem, permissions: mode_t, fromACL: Bool) {
+        let path = try containerPath(kernelPath, creating: true)
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
+        let item = try resolve(path)
+        try item.prepareEntry()
+        let (permissions, fromACL) = permissions(mode, in: item.parent, by: creator)
+        return (item, permissions, fromACL)
+    }
+
     /// Gives a new item to its creator, before its mode is set (a chown would clear set-id bits set earlier). In a
     /// set-group-ID folder the group stays the folder's, which the stored file system gave it.
-    private func giveToCreator(_ descriptor: Int32, _ name: String?, in parent: OpenDirectory, by creator: Creator) throws {
+    func giveToCreator(_ descriptor: Int32, _ name: String?, in parent: OpenDirectory, by creator: Creator) throws {
         guard givesNewItemsToCreator, creator.user != geteuid() || creator.group != getegid() else { return }
         var folder = stat()
         let keepsGroup = fstat(parent.descriptor.rawValue, &folder) == 0 && folder.st_mode & S_ISGID != 0
@@ -438,154 +449,6 @@ package final class ContainerFileSystem: @unchecked Sendable {
         item.entryRemoved()
     }
 
-    // MARK: Names
-
-    /// unlink; allowed in the Inbox. A descriptor still open on the file keeps working.
-    package func removeFile(_ kernelPath: String) throws {
-        let item = try resolve(try containerPath(kernelPath))
-        defer { withExtendedLifetime(item) {} }
-        let removed = try? status(item)
-        try Self.check(DurableIO.unlink(item.entry, relativeTo: item.parent.descriptor.rawValue))
-        item.entryRemoved()
-        table.unlinked(kernelPath)
-        linkNames.removed(kernelPath)
-        if let removed { refreshOtherNames(of: removed, changedThrough: kernelPath) }
-    }
-
-    /// rename(2) and renameat2's RENAME_NOREPLACE and RENAME_EXCHANGE. Moving out of the Inbox is allowed, into it
-    /// is refused (EACCES); the container's own folders can't be moved or replaced (EPERM).
-    package func rename(_ kernelSource: String, to kernelTarget: String, flags: UInt32) throws {
-        let (noReplace, exchange): (UInt32, UInt32) = (1, 2)
-        guard flags & ~(noReplace | exchange) == 0, flags != noReplace | exchange else { throw Errno.invalidArgument }
-        let source = try containerPath(kernelSource)
-        let target = try containerPath(kernelTarget, creating: true)
-        try refuseLayoutChange(source, doing: "moved")
-        try refuseLayoutChange(target, doing: "replaced")
-        if !Self.isHiding(source, as: target) {
-            try container.refuseInboxChange(target, displayPath: display(target), doing: "created by moving an item there")
-        }
-        if flags & exchange != 0 {
-            try container.refuseInboxChange(source, displayPath: display(source), doing: "replaced by exchanging it")
-        }
-        let from = try resolve(source), to = try resolve(target)
-        // A cached descriptor follows its directory to the new name; paths under either name must be opened afresh,
-        // also those a request running alongside cached while the rename was being done.
-        defer {
-            directories.removeAll()
-            withExtendedLifetime((from, to)) {}
-        }
-        let (fromDirectory, toDirectory) = (from.parent.descriptor.rawValue, to.parent.descriptor.rawValue)
-        // A hard-linked item replaced loses a name: the kernel's other names of it show one link fewer.
-        let replaced = try? status(to)
-        if from.parent.path != to.parent.path {
-            try from.parent.names.unbindLinkTarget(at: from.location)
-            if flags & exchange != 0 { try to.parent.names.unbindLinkTarget(at: to.location) }
-        }
-        if flags & exchange != 0 {
-            try Self.check(ps_rename_exchange(fromDirectory, from.entry, toDirectory, to.entry))
-            table.exchanged(kernelSource, kernelTarget)
-            linkNames.removed(kernelSource)
-            linkNames.removed(kernelTarget)
-            return
-        }
-        try to.prepareEntry()
-        let rename = { DurableIO.rename(from.entry, relativeTo: fromDirectory, to: to.entry, relativeTo: toDirectory, replacing: flags & noReplace == 0) }
-        if rename() != 0 {
-            // An otherwise empty directory being replaced holds its IV, and may hold a class marker.
-            guard Foundation.errno == ENOTEMPTY || Foundation.errno == EEXIST, flags & noReplace == 0 else { throw Errno(rawValue: Foundation.errno) }
-            try removeOwnFiles(in: to, then: rename)
-        }
-        // Renaming one hard link onto another of the same file leaves both: then the source's name stays.
-        if from.path != to.path, (try? from.location.status()) == nil { from.entryRemoved() }
-        table.unlinked(kernelTarget)
-        table.renamed(kernelSource, to: kernelTarget)
-        linkNames.renamed(kernelSource, to: kernelTarget)
-        if let replaced { refreshOtherNames(of: replaced, changedThrough: kernelTarget) }
-    }
-
-    /// libfuse unlinks a file still open by renaming it to `.fuse_hidden…` in its directory (and removes it at the
-    /// last close), so the open file keeps a name the lock can drop cached pages by. Allowed in the Inbox too: it is a deletion.
-    private static func isHiding(_ source: ContainerPath, as target: ContainerPath) -> Bool {
-        target.parent == source.parent && target.name?.hasPrefix(".fuse_hidden") == true
-    }
-
-    /// symlink; the target must be relative and stay inside the container (EPERM otherwise).
-    package func createSymbolicLink(at kernelPath: String, target: String, by creator: Creator = .thisProcess) throws {
-        let path = try containerPath(kernelPath, creating: true)
-        try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
-        guard Self.staysInside(target: target, from: path.parent) else {
-            logger.info("symlink \(display(path)) -> \(target): refused, the target could lead outside the container; use a relative target whose \"..\" come first and stay below the root (as ../Library/x)")
-            throw Errno.notPermitted
-        }
-        let item = try resolve(path)
-        defer { withExtendedLifetime(item) {} }
-        try item.prepareEntry()
-        try Self.check(symlinkat(try item.parent.names.sealedLinkTarget(target), item.parent.descriptor.rawValue, item.entry))
-        do {
-            try giveToCreator(item.parent.descriptor.rawValue, item.entry, in: item.parent, by: creator)
-        } catch {
-            item.location.unlink()
-            throw error
-        }
-    }
-
-    /// link(2): a second name for a file. Creating one in the Inbox is refused (EACCES), and so is a name elsewhere for
-    /// an Inbox item, through which it could be written; the container's own folders have no second names (EPERM).
-    package func link(_ kernelSource: String, to kernelTarget: String) throws {
-        let source = try containerPath(kernelSource)
-        let target = try containerPath(kernelTarget, creating: true)
-        try container.refuseInboxChange(target, displayPath: display(target), doing: "created by linking")
-        try container.refuseInboxChange(source, displayPath: display(source), doing: "given a second name (it could be written through it); move it out of the Inbox first")
-        let from = try resolve(source), to = try resolve(target)
-        defer { withExtendedLifetime((from, to)) {} }
-        try to.prepareEntry()
-        if from.parent.path != to.parent.path { try from.parent.names.unbindLinkTarget(at: from.location) }
-        try Self.check(DurableIO.link(from.entry, relativeTo: from.parent.descriptor.rawValue, to: to.entry, relativeTo: to.parent.descriptor.rawValue))
-        // The kernel gives the new name the attributes of the answer; the source's (one link fewer) it keeps.
-        if let linked = try? status(from) {
-            linkNames.shown(kernelSource, linked)
-            refreshOtherNames(of: linked, changedThrough: kernelTarget)
-        }
-    }
-
-    /// mknod of a FIFO or a Unix socket (what mkfifo and bind make): a name with no data at rest, so no class applies.
-    /// Device nodes are refused (EPERM): an app container holds none, as on iOS, and the mount is nodev.
-    package func createSpecialFile(_ kernelPath: String, mode: mode_t, by creator: Creator = .thisProcess) throws {
-        guard mode & S_IFMT == S_IFIFO || mode & S_IFMT == S_IFSOCK else {
-            logger.info("mknod \(kernelPath): device nodes can't be made in a container; only files, FIFOs and sockets")
-            throw Errno.notPermitted
-        }
-        let path = try containerPath(kernelPath, creating: true)
-        try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
-        let item = try resolve(path)
-        defer { withExtendedLifetime(item) {} }
-        try item.prepareEntry()
-        let (permissions, fromACL) = permissions(mode, in: item.parent, by: creator)
-        try Self.check(DurableIO.makeSpecialFile(item.entry, relativeTo: item.parent.descriptor.rawValue, mode: mode & S_IFMT | permissions))
-        do {
-            try giveToCreator(item.parent.descriptor.rawValue, item.entry, in: item.parent, by: creator)
-            // mknod took this process's umask out.
-            if !fromACL { try Self.check(fchmodat(item.parent.descriptor.rawValue, item.entry, permissions, 0)) }
-        } catch {
-            item.location.unlink()
-            throw error
-        }
-    }
-
-    /// readlink; a link that would lead out of the container when followed (one made outside the mount, or through
-    /// other links) is refused (EPERM), so the kernel never follows it.
-    package func symbolicLinkTarget(_ kernelPath: String) throws -> String {
-        let path = try containerPath(kernelPath)
-        let item = try resolve(path)
-        defer { withExtendedLifetime(item) {} }
-        let target = try item.parent.names.linkTarget(at: item.location)
-        guard Self.staysInside(target: target, from: path.parent) else {
-            logger.info("readlink \(display(path)) -> \(target): refused, following it could leave the container (only relative targets whose \"..\" lead, and stay below the root, are followed); remove or fix the link")
-            throw Errno.notPermitted
-        }
-        return target
-    }
-
     // MARK: Files
 
     /// open(2) of an existing file. Writing or truncating in the Inbox is refused (EACCES); a file whose class key is
@@ -613,12 +476,8 @@ package final class ContainerFileSystem: @unchecked Sendable {
 
     /// open(2) with O_CREAT of a new file, of its directory's class. Class A can't be created while locked, B can.
     package func create(_ kernelPath: String, mode: mode_t, by creator: Creator = .thisProcess) throws -> UInt64 {
-        let path = try containerPath(kernelPath, creating: true)
-        try container.refuseInboxChange(path, displayPath: display(path), doing: "created")
-        let item = try resolve(path)
+        let (item, permissions, fromACL) = try newEntry(kernelPath, mode: mode, by: creator)
         defer { withExtendedLifetime(item) {} }
-        try item.prepareEntry()
-        let (permissions, fromACL) = permissions(mode, in: item.parent, by: creator)
         let file = try EncryptedFile.create(at: item.location, protectionClass: try container.inheritedClass(in: item.parent), keys: device,
                                             permissions: FilePermissions(rawValue: permissions))
         do {
@@ -867,7 +726,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// After a change through an open file: its own names are left alone (one of them is the node the request came
     /// by, whose pages the kernel may hold while it waits for the answer), the others are dropped once this request
     /// is answered.
-    private func refreshOtherNames(of open: OpenFile) {
+    func refreshOtherNames(of open: OpenFile) {
         guard !linkNames.isEmpty else { return }
         let others = linkNames.names(of: open.identity.inode, except: Set(table.paths(of: open)))
         guard !others.isEmpty else { return }
@@ -946,7 +805,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         return info
     }
 
-    private static func status(of descriptor: FileDescriptor) throws -> stat {
+    static func status(of descriptor: FileDescriptor) throws -> stat {
         var info = stat()
         try check(fstat(descriptor.rawValue, &info))
         return info
@@ -963,7 +822,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         currentPaths(of: file).contains { $0.isWithin(container.inboxPath) }
     }
 
-    private func refuseLayoutChange(_ path: ContainerPath, doing action: String) throws {
+    func refuseLayoutChange(_ path: ContainerPath, doing action: String) throws {
         guard path.isRoot || container.layoutPaths.contains(path) else { return }
         logger.info("\(display(path)) is one of the container's own folders and can't be \(action); work on the items inside it instead")
         throw Errno.notPermitted
@@ -972,7 +831,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// Removes ProtectedStore's own files from a directory that holds nothing else, so that `removal` (an rmdir, or a
     /// rename over it) can succeed. The IV goes last, and comes back if the removal still fails (an entry created
     /// meanwhile), so the directory's names stay readable.
-    private func removeOwnFiles(in item: ResolvedItem, then removal: () -> Int32) throws {
+    func removeOwnFiles(in item: ResolvedItem, then removal: () -> Int32) throws {
         guard let info = try? status(item), info.st_mode & S_IFMT == S_IFDIR else { throw Errno.directoryNotEmpty }
         let directory = try item.parent.subdirectory(item.name, displayPath: item.displayPath)
         try withExtendedLifetime(directory) {
