@@ -72,8 +72,9 @@ package final class OpenDirectory: @unchecked Sendable {
 
     /// Creates the subdirectory `name` with its own IV (and whatever `prepare` adds, such as a class marker), built
     /// under a temporary name and renamed into place, so no directory is ever seen without its IV. With a `pool`, a
-    /// folder it made ahead (its IV already durable) is used when one is ready.
-    package func makeSubdirectory(_ name: String, mode: mode_t, displayPath: String, pool: FolderPool? = nil,
+    /// folder it made ahead (its IV already durable) is used when one is ready. `umask` is taken out of `mode` unless
+    /// this directory has a default ACL, which then gives the new one its ACL masked by `mode`, as ext4 does.
+    package func makeSubdirectory(_ name: String, mode requested: mode_t, umask: mode_t = 0, displayPath: String, pool: FolderPool? = nil,
                                   prepare: (OpenDirectory) throws -> Void = { _ in }) throws {
         let target = try names.storedName(for: name)
         try names.recordLongName(target, in: descriptor, displayPath: displayPath)
@@ -87,6 +88,7 @@ package final class OpenDirectory: @unchecked Sendable {
         let known = fstat(descriptor.rawValue, &parent) == 0
         let setsGroupID = known && parent.st_mode & S_ISGID != 0
         let inheritsACL = Self.hasDefaultACL(descriptor)
+        let mode = inheritsACL ? requested : requested & ~umask
         if let pool, known, !setsGroupID, parent.st_dev == pool.device, !inheritsACL, let folder = pool.take() {
             stagingParent = pool.directory
             staging = FileLocation(directory: stagingParent, name: folder.name, displayPath: displayPath)
@@ -302,9 +304,10 @@ package struct DirectoryNames: Sendable {
     /// link (owner and times kept) is renamed over it, durably, so a power cut leaves one or the other. Anything else
     /// is left as it is.
     package func unbindLinkTarget(at location: FileLocation) throws {
-        guard let info = try location.status(), info.st_mode & S_IFMT == S_IFLNK,
-              NameCipher.isBoundToDirectory(linkTarget: try location.readLink()) else { return }
-        let target = try linkTarget(at: location)
+        guard let info = try location.status(), info.st_mode & S_IFMT == S_IFLNK else { return }
+        let stored = try location.readLink()
+        guard NameCipher.isBoundToDirectory(linkTarget: stored) else { return }
+        let target = try linkTarget(fromStored: stored, at: location)
         let fresh = location.temporarySibling()
         guard symlinkat(try sealedLinkTarget(target), location.directoryDescriptor, fresh.name) == 0 else {
             throw ProtectedStoreError.io(Errno(rawValue: Foundation.errno), path: location.displayPath, doing: "seal the symbolic link's target again")
@@ -328,9 +331,12 @@ package struct DirectoryNames: Sendable {
 
     /// The plaintext target of the symbolic link at `location` in this directory; an integrity error unless authentic.
     package func linkTarget(at location: FileLocation) throws -> String {
-        let stored = try location.readLink()
+        try linkTarget(fromStored: try location.readLink(), at: location)
+    }
+
+    private func linkTarget(fromStored stored: String, at location: FileLocation) throws -> String {
         guard let target = cipher.linkTarget(fromSealed: stored, directoryIV: iv) else {
-            throw ProtectedStoreError(.integrity, path: location.displayPath, problem: "the symbolic link's stored target does not decrypt: it was made outside ProtectedStore, moved from another directory, or modified",
+            throw ProtectedStoreError(.integrity, path: location.displayPath, problem: "the symbolic link's stored target does not decrypt: it was made outside ProtectedStore or modified, or, stored by an earlier version, moved from its directory outside ProtectedStore",
                                       remedy: "Remove the link and make it again through the library, the mount or sandboxctl")
         }
         return target

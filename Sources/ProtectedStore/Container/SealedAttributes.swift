@@ -2,7 +2,7 @@ import Foundation
 import ProtectedStoreCore
 
 /// An item's extended attributes of the `user.` namespace, names and values, stored sealed under the container's
-/// name key as one attribute of the stored item, `user.sandboxctl.attributes` (docs/FORMAT.md §8). One sealed
+/// name key as one attribute of the stored item, `user.sandboxctl.attributes` (docs/FORMAT.md §7). One sealed
 /// value hides how many there are, their names and their sizes (to 64 bytes); like names, they are readable while
 /// the device is locked.
 package struct SealedAttributes: Equatable, Sendable {

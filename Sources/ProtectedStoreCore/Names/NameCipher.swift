@@ -123,15 +123,19 @@ package final class NameCipher: Sendable {
     /// The stored target of a symbolic link to `target`: "~" and the sealed target, bound to no directory, so the
     /// link reads wherever it is moved or hard-linked (docs/FORMAT.md §7).
     package func sealedLinkTarget(_ target: String) throws -> String {
+        Self.linkTargetPrefix + Base64URL.encode(try sealLinkTarget(target, associatedData: Self.linkAssociatedData))
+    }
+
+    /// nonce ‖ the target sealed with a random nonce, padded with NULs to a multiple of 16, as names are, so the
+    /// stored length tells the target's only roughly (a target holds no NUL, so the padding is unambiguous).
+    private func sealLinkTarget(_ target: String, associatedData: [UInt8]) throws -> [UInt8] {
         let nonce = Random.bytes(AEAD.nonceBytes)
-        // Padded with NULs to a multiple of 16, as names are, so the stored length tells the target's only roughly
-        // (a target holds no NUL, so the padding is unambiguous).
         var padded = Array(target.utf8)
         padded += [UInt8](repeating: 0, count: (Self.paddingBlock - padded.count % Self.paddingBlock) % Self.paddingBlock)
         defer { zeroize(&padded) }
         var sealed = [UInt8](repeating: 0, count: padded.count + AEAD.tagBytes)
-        try seal(padded, nonce: nonce, associatedData: Self.linkAssociatedData, into: &sealed)
-        return Self.linkTargetPrefix + Base64URL.encode(nonce + sealed)
+        try seal(padded, nonce: nonce, associatedData: associatedData, into: &sealed)
+        return nonce + sealed
     }
 
     /// The target a stored link target stands for, in either form (the first one needs the IV of the directory the
@@ -160,13 +164,7 @@ package final class NameCipher: Sendable {
     /// reading of links stored before the current form.
     func directoryBoundLinkTarget(_ target: String, directoryIV: [UInt8]) throws -> String {
         precondition(directoryIV.count == Self.directoryIVBytes)
-        let nonce = Random.bytes(AEAD.nonceBytes)
-        var padded = Array(target.utf8)
-        padded += [UInt8](repeating: 0, count: (Self.paddingBlock - padded.count % Self.paddingBlock) % Self.paddingBlock)
-        defer { zeroize(&padded) }
-        var sealed = [UInt8](repeating: 0, count: padded.count + AEAD.tagBytes)
-        try seal(padded, nonce: nonce, associatedData: [Self.linkDomain] + directoryIV, into: &sealed)
-        return Base64URL.encode(nonce + sealed)
+        return Base64URL.encode(try sealLinkTarget(target, associatedData: [Self.linkDomain] + directoryIV))
     }
 
     /// A 16-byte identifier of `text` (a bundle identifier) that reveals nothing of it without the key: the first

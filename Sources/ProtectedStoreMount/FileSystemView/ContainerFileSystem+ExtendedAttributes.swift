@@ -27,8 +27,11 @@ extension ContainerFileSystem {
 
     /// getxattr. ENODATA when the item has no such attribute; other namespaces than `user.` and the ACLs have none.
     package func extendedAttribute(_ kernelPath: String, name: String) throws -> [UInt8] {
+        // security.* is asked of every item by ls -l and of every file written to: answered without a walk.
+        let kind = try Self.kind(of: name)
+        guard kind != .unsupported else { throw Errno.noData }
         let path = try containerPath(kernelPath)
-        switch try Self.kind(of: name) {
+        switch kind {
         case .protectionClass:
             guard let protectionClass = try protectionClass(of: path) else { throw Errno.noData }
             return Array(protectionClass.name.utf8)
@@ -48,6 +51,22 @@ extension ContainerFileSystem {
         }
     }
 
+    /// The item an attribute `name` is to be changed of, and which kind it is: refused in the Inbox (EACCES), and
+    /// `unsupported` outside the namespaces kept.
+    private func itemToChange(_ kernelPath: String, attribute name: String, unsupported: Errno) throws -> (ContainerPath, Kind) {
+        let path = try containerPath(kernelPath)
+        let kind = try Self.kind(of: name)
+        guard kind != .unsupported else { throw unsupported }
+        try container.refuseInboxChange(path, displayPath: display(path), doing: "given extended attributes")
+        return (path, kind)
+    }
+
+    /// After an ACL changed the item's mode: its other names show it at once.
+    private func aclChanged(_ path: ContainerPath, through kernelPath: String) throws {
+        guard !path.isRoot, !linkNames.isEmpty else { return }
+        refreshOtherNames(of: try resolve(path), changedThrough: kernelPath)
+    }
+
     /// listxattr: the item's `user.*` attributes in the order they were set, then its ACLs.
     /// One call to the store's file system for an item with no `user.*` attributes (`ls -l` asks of every item).
     package func extendedAttributeNames(_ kernelPath: String) throws -> [String] {
@@ -64,10 +83,7 @@ extension ContainerFileSystem {
     /// (ENOSPC); ACLs as the stored item's own; `user.protection.class` takes a class name (A–D or a Foundation name)
     /// and re-wraps a file's key (which needs both classes' keys) or sets a directory's class for new items.
     package func setExtendedAttribute(_ kernelPath: String, name: String, value: [UInt8], flags: Int32) throws {
-        let path = try containerPath(kernelPath)
-        let kind = try Self.kind(of: name)
-        guard kind != .unsupported else { throw Errno.notSupported }
-        try container.refuseInboxChange(path, displayPath: display(path), doing: "given extended attributes")
+        let (path, kind) = try itemToChange(kernelPath, attribute: name, unsupported: .notSupported)
         switch kind {
         case .protectionClass:
             try setProtectionClass(of: path, kernelPath: kernelPath, to: value, flags: flags)
@@ -90,7 +106,7 @@ extension ContainerFileSystem {
             }
         case .acl:
             try withStoredPath(path) { stored in try Self.check(lsetxattr(stored.path, name, value, value.count, flags)) }
-            if !path.isRoot { refreshOtherNames(of: try resolve(path), changedThrough: kernelPath) }
+            try aclChanged(path, through: kernelPath)
         case .unsupported:
             break
         }
@@ -99,10 +115,7 @@ extension ContainerFileSystem {
     /// removexattr. Removing `user.protection.class` gives a file its folder's class again (what a copy that leaves the
     /// attribute behind gets) and clears a directory's own class.
     package func removeExtendedAttribute(_ kernelPath: String, name: String) throws {
-        let path = try containerPath(kernelPath)
-        let kind = try Self.kind(of: name)
-        guard kind != .unsupported else { throw Errno.noData }
-        try container.refuseInboxChange(path, displayPath: display(path), doing: "given extended attributes")
+        let (path, kind) = try itemToChange(kernelPath, attribute: name, unsupported: .noData)
         switch kind {
         case .protectionClass:
             try removeProtectionClass(of: path, kernelPath: kernelPath)
@@ -116,7 +129,7 @@ extension ContainerFileSystem {
             }
         case .acl:
             try withStoredPath(path) { stored in try Self.check(lremovexattr(stored.path, name)) }
-            if !path.isRoot { refreshOtherNames(of: try resolve(path), changedThrough: kernelPath) }
+            try aclChanged(path, through: kernelPath)
         case .unsupported:
             break
         }
