@@ -41,6 +41,8 @@ extension ContainerFileSystem {
                 return value
             }
         case .acl:
+            // The data directory's own may have been set beside the mount; no other item has one before it is recorded.
+            guard path.isRoot || aclUse.mayExist else { throw Errno.noData }
             // A symbolic link's is EOPNOTSUPP, as the store's file system answers.
             return try withStoredPath(path) { stored in
                 guard let value = try Self.storedAttribute(name, at: stored) else { throw Errno.noData }
@@ -105,7 +107,10 @@ extension ContainerFileSystem {
                 }
             }
         case .acl:
-            try withStoredPath(path) { stored in try Self.check(lsetxattr(stored.path, name, value, value.count, flags)) }
+            try withStoredPath(path) { stored in
+                try aclUse.recordBeforeSetting()
+                try Self.check(lsetxattr(stored.path, name, value, value.count, flags))
+            }
             try aclChanged(path, through: kernelPath)
         case .unsupported:
             break

@@ -26,6 +26,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// answer may be what the kernel waits for before it lets the pages of those names go.
     let namesRefresh = DispatchQueue(label: "sandboxctl.mount.hard-link-names")
     let directories = DirectoryCache()
+    let aclUse: ACLUse
     private let sizes: PlaintextSizes
     let logger: Logger
     private let invalidatorLock = NSLock()
@@ -45,6 +46,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
         self.logger = logger
         self.givesNewItemsToCreator = givesNewItemsToCreator && geteuid() == 0
         sizes = PlaintextSizes(keeping: PlaintextSizes.stampsChangesReliably(container.directory.root))
+        aclUse = ACLUse(root: container.directory.root)
         container.device.onKeysDiscarded { [weak self] files in self?.dropCachedPlaintext(of: files) }
     }
 
@@ -102,7 +104,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// them itself from the folder's default ACL (then no umask applies and the ACL is masked by the mode, as ext4
     /// does; `makeSubdirectory` does the same for folders).
     func permissions(_ mode: mode_t, in parent: OpenDirectory, by creator: Creator) -> (mode: mode_t, fromACL: Bool) {
-        OpenDirectory.hasDefaultACL(parent.descriptor) ? (mode & 0o7777, true) : (mode & 0o7777 & ~creator.umask, false)
+        aclUse.mayExist && OpenDirectory.hasDefaultACL(parent.descriptor) ? (mode & 0o7777, true) : (mode & 0o7777 & ~creator.umask, false)
     }
 
     /// Where a file, FIFO or socket is to be made (its path checked, its long name recorded) and the permission bits

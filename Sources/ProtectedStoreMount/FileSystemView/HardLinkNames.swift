@@ -11,11 +11,14 @@ final class HardLinkNames: @unchecked Sendable {
     private var namesByInode: [UInt64: Set<String>] = [:]
     private var inodeByName: [String: UInt64] = [:]
 
-    /// The kernel was shown `path` (a kernel path, "/a/b") with these attributes.
-    func shown(_ path: String, _ info: stat) {
+    /// The kernel was shown `path` (a kernel path, "/a/b") with these attributes. The path is made only for an item
+    /// with links or while some are known: a listing shows thousands of items with none.
+    func shown(_ path: @autoclosure () -> String, _ info: stat) {
         guard info.st_mode & S_IFMT != S_IFDIR else { return }
         let inode = UInt64(info.st_ino)
         lock.withLock {
+            guard info.st_nlink > 1 || !inodeByName.isEmpty else { return }
+            let path = path()
             guard info.st_nlink > 1 || inodeByName[path] != nil else { return }
             forget(path)
             guard info.st_nlink > 1 else { return }
