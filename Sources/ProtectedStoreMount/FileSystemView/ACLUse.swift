@@ -3,12 +3,12 @@ import ProtectedStore
 import ProtectedStoreCore
 import SystemPackage
 
-/// Whether any item of a container may carry a POSIX ACL. `ls -l` asks every item for its ACL and a create asks its
-/// folder for a default one; while no item can have any, both are answered without a look at the store. An ACL reaches
-/// a stored item only through a mount's setxattr, which records the first one in the data directory
-/// (`.sandboxctl-acls`, docs/FORMAT.md §7) before setting it, or by inheritance from a default ACL on the data
-/// directory itself. Other mounts of the container see the record within a second, as they see other changes made
-/// beside them (`DirectoryCache`).
+/// Whether any item of a container may carry a POSIX ACL. `ls -l` asks every item for its ACL; while no item can have
+/// one, the answer is given without a look at the store. An ACL reaches a stored item only through a mount's setxattr,
+/// which writes the record (`.sandboxctl-acls` in the data directory, docs/FORMAT.md §7) before it tries, or by
+/// inheritance from a default ACL on the data directory, which is recorded as soon as it is seen, since what it gave
+/// items outlives its removal. Other mounts of the container see the record within a second, as they see other changes
+/// made beside them (`DirectoryCache`).
 final class ACLUse: @unchecked Sendable {
     static let recordName = ContainerPath.reservedPrefix + "-acls"
     private static let recheckAfter: Duration = .seconds(1)
@@ -22,26 +22,30 @@ final class ACLUse: @unchecked Sendable {
     /// True once any item may have an ACL; while none may, the store is looked at again at most once a second.
     var mayExist: Bool {
         let now = ContinuousClock.now
-        return mutex.withLock {
-            if mayExistNow { return true }
-            if let checked, now - checked < Self.recheckAfter { return false }
+        let due = mutex.withLock {
+            guard !mayExistNow, checked.map({ now - $0 >= Self.recheckAfter }) ?? true else { return false }
             checked = now
-            mayExistNow = isRecorded || OpenDirectory.hasDefaultACL(root)
-            return mayExistNow
+            return true
         }
+        if due && (isRecorded || OpenDirectory.hasDefaultACL(root)) {
+            // Unrecorded, a store that refuses the record (full, read-only) still answers rightly in this process.
+            if !isRecorded { try? writeRecord() }
+            mutex.withLock { mayExistNow = true }
+        }
+        return mutex.withLock { mayExistNow }
     }
 
     /// Call before setting an ACL: records, durably, that items may have one, so this and every later mount asks the
-    /// store again.
+    /// store. Throws if the record can't be written; the ACL is then not to be set.
     func recordBeforeSetting() throws {
-        try mutex.withLock {
-            if !isRecorded {
-                let record = FileLocation(directory: root, name: Self.recordName, displayPath: Self.recordName)
-                try FileSystem.writeAtomically(Array("POSIX ACLs are set on items of this container\n".utf8), to: record, replacing: true)
-            }
-            mayExistNow = true
-        }
+        if !isRecorded { try writeRecord() }
+        mutex.withLock { mayExistNow = true }
     }
 
     private var isRecorded: Bool { faccessat(root.rawValue, Self.recordName, F_OK, AT_SYMLINK_NOFOLLOW) == 0 }
+
+    private func writeRecord() throws {
+        let record = FileLocation(directory: root, name: Self.recordName, displayPath: Self.recordName)
+        try FileSystem.writeAtomically(Array("POSIX ACLs are set on items of this container\n".utf8), to: record, replacing: true)
+    }
 }

@@ -42,6 +42,7 @@ extension ContainerFileSystem {
             }
         case .acl:
             // The data directory's own may have been set beside the mount; no other item has one before it is recorded.
+            // (A symbolic link's never reaches here: the kernel answers EOPNOTSUPP itself.)
             guard path.isRoot || aclUse.mayExist else { throw Errno.noData }
             // A symbolic link's is EOPNOTSUPP, as the store's file system answers.
             return try withStoredPath(path) { stored in

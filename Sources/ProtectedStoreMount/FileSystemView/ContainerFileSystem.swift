@@ -104,7 +104,7 @@ package final class ContainerFileSystem: @unchecked Sendable {
     /// them itself from the folder's default ACL (then no umask applies and the ACL is masked by the mode, as ext4
     /// does; `makeSubdirectory` does the same for folders).
     func permissions(_ mode: mode_t, in parent: OpenDirectory, by creator: Creator) -> (mode: mode_t, fromACL: Bool) {
-        aclUse.mayExist && OpenDirectory.hasDefaultACL(parent.descriptor) ? (mode & 0o7777, true) : (mode & 0o7777 & ~creator.umask, false)
+        OpenDirectory.hasDefaultACL(parent.descriptor) ? (mode & 0o7777, true) : (mode & 0o7777 & ~creator.umask, false)
     }
 
     /// Where a file, FIFO or socket is to be made (its path checked, its long name recorded) and the permission bits
