@@ -22,17 +22,19 @@ final class ACLUse: @unchecked Sendable {
     /// True once any item may have an ACL; while none may, the store is looked at again at most once a second.
     var mayExist: Bool {
         let now = ContinuousClock.now
-        let due = mutex.withLock {
-            guard !mayExistNow, checked.map({ now - $0 >= Self.recheckAfter }) ?? true else { return false }
+        let known: Bool? = mutex.withLock {
+            if mayExistNow { return true }
+            if let checked, now - checked < Self.recheckAfter { return false }
             checked = now
-            return true
+            return nil
         }
-        if due && (isRecorded || OpenDirectory.hasDefaultACL(root)) {
-            // Unrecorded, a store that refuses the record (full, read-only) still answers rightly in this process.
-            if !isRecorded { try? writeRecord() }
-            mutex.withLock { mayExistNow = true }
-        }
-        return mutex.withLock { mayExistNow }
+        if let known { return known }
+        let recorded = isRecorded
+        guard recorded || OpenDirectory.hasDefaultACL(root) else { return false }
+        // Unrecorded, a store that refuses the record (full, read-only) still answers rightly in this process.
+        if !recorded { try? writeRecord() }
+        mutex.withLock { mayExistNow = true }
+        return true
     }
 
     /// Call before setting an ACL: records, durably, that items may have one, so this and every later mount asks the

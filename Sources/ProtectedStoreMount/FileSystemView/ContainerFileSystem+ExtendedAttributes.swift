@@ -42,9 +42,8 @@ extension ContainerFileSystem {
             }
         case .acl:
             // The data directory's own may have been set beside the mount; no other item has one before it is recorded.
-            // (A symbolic link's never reaches here: the kernel answers EOPNOTSUPP itself.)
+            // A symbolic link's never reaches here: the kernel answers EOPNOTSUPP itself, as ext4 does.
             guard path.isRoot || aclUse.mayExist else { throw Errno.noData }
-            // A symbolic link's is EOPNOTSUPP, as the store's file system answers.
             return try withStoredPath(path) { stored in
                 guard let value = try Self.storedAttribute(name, at: stored) else { throw Errno.noData }
                 return value
