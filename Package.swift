@@ -25,6 +25,12 @@ let package = Package(
             pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"]), .brew(["libsodium"])]
         ),
+        // The keychain's database, and the notes example's.
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
         .systemLibrary(
             name: "CFuse",
             pkgConfig: "fuse3",
@@ -56,6 +62,7 @@ let package = Package(
             dependencies: [
                 "ProtectedStoreCore",
                 "CSupport",
+                "CSQLite",
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -121,12 +128,6 @@ let package = Package(
             path: "Tests/ProtectedStoreProbe"
         ),
         // The reference storage layer: a notes store on SQLite inside a container (Examples/Notes/README.md).
-        .systemLibrary(
-            name: "CSQLite",
-            path: "Examples/Notes/Sources/CSQLite",
-            pkgConfig: "sqlite3",
-            providers: [.apt(["libsqlite3-dev"])]
-        ),
         .target(
             name: "Notes",
             dependencies: ["ProtectedStore", "CSQLite", .product(name: "Logging", package: "swift-log")],
@@ -156,7 +157,7 @@ let package = Package(
             name: "ProtectedStoreTests",
             dependencies: [
                 "ProtectedStoreCore", "ProtectedStore", "ProtectedStoreDaemon", "ProtectedStoreMount", "ProtectedStoreBenchmarks",
-                "ProtectedStoreFuzzing", "ProtectedStoreTesting", "CSupport", "sandboxctl", "ProtectedStoreProbe", "ps-verify", "SuiteThreads",
+                "ProtectedStoreFuzzing", "ProtectedStoreTesting", "CSupport", "CSQLite", "sandboxctl", "ProtectedStoreProbe", "ps-verify", "SuiteThreads",
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
             ]

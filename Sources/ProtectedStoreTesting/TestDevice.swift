@@ -44,6 +44,7 @@ public final class TestDevice: @unchecked Sendable {
     private var currentContainer: Container
     private var daemon: KeyDaemon?
     private var recorders: [EventRecorder] = []
+    private var currentKeychain: Keychain?
 
     /// The device as the app sees it: the one to observe and to build containers and stores from. New after `reboot()`.
     public var device: Device { mutex.withLock { currentDevice } }
@@ -113,6 +114,25 @@ public final class TestDevice: @unchecked Sendable {
         currentDevice.powerOff()
         daemon?.stop()
         try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    /// The app's keychain, as the app sees it: its one access group is the container's bundle identifier. New after
+    /// `reboot()`, like `device`; the lock and the reboot apply to it as on iOS (`errSecInteractionNotAllowed`).
+    public var keychain: Keychain {
+        get throws {
+            let device = device
+            return try mutex.withLock {
+                if let current = currentKeychain, current.device === device { return current }
+                let keychain = try Keychain(device: device, accessGroups: .only([bundleIdentifier]))
+                currentKeychain = keychain
+                return keychain
+            }
+        }
+    }
+
+    /// The device's keychain as another program sees it: every group (`.all`, the device owner's view), or some.
+    public func keychain(accessGroups: KeychainAccessGroups) throws -> Keychain {
+        try Keychain(device: device, accessGroups: accessGroups)
     }
 
     /// Another container on the same device (created if missing).

@@ -58,7 +58,7 @@ package enum AEAD {
 
 extension AEAD {
     /// Wraps a 32-byte key: returns nonce (24) ‖ ciphertext (32) ‖ tag (16).
-    static func wrap(_ secret: SecureBytes, with key: SecureBytes, associatedData: [UInt8]) throws -> [UInt8] {
+    package static func wrap(_ secret: SecureBytes, with key: SecureBytes, associatedData: [UInt8]) throws -> [UInt8] {
         var output = [UInt8](repeating: 0, count: nonceBytes + secret.count + tagBytes)
         try output.withUnsafeMutableBytes { out in
             Random.fill(UnsafeMutableRawBufferPointer(rebasing: out[0..<nonceBytes]))
@@ -75,7 +75,7 @@ extension AEAD {
     }
 
     /// Unwraps what `wrap` produced into guarded memory; nil if authentication fails.
-    static func unwrap(_ wrapped: ArraySlice<UInt8>, with key: SecureBytes, associatedData: [UInt8]) throws -> SecureBytes? {
+    package static func unwrap(_ wrapped: ArraySlice<UInt8>, with key: SecureBytes, associatedData: [UInt8]) throws -> SecureBytes? {
         let secretCount = wrapped.count - nonceBytes - tagBytes
         guard secretCount > 0 else { return nil }
         var authentic = false

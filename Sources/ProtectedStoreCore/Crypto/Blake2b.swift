@@ -2,17 +2,17 @@ import CSodium
 
 /// BLAKE2b (libsodium's crypto_generichash) used as a keyed KDF and MAC over labelled inputs.
 package enum Blake2b {
-    static let outputBytes = 32
+    package static let outputBytes = 32
 
     /// BLAKE2b-256 of the concatenation of `parts`, keyed with `key` when given; the result stays in guarded memory.
-    static func derive(key: SecureBytes?, parts: [[UInt8]], secretParts: [SecureBytes] = []) throws -> SecureBytes {
+    package static func derive(key: SecureBytes?, parts: [[UInt8]], secretParts: [SecureBytes] = []) throws -> SecureBytes {
         try SecureBytes(count: outputBytes) { out in
             try hash(key: key, parts: parts, secretParts: secretParts, into: out)
         }
     }
 
     /// As `derive`, for values that are not secret (a MAC tag).
-    static func mac(key: SecureBytes, message: UnsafeRawBufferPointer) throws -> [UInt8] {
+    package static func mac(key: SecureBytes, message: UnsafeRawBufferPointer) throws -> [UInt8] {
         var tag = [UInt8](repeating: 0, count: outputBytes)
         try tag.withUnsafeMutableBytes { out in
             try key.withUnsafeBytes { k in

@@ -27,7 +27,7 @@ enum Sodium {
 
 /// Random bytes from libsodium's CSPRNG (getrandom(2) underneath).
 package enum Random {
-    static func fill(_ buffer: UnsafeMutableRawBufferPointer) {
+    package static func fill(_ buffer: UnsafeMutableRawBufferPointer) {
         Sodium.ensureInitialised()
         guard let base = buffer.baseAddress, buffer.count > 0 else { return }
         randombytes_buf(base, buffer.count)
