@@ -41,6 +41,10 @@ extension DaemonServer {
         var sentToBackgroundByLock = false
         /// Brought to the foreground to open an item: *did become active* goes after the next open-URL event.
         var activationAwaitsURL = false
+        /// Its keychain groups besides its bundle identifier (`launch --keychain-group`).
+        var keychainGroups: [String] = []
+        /// Its keychain, made at its first keychain request.
+        var keychain: KeychainStore?
         /// *did enter background* returned with tasks open: the suspension waits for their end (or the deadline).
         var suspensionAwaitingTasks: (entry: Int, reply: (String?) -> Void)?
 
@@ -302,6 +306,10 @@ extension DaemonServer {
         if let timeout = request.timeout, !(timeout > 0 && timeout <= 600) {
             return send(appFailure(request, .invalidArgument, "launch timeout \(timeout) s is out of range", "Give more than 0 and at most 600 seconds"), to: connection)
         }
+        let keychainGroups = request.keychainGroups ?? []
+        if keychainGroups.count > 32 || keychainGroups.contains(where: { $0.isEmpty || $0.utf8.count > 1024 }) {
+            return send(appFailure(request, .invalidArgument, "keychain groups must be 1 to 1024 bytes each, at most 32 of them", "Give fewer or shorter --keychain-group values"), to: connection)
+        }
         guard apps[bundle] == nil else {
             return send(appFailure(request, .alreadyExists, "the app is already running (pid \(apps[bundle]!.sandboxPID))", "End it first with `sandboxctl terminate \(bundle)`"), to: connection)
         }
@@ -358,6 +366,7 @@ extension DaemonServer {
         let app = LaunchedApp(bundle: bundle, sandboxPID: pid, uid: sandboxUID, listener: listener, socketPath: socketPath, owner: connection.id,
                               freezer: freezer, launchTimeout: launchTimeout, backgroundTaskTime: request.backgroundTaskTime ?? 30,
                               backgroundOnLock: request.backgroundOnLock ?? false)
+        app.keychainGroups = keychainGroups
         apps[bundle] = app
         logger.info("\(bundle): launched (sandbox pid \(pid)), its socket \(socketPath)")
         if request.launched == true {

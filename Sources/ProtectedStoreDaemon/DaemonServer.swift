@@ -29,6 +29,10 @@ final class DaemonServer: @unchecked Sendable {
     /// anyway, and on Dispatch's pool 64 parallel guesses held every thread, the check holding the lock among the
     /// ones waiting for a thread.
     private let passcodeChecks = DispatchQueue(label: "sandboxctl.daemon.passcode-checks")
+    /// Keychain requests, one at a time, off the loop (each is a database transaction).
+    let keychainCalls = DispatchQueue(label: "sandboxctl.daemon.keychain")
+    /// The keychain as the owner's connections see it (every group), made at the first request.
+    var ownerKeychain: KeychainStore?
 
     // Loop thread only.
     var connections: [UInt64: Connection] = [:]
@@ -361,8 +365,8 @@ final class DaemonServer: @unchecked Sendable {
     }
 
     /// Replies to a connection by id, from work that finished off the loop; nothing if it has gone meanwhile.
-    func send(_ reply: DaemonReply, toConnection id: UInt64) {
-        if let connection = connections[id] { send(reply, to: connection) }
+    func send(_ reply: DaemonReply, attachment: SecureBytes? = nil, toConnection id: UInt64) {
+        if let connection = connections[id] { send(reply, attachment: attachment, to: connection) }
     }
 
     private func flush(_ connection: Connection) {
@@ -476,6 +480,8 @@ final class DaemonServer: @unchecked Sendable {
             for delivery in next { sendEvent(delivery) }
             completeLockIfAcknowledged()
             if let handled, handled.isAppEvent { appEventAcknowledged(handled, by: connection.id, accepted: request.accepted ?? true) }
+        case .keychainAdd, .keychainFind, .keychainUpdate, .keychainDelete, .keychainList:
+            handleKeychain(operation, request, attachment: frame.attachment, on: connection)
         case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL, .appInterrupt, .appTaskBegin, .appTaskEnd:
             handleApp(operation, request, on: connection)
         case .lock:

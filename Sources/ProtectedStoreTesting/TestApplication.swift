@@ -149,6 +149,11 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
         deliver(deliveries)
     }
 
+    /// The app's keychain in this process, as the daemon would open it: the app's bundle identifier is its one group.
+    func keychainBackend(bundleIdentifier: String) throws -> any KeychainBackend {
+        try KeychainStore(device: device, accessGroups: .only([bundleIdentifier]))
+    }
+
     func reply(to request: DaemonRequest) throws -> DaemonReply {
         condition.withLock {
             var status = AppStatus(bundle: "", pid: 0, state: currentState.rawValue, since: lifecycle.since.timeIntervalSince1970)

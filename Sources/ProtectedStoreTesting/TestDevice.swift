@@ -44,7 +44,7 @@ public final class TestDevice: @unchecked Sendable {
     private var currentContainer: Container
     private var daemon: KeyDaemon?
     private var recorders: [EventRecorder] = []
-    private var currentKeychain: Keychain?
+    private var currentKeychain: (device: Device, keychain: Keychain)?
 
     /// The device as the app sees it: the one to observe and to build containers and stores from. New after `reboot()`.
     public var device: Device { mutex.withLock { currentDevice } }
@@ -122,9 +122,9 @@ public final class TestDevice: @unchecked Sendable {
         get throws {
             let device = device
             return try mutex.withLock {
-                if let current = currentKeychain, current.device === device { return current }
+                if let current = currentKeychain, current.device === device { return current.keychain }
                 let keychain = try Keychain(device: device, accessGroups: .only([bundleIdentifier]))
-                currentKeychain = keychain
+                currentKeychain = (device, keychain)
                 return keychain
             }
         }

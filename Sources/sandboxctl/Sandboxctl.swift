@@ -37,6 +37,6 @@ struct Sandboxctl: AsyncParsableCommand {
                       CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self, InboxCommand.self,
                       RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, MountCommand.self, PasswdCommand.self, MigrateCommand.self, EraseCommand.self,
                       LaunchCommand.self, PsCommand.self, SuspendCommand.self, ResumeCommand.self, InterruptCommand.self, OpenCommand.self, TerminateCommand.self, SetupCommand.self,
-                      DemoCommand.self, BenchCommand.self]
+                      KeychainCommand.self, DemoCommand.self, BenchCommand.self]
     )
 }

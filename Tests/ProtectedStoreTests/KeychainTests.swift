@@ -64,7 +64,7 @@ struct KeychainTests {
                 #expect(secret == Self.secret("old read"))
             }),
             ("add", { try keychain.add(.genericPassword(service: "matrix", account: "added", secret: Self.secret("new"), accessible: accessible)) }),
-            ("update", { try keychain.update(matching: .genericPassword(service: "matrix", account: "update")) { $0.secret = Self.secret("new update") } }),
+            ("update", { try keychain.update(matching: .genericPassword(service: "matrix", account: "update"), with: KeychainChanges(secret: Self.secret("new update"))) }),
             ("delete", { try keychain.delete(matching: .genericPassword(service: "matrix", account: "delete")) }),
         ]
         for (name, operation) in operations {
@@ -109,7 +109,11 @@ struct KeychainTests {
         try keychain.add(.genericPassword(service: "s", account: "b", secret: Self.secret("b")))
         Self.expectStatus(.itemNotFound) { _ = try keychain.items(matching: .genericPassword(service: "s", account: "missing")) }
         Self.expectStatus(.itemNotFound) { try keychain.delete(matching: .genericPassword(service: "nothing")) }
-        Self.expectStatus(.itemNotFound) { try keychain.update(matching: .genericPassword(service: "nothing")) { $0.label = "x" } }
+        Self.expectStatus(.itemNotFound) { try keychain.update(matching: .genericPassword(service: "nothing"), with: KeychainChanges(label: "x")) }
+        // An absent account and an empty one are one primary key, and one query.
+        try keychain.add(.genericPassword(service: "no account", account: "", secret: Self.secret("empty")))
+        Self.expectStatus(.duplicateItem) { try keychain.add(KeychainItem(itemClass: .genericPassword, service: "no account", secret: Data())) }
+        #expect(try keychain.secret(matching: .genericPassword(service: "no account", account: "")) == Self.secret("empty"))
         // By persistent reference, by label, and all of one service.
         #expect(try keychain.items(matching: KeychainQuery(itemClass: .genericPassword, persistentReference: added.persistentReference))[0].secret == Self.secret("one"))
         #expect(try keychain.items(matching: KeychainQuery(itemClass: .genericPassword, label: "first", limit: .all)).count == 1)
@@ -135,9 +139,10 @@ struct KeychainTests {
         expectParam("no port attribute") { try keychain.add(KeychainItem(itemClass: .genericPassword, port: 1, secret: Data())) }
         expectParam("needs its secret") { try keychain.add(KeychainItem(itemClass: .genericPassword, service: "no secret")) }
         expectParam("persistent reference is 16 bytes") { _ = try keychain.items(matching: KeychainQuery(itemClass: .genericPassword, persistentReference: Data([1]))) }
-        expectParam("cannot change an item's class") { try keychain.update(matching: .genericPassword(service: "s", account: "a")) { $0.itemClass = .internetPassword } }
+        expectParam("changes no attribute") { try keychain.update(matching: .genericPassword(service: "s", account: "a"), with: KeychainChanges()) }
+        expectParam("no port attribute") { try keychain.update(matching: .genericPassword(service: "s", account: "a"), with: KeychainChanges(port: 443)) }
         // An update that would make a duplicate changes nothing.
-        Self.expectStatus(.duplicateItem) { try keychain.update(matching: .genericPassword(service: "s", account: "b")) { $0.account = "a" } }
+        Self.expectStatus(.duplicateItem) { try keychain.update(matching: .genericPassword(service: "s", account: "b"), with: KeychainChanges(account: "a")) }
         #expect(try keychain.secret(matching: .genericPassword(service: "s", account: "b")) == Self.secret("b"))
         #expect(try keychain.secret(matching: .genericPassword(service: "s", account: "a")) == Self.secret("one"))
 
@@ -199,6 +204,10 @@ struct KeychainTests {
         Self.expectStatus(.decode) { _ = try freshKeychain().items(matching: .genericPassword(service: "t", account: "one")) }
         Self.expectStatus(.decode) { _ = try open.items(matching: .genericPassword(service: "t", account: "two")) }
         try restore()
+        // A digest made up (another count) fails its MAC.
+        try tamper("UPDATE meta SET value = substr(value, 1, 32) || X'0200000000000000' || substr(value, 41) WHERE name = CAST('digest' AS BLOB)")
+        Self.expectStatus(.decode) { _ = try freshKeychain().items(matching: .genericPassword(service: "t", account: "one")) }
+        try restore()
         // The database emptied, or removed: damage, never an empty keychain.
         try Data().write(to: URL(fileURLWithPath: database))
         Self.expectStatus(.decode) { _ = try freshKeychain().items(matching: .genericPassword(service: "t")) }
@@ -223,7 +232,7 @@ struct KeychainTests {
         for index in 0..<20 { try keychain.add(.genericPassword(service: "disk", account: "\(index)", secret: Data(count: 2000))) }
         await test.failingWrites(after: 0) {
             Self.expectStatus(.diskFull) { try keychain.add(.genericPassword(service: "disk", account: "new", secret: Data(count: 8000))) }
-            Self.expectStatus(.diskFull) { try keychain.update(matching: .genericPassword(service: "disk", account: "3")) { $0.secret = Data(count: 9000) } }
+            Self.expectStatus(.diskFull) { try keychain.update(matching: .genericPassword(service: "disk", account: "3"), with: KeychainChanges(secret: Data(count: 9000))) }
         }
         #expect(try keychain.items(matching: .genericPassword(service: "disk", limit: .all)).count == 20)
         #expect(try keychain.secret(matching: .genericPassword(service: "disk", account: "3")).count == 2000)
@@ -256,7 +265,7 @@ struct KeychainTests {
         }
         let added = start.merging(["new": "added"]) { $1 }
         try await expectEveryCut(seed: 22, before: added, after: added.merging(["changed": "after"]) { $1 }) {
-            try test.keychain.update(matching: .genericPassword(service: "cut", account: "changed")) { $0.secret = Self.secret("after") }
+            try test.keychain.update(matching: .genericPassword(service: "cut", account: "changed"), with: KeychainChanges(secret: Self.secret("after")))
         }
         var deleted = added.merging(["changed": "after"]) { $1 }
         let beforeDelete = deleted

@@ -33,7 +33,7 @@ struct LaunchTests {
     }
 
     /// The folder of the Swift runtime this build links, for running sandboxctl itself inside the sandbox.
-    private static var swiftRuntimeFolder: String? {
+    static var swiftRuntimeFolder: String? {
         // /proc files report no size, so they are read to their end rather than by their size.
         let maps = String(decoding: FileHandle(forReadingAtPath: "/proc/self/maps")?.readDataToEndOfFile() ?? Data(), as: UTF8.self)
         return maps.split(separator: "\n").compactMap { line in line.split(separator: " ").last.map(String.init) }

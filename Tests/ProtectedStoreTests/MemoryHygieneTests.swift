@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 @testable import ProtectedStore
 @testable import ProtectedStoreCore
@@ -26,6 +27,12 @@ import SuiteThreads
             let header = try EncryptedFile.header(at: FileLocation(path: try container.storedPath(path)))
             secrets.append(try MaskedSecret("the key of closed file \(name)", header.unwrapFileKey(keys: test.device, path: path)))
         }
+
+        // A "when unlocked" keychain item added and read: its key is unwrapped for each call and zeroed after it.
+        let keychain = try Keychain(device: test.device, accessGroups: .only(["com.example.app"]))
+        try keychain.add(.genericPassword(service: "memory", account: "a", secret: Data(repeating: 3, count: 64)))
+        #expect(try keychain.secret(matching: .genericPassword(service: "memory")).count == 64)
+        secrets.append(try MaskedSecret("the key of keychain item memory/a", Self.keychainItemKey(root: test.root, device: test.device)))
 
         // A file still open keeps its key (class D: a lock leaves it), and the scan must see that one too.
         try container.write(Data(repeating: 1, count: 100), toPath: "Documents/open.bin", options: .noFileProtection)
@@ -69,12 +76,37 @@ import SuiteThreads
             return
         }
         #expect(try MemoryScan(pid: daemon.pid, secrets: [secret]).found.count == 1, "the daemon's unlocked class A key was not found: the scan is blind")
+        // A "when unlocked" keychain item added and read through the daemon, which unwraps its key for each call.
+        let added = try sandboxctl(test, ["keychain", "add", "com.example.app", "--service", "memory", "--account", "a"], stdin: "a keychain secret")
+        #expect(added.status == 0, "\(added.stderr)")
+        #expect(try sandboxctl(test, ["keychain", "find", "com.example.app", "--service", "memory"]).stdout == "a keychain secret")
+        let itemKey = try MaskedSecret("the key of keychain item memory/a", Self.keychainItemKey(root: test.root, device: client))
         let locked = try sandboxctl(test, ["lock"])
         #expect(locked.status == 0, "\(locked.stderr)")
-        let scan = try MemoryScan(pid: daemon.pid, secrets: [secret])
+        let scan = try MemoryScan(pid: daemon.pid, secrets: [secret, itemKey])
         #expect(scan.found.isEmpty, "left in the daemon after the lock: \(scan.found)")
         print("memory hygiene: scanned \(scan.scannedBytes >> 20) MiB of the daemon after the lock; core dumps disabled, \(status.lockedMemoryKiB ?? 0) KiB locked")
     }
+    /// The item key of the one row of a device's keychain, unwrapped here from the row as stored.
+    static func keychainItemKey(root: String, device: Device) throws -> SecureBytes {
+        var connection: OpaquePointer?
+        let path = (Keychain.folder(root: root) as NSString).appendingPathComponent("keychain.sqlite")
+        try #require(sqlite3_open_v2(path, &connection, SQLITE_OPEN_READONLY, nil) == SQLITE_OK)
+        defer { sqlite3_close(connection) }
+        var statement: OpaquePointer?
+        try #require(sqlite3_prepare_v2(connection, "SELECT ref, kind, accessible, wrapped_key FROM items", -1, &statement, nil) == SQLITE_OK)
+        defer { sqlite3_finalize(statement) }
+        try #require(sqlite3_step(statement) == SQLITE_ROW)
+        func blob(_ column: Int32) -> [UInt8] {
+            Array(UnsafeRawBufferPointer(start: sqlite3_column_blob(statement, column), count: Int(sqlite3_column_bytes(statement, column))))
+        }
+        let (reference, kind, accessible) = (blob(0), UInt8(sqlite3_column_int(statement, 1)), UInt8(sqlite3_column_int(statement, 2)))
+        let wrapped = WrappedFileKey(protectionClass: KeychainAccessibility(rawValue: accessible)!.protectionClass,
+                                     associatedData: ItemSeal.keyAssociatedData(keybagID: device.keybagID, reference: reference, kind: kind, accessible: accessible),
+                                     ephemeralPublicKey: ItemSeal.noEphemeralKey, sealed: blob(3))
+        return try #require(try device.unwrapFileKey(wrapped))
+    }
+
     /// What an outside reader of the daemon's memory would look for, computed as docs/FORMAT.md §2 says from the keybag
     /// on disk, the device secret and a passcode: T (Argon2id's output), K_pass, and, when the passcode is right, the
     /// class A key and the class B secret key.

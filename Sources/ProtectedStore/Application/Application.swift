@@ -136,6 +136,7 @@ public final class Application: @unchecked Sendable {
     /// Open background tasks: their expiration handlers.
     private var expirationHandlers: [UInt64: (@Sendable () -> Void)?] = [:]
     private var protectedDataAvailable: Bool
+    private var cachedKeychain: Keychain?
     /// Events handled so far (on `queue`).
     private var handledEvents = 0
     private let queue = DispatchQueue(label: "ProtectedStore.application")
@@ -182,6 +183,20 @@ public final class Application: @unchecked Sendable {
     }
 
     deinit { link.close() }
+
+    /// The app's keychain: its bundle identifier's access group and those `sandboxctl launch --keychain-group` gave,
+    /// nothing else of the device's. The key daemon opens the items, under the lock's rules. It uses this application's
+    /// connection, so it works while the application is kept.
+    public var keychain: Keychain {
+        get throws {
+            try mutex.withLock {
+                if let keychain = cachedKeychain { return keychain }
+                let keychain = Keychain(backend: try link.keychainBackend(bundleIdentifier: bundleIdentifier))
+                cachedKeychain = keychain
+                return keychain
+            }
+        }
+    }
 
     /// Inactive during the launch and an interruption, active from *did become active*, background from *did enter
     /// background* until every observer has handled *will enter foreground* (then inactive until *did become active*).
@@ -407,9 +422,12 @@ package protocol ApplicationTransport: AnyObject, Sendable {
     func acknowledge(seq: UInt64, connection: UInt64, accepted: Bool?)
     /// Sends a request of the app's own (a background task, its status) and waits for the reply.
     func reply(to request: DaemonRequest) throws -> DaemonReply
+    /// Where the app's keychain calls go: the daemon, for the app's own access groups.
+    func keychainBackend(bundleIdentifier: String) throws -> any KeychainBackend
     func close()
 }
 
 extension DaemonLink: ApplicationTransport {
     package func reply(to request: DaemonRequest) throws -> DaemonReply { try call(request).reply }
+    package func keychainBackend(bundleIdentifier: String) throws -> any KeychainBackend { AppSocketKeychain(link: self) }
 }

@@ -148,7 +148,12 @@ package final class DaemonLink: @unchecked Sendable {
         }
         waiter.done.wait()
         guard let reply = waiter.reply else { throw unavailable() }
-        if let failure = reply.error { throw Self.error(from: failure) }
+        if let failure = reply.error {
+            if let status = failure.status, let code = KeychainError.Code(rawValue: status) {
+                throw KeychainError(code, problem: failure.message, remedy: failure.remedy)
+            }
+            throw Self.error(from: failure)
+        }
         return (reply, waiter.attachment)
     }
 

@@ -207,7 +207,7 @@ extension Device {
     package func appRequest(_ operation: DaemonRequest.Operation, bundle: String? = nil, timeout: TimeInterval? = nil,
                             sandboxPID: Int32? = nil, socketPath: String? = nil, sandboxUID: uid_t? = nil, openURL: OpenURLRequest? = nil,
                             launched: Bool? = nil, endingInterruption: Bool? = nil, backgroundTaskTime: TimeInterval? = nil,
-                            awaitingURL: Bool? = nil, backgroundOnLock: Bool? = nil) throws -> [AppStatus] {
+                            awaitingURL: Bool? = nil, backgroundOnLock: Bool? = nil, keychainGroups: [String]? = nil) throws -> [AppStatus] {
         guard let link = (holder as? DaemonKeyHolder)?.link else {
             throw ProtectedStoreError(.daemonUnavailable, path: root, problem: "launched apps are tracked by the key daemon, and this device is not attached to one",
                                       remedy: "Start `sandboxctl daemon`")
@@ -222,6 +222,7 @@ extension Device {
         request.backgroundTaskTime = backgroundTaskTime
         request.awaitingURL = awaitingURL
         request.backgroundOnLock = backgroundOnLock
+        request.keychainGroups = keychainGroups
         request.end = endingInterruption
         request.path = openURL?.path
         request.sourceApplication = openURL?.sourceApplication

@@ -5,7 +5,7 @@ import ProtectedStoreCore
 /// decoded straight into guarded memory, so secrets never pass through JSON strings.
 package struct Frame {
     /// Largest payload (everything after the 4-byte length) either side accepts.
-    static let maximumPayload = 64 * 1024
+    package static let maximumPayload = 64 * 1024
     static let lengthBytes = 4
     static let messageLengthBytes = 2
 

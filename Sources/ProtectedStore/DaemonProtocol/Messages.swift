@@ -21,10 +21,18 @@ package struct DaemonRequest: Codable, Sendable {
         case appInterrupt = "app-interrupt"
         case appTaskBegin = "app-task-begin"
         case appTaskEnd = "app-task-end"
+        case keychainAdd = "keychain-add"
+        case keychainFind = "keychain-find"
+        case keychainUpdate = "keychain-update"
+        case keychainDelete = "keychain-delete"
+        case keychainList = "keychain-list"
+
+        /// The keychain requests (§7): an app's connection is answered for its own access groups only.
+        package var isKeychain: Bool { [.keychainAdd, .keychainFind, .keychainUpdate, .keychainDelete, .keychainList].contains(self) }
 
         /// What a connection on an app's own socket may ask: events for itself and its own background tasks, nothing
         /// about the device.
-        package var isAllowedForApps: Bool { [.hello, .status, .subscribe, .ack, .appTaskBegin, .appTaskEnd].contains(self) }
+        package var isAllowedForApps: Bool { [.hello, .status, .subscribe, .ack, .appTaskBegin, .appTaskEnd].contains(self) || isKeychain }
     }
 
     package var id: UInt64
@@ -71,6 +79,16 @@ package struct DaemonRequest: Codable, Sendable {
     package var sourceApplication: String?
     package var annotation: String?
     package var sequence: UInt64?
+    /// `app-register`: the keychain access groups the app gets besides its bundle identifier (`launch --keychain-group`).
+    package var keychainGroups: [String]?
+    /// `keychain-add`: the item (its secret is the attachment).
+    package var keychainItem: KeychainItemMessage?
+    /// `keychain-find`, `-update`, `-delete`, `-list`: which items.
+    package var keychainQuery: KeychainQueryMessage?
+    /// `keychain-find`: the secrets too, as the reply's attachment.
+    package var returnSecrets: Bool?
+    /// `keychain-update`: what changes (a new secret is the attachment).
+    package var keychainChanges: KeychainChangesMessage?
 
     package init(id: UInt64, op: Operation) {
         self.id = id
@@ -94,6 +112,8 @@ package struct DaemonReply: Codable, Sendable {
         var message: String
         var remedy: String
         var path: String?
+        /// A keychain request's failure: Security.framework's OSStatus (`code` is then "keychain").
+        var status: Int32?
     }
 
     package var id: UInt64?
@@ -130,8 +150,18 @@ package struct DaemonReply: Codable, Sendable {
     package var sourceApplication: String?
     package var annotation: String?
     package var sequence: UInt64?
+    /// `keychain-add`, `-find`, `-list`: the items' attributes (a search's secrets are the attachment).
+    package var keychainItems: [KeychainItemMessage]?
+    /// `keychain-list`: how many more items match whose class key is unavailable.
+    package var unavailable: Int?
 
     package init(id: UInt64?) { self.id = id }
+
+    package static func failure(id: UInt64?, _ error: KeychainError) -> DaemonReply {
+        var reply = DaemonReply(id: id)
+        reply.error = Failure(code: "keychain", message: error.problem, remedy: error.remedy, path: nil, status: error.status)
+        return reply
+    }
 
     package static func failure(id: UInt64?, _ error: ProtectedStoreError) -> DaemonReply {
         var reply = DaemonReply(id: id)

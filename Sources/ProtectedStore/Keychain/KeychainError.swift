@@ -75,7 +75,7 @@ public struct KeychainError: Error, Sendable, Equatable, CustomStringConvertible
 
     /// The keychain's reading of a failure below it: a denial by the lock is `errSecInteractionNotAllowed`, damage is
     /// `errSecDecode`, a full disk `errSecDiskFull`, other I/O `errSecIO`.
-    init(_ error: any Error, path: String?) {
+    package init(_ error: any Error, path: String?) {
         if let keychainError = error as? KeychainError {
             self = keychainError
             return

@@ -135,8 +135,62 @@ public struct KeychainQuery: Sendable, Equatable {
     /// Whether `item` (its attributes decrypted) has every attribute this query gives.
     func matches(_ item: KeychainItem) -> Bool {
         func same<T: Equatable>(_ wanted: T?, _ found: T?) -> Bool { wanted == nil || wanted == found }
-        return item.itemClass == itemClass && same(service, item.service) && same(account, item.account) && same(server, item.server)
-            && same(`protocol`, item.protocol) && same(port, item.port) && same(path, item.path) && same(label, item.label)
+        // An absent text attribute and an empty one are one value, as the primary key counts them.
+        func sameText(_ wanted: String?, _ found: String?) -> Bool { wanted == nil || wanted == (found ?? "") }
+        return item.itemClass == itemClass && sameText(service, item.service) && sameText(account, item.account) && sameText(server, item.server)
+            && sameText(`protocol`, item.protocol) && same(port, item.port) && sameText(path, item.path) && same(label, item.label)
             && same(accessGroup, item.accessGroup) && same(accessible, item.accessible) && same(persistentReference, item.persistentReference)
+    }
+}
+
+/// What an update changes (`SecItemUpdate`'s attributes to update): each attribute given replaces the item's; those
+/// left nil stay. The class, dates and persistent reference are the keychain's.
+public struct KeychainChanges: Sendable, Equatable {
+    public var service: String?
+    public var account: String?
+    public var server: String?
+    public var `protocol`: String?
+    public var port: Int?
+    public var path: String?
+    public var label: String?
+    public var generic: Data?
+    /// Moves the item to another of the caller's groups.
+    public var accessGroup: String?
+    /// Re-seals the item under the class this names.
+    public var accessible: KeychainAccessibility?
+    /// `kSecValueData`: the new secret.
+    public var secret: Data?
+
+    /// Changes to the attributes given.
+    public init(service: String? = nil, account: String? = nil, server: String? = nil, protocol: String? = nil, port: Int? = nil, path: String? = nil,
+                label: String? = nil, generic: Data? = nil, accessGroup: String? = nil, accessible: KeychainAccessibility? = nil, secret: Data? = nil) {
+        self.service = service
+        self.account = account
+        self.server = server
+        self.protocol = `protocol`
+        self.port = port
+        self.path = path
+        self.label = label
+        self.generic = generic
+        self.accessGroup = accessGroup
+        self.accessible = accessible
+        self.secret = secret
+    }
+
+    /// Whether it changes nothing (`SecItemUpdate` with an empty dictionary is `errSecParam`).
+    public var isEmpty: Bool { self == KeychainChanges() }
+
+    func apply(to item: inout KeychainItem) {
+        if let service { item.service = service }
+        if let account { item.account = account }
+        if let server { item.server = server }
+        if let `protocol` { item.protocol = `protocol` }
+        if let port { item.port = port }
+        if let path { item.path = path }
+        if let label { item.label = label }
+        if let generic { item.generic = generic }
+        if let accessGroup { item.accessGroup = accessGroup }
+        if let accessible { item.accessible = accessible }
+        if let secret { item.secret = secret }
     }
 }

@@ -64,6 +64,9 @@ struct LaunchCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Seconds from 'did enter background' that the app's background tasks (Application.beginBackgroundTask) may extend its background time to; an app whose tasks are still open then is ended.", valueName: "seconds"))
     var backgroundTaskTime: Double = 30
 
+    @Option(name: .customLong("keychain-group"), help: ArgumentHelp("A keychain access group the app may use besides its bundle identifier (an app group or a shared keychain group; repeatable).", valueName: "group"))
+    var keychainGroups: [String] = []
+
     @Flag(help: "As an iPhone's side button: a lock sends the app to the background ('will resign active', 'did enter background', a suspension after 5 s) and the unlock brings it back. Off by default: on a desktop a lock does not mean the user left the app.")
     var backgroundOnLock = false
 
@@ -83,6 +86,10 @@ struct LaunchCommand: ParsableCommand {
         guard terminateTimeout >= 0, terminateTimeout <= 3600 else { throw ValidationError("--terminate-timeout must be between 0 and 3600 seconds.") }
         guard backgroundTaskTime >= 0, backgroundTaskTime <= 600 else { throw ValidationError("--background-task-time must be between 0 and 600 seconds.") }
         guard launchTimeout > 0, launchTimeout <= 600 else { throw ValidationError("--launch-timeout must be more than 0 and at most 600 seconds.") }
+        for group in keychainGroups where group.isEmpty || group.utf8.count > 1024 {
+            throw ValidationError("--keychain-group \(group): give 1 to 1024 bytes.")
+        }
+        guard keychainGroups.count <= 32 else { throw ValidationError("--keychain-group: at most 32 groups.") }
     }
 
     func run() throws {
@@ -101,7 +108,7 @@ struct LaunchCommand: ParsableCommand {
             let app = try Sandbox(device: attached, container: container, slot: slot, bubblewrap: bubblewrap, command: command,
                                   environment: environment, shareNetwork: shareNetwork, readOnlyPaths: readOnlyPaths,
                                   terminateTimeout: terminateTimeout, launchTimeout: launchTimeout, backgroundTaskTime: backgroundTaskTime,
-                                  backgroundOnLock: backgroundOnLock)
+                                  backgroundOnLock: backgroundOnLock, keychainGroups: keychainGroups)
             return try app.run(overIOUring: transport.overIOUring)
         }
         if status != 0 { throw ExitCode(status) }
@@ -152,6 +159,7 @@ final class Sandbox: @unchecked Sendable {
     private let backgroundOnLock: Bool
     /// Who the sandbox runs as on the host when that is not this process's user: only a root launcher's sandbox.
     private let hostIdentity: HostIdentity?
+    private let keychainGroups: [String]
     private let logger = Logger(label: "sandboxctl.launch")
     private let mutex = NSLock()
     private var sandboxPID: pid_t = 0
@@ -159,7 +167,8 @@ final class Sandbox: @unchecked Sendable {
 
     init(device: Device, container: Container, slot: LaunchSlot, bubblewrap: String, command: [String], environment: [String], shareNetwork: Bool,
          readOnlyPaths: [String], terminateTimeout: Double, launchTimeout: Double, backgroundTaskTime: Double,
-         backgroundOnLock: Bool) throws {
+         backgroundOnLock: Bool, keychainGroups: [String]) throws {
+        self.keychainGroups = keychainGroups
         self.device = device
         self.container = container
         self.slot = slot
@@ -315,7 +324,7 @@ final class Sandbox: @unchecked Sendable {
     private func register(again: Bool) throws {
         _ = try device.appRequest(.appRegister, bundle: container.bundleIdentifier, timeout: launchTimeout, sandboxPID: mutex.withLock { sandboxPID },
                                   socketPath: slot.appSocket, sandboxUID: hostIdentity?.uid, launched: again,
-                                  backgroundTaskTime: backgroundTaskTime, backgroundOnLock: backgroundOnLock)
+                                  backgroundTaskTime: backgroundTaskTime, backgroundOnLock: backgroundOnLock, keychainGroups: keychainGroups)
     }
 
     /// A restarted daemon knows no apps: registers again once one serves the device, so the app's observers, which

@@ -10,6 +10,16 @@ enum ExitStatus {
     static let unavailable: Int32 = 69
     static let denied: Int32 = 77
 
+    static func code(for keychainError: KeychainError.Code) -> Int32 {
+        switch keychainError {
+        case .param: usage
+        case .decode: integrity
+        case .interactionNotAllowed, .missingEntitlement: denied
+        case .notAvailable: unavailable
+        case .duplicateItem, .itemNotFound, .io, .diskFull: failure
+        }
+    }
+
     static func code(for kind: ProtectedStoreError.Kind) -> Int32 {
         switch kind {
         case .integrity, .unsupportedFormat: integrity
@@ -45,6 +55,10 @@ private func exitCode(reporting error: any Error) -> any Error {
         // A format this build can't use concerns the command as a whole (a device to migrate, say): say which one.
         printError(libraryError.kind == .unsupportedFormat ? "`\(invokedCommand())` cannot run: \(libraryError)" : "\(libraryError)")
         return ExitCode(ExitStatus.code(for: libraryError.kind))
+    }
+    if let keychainError = error as? KeychainError {
+        printError("\(keychainError)")
+        return ExitCode(ExitStatus.code(for: keychainError.code))
     }
     if let cocoa = error as? CocoaError {
         printError("\(cocoa.filePath.map { "\($0): " } ?? "")\(cocoa.localizedDescription)")

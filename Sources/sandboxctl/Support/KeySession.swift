@@ -38,11 +38,15 @@ struct KeySession {
         do {
             return try operation()
         } catch {
-            guard let denial = libraryError(in: error), denial.kind == .protectedDataUnavailable, !device.isAttachedToDaemon,
-                  device.state == .beforeFirstUnlock, !passcodeOptions.passcodeStdin else { throw error }
+            let denied = libraryError(in: error)?.kind == .protectedDataUnavailable || (error as? KeychainError)?.code == .interactionNotAllowed
+            guard denied, !device.isAttachedToDaemon, device.state == .beforeFirstUnlock, !passcodeOptions.passcodeStdin else { throw error }
             guard PasscodeInput.terminalAvailable else {
-                throw ProtectedStoreError(.protectedDataUnavailable, path: denial.path, problem: denial.problem,
-                                          remedy: "Pass --passcode-stdin and write the passcode as the first line of standard input, or run in a terminal to be asked")
+                let remedy = "Pass --passcode-stdin and write the passcode as the first line of standard input, or run in a terminal to be asked"
+                if let keychainError = error as? KeychainError {
+                    throw KeychainError(keychainError.code, problem: keychainError.problem, remedy: remedy, path: keychainError.path)
+                }
+                let denial = libraryError(in: error)!
+                throw ProtectedStoreError(.protectedDataUnavailable, path: denial.path, problem: denial.problem, remedy: remedy)
             }
             try device.unlock(passcode: try PasscodeInput.read(prompt: "Passcode: ", fromStandardInput: false))
             return try operation()

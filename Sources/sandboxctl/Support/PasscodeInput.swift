@@ -16,10 +16,16 @@ enum PasscodeInput {
         if fromStandardInput {
             return try Passcode.read(from: .standardInput)
         }
+        return try onTerminal(prompt: prompt, asking: "the passcode", remedy: "Pass --passcode-stdin and write the passcode as one line on standard input") {
+            try Passcode.read(from: $0)
+        }
+    }
+
+    /// Prints `prompt` on the terminal and runs `read` on it with echo off (restored however it ends).
+    static func onTerminal<R>(prompt: String, asking what: String, remedy: String, _ read: (FileDescriptor) throws -> R) throws -> R {
         let terminal = open("/dev/tty", O_RDWR | O_CLOEXEC)
         guard terminal >= 0 else {
-            throw ProtectedStoreError(.invalidArgument, problem: "no terminal to ask for the passcode",
-                                      remedy: "Pass --passcode-stdin and write the passcode as one line on standard input")
+            throw ProtectedStoreError(.invalidArgument, problem: "no terminal to ask for \(what)", remedy: remedy)
         }
         let tty = FileDescriptor(rawValue: terminal)
         defer { try? tty.close() }
@@ -39,7 +45,7 @@ enum PasscodeInput {
             _ = try? tty.writeAll(Array("\n".utf8))
         }
         _ = try? tty.writeAll(Array(prompt.utf8))
-        return try Passcode.read(from: tty)
+        return try read(tty)
     }
 
     /// Asks for a new passcode; on a terminal it is asked twice and both entries must match.

@@ -58,6 +58,12 @@ enum ItemSeal {
             }
         }
 
+        /// The MAC of the digest record, so only a digest the keychain wrote is taken.
+        func digestMAC(xor: [UInt8], count: Int64) throws -> [UInt8] {
+            let message = Array("PSKC row set 1".utf8) + xor + withUnsafeBytes(of: UInt64(bitPattern: count).littleEndian, Array.init)
+            return try message.withUnsafeBytes { try Blake2b.mac(key: digest, message: $0) }
+        }
+
         /// A row's MAC; the stored digest is the XOR of every row's, so a removed, added or changed row shows.
         func rowMAC(_ row: StoredRow) throws -> [UInt8] {
             var message = ByteWriter()
@@ -125,10 +131,14 @@ enum ItemSeal {
 
     /// The item's attributes and secret as one padded plaintext; the caller zeroes it once sealed.
     static func encodeBody(_ item: KeychainItem, group: String) -> [UInt8] {
-        var body = ByteWriter(capacity: 512 + (item.secret?.count ?? 0))
+        // Reserved whole up front: a buffer that grew would leave a copy of what it held in freed memory.
+        let texts = [group, item.service, item.account, item.server, item.protocol, item.path, item.label].compactMap { $0?.utf8.count }
+        let unpadded = 2 + texts.reduce(0) { $0 + 5 + $1 } + 5 * 4 + 4 + 8 + 8 + (item.generic?.count ?? 0) + (item.secret?.count ?? 0)
+        var body = ByteWriter(capacity: (unpadded + bodyPadding - 1) / bodyPadding * bodyPadding + bodyPadding)
         body.append(UInt8(1))
-        func text(_ field: Field, _ value: String?) { if let value { bytes(field, Array(value.utf8)) } }
-        func bytes(_ field: Field, _ value: [UInt8]) {
+        func text(_ field: Field, _ value: String?) { if let value { bytes(field, value.utf8) } }
+        // Appended straight from the caller's value: no intermediate copy of a secret is left unzeroed.
+        func bytes(_ field: Field, _ value: some Collection<UInt8>) {
             body.append(field.rawValue)
             body.append(UInt32(value.count))
             body.append(value)
@@ -144,10 +154,10 @@ enum ItemSeal {
         if let port = item.port { bytes(.port, withUnsafeBytes(of: UInt32(port).littleEndian, Array.init)) }
         text(.path, item.path)
         text(.label, item.label)
-        if let generic = item.generic { bytes(.generic, Array(generic)) }
+        if let generic = item.generic { bytes(.generic, generic) }
         date(.created, item.creationDate)
         date(.modified, item.modificationDate)
-        if let secret = item.secret { bytes(.secret, Array(secret)) }
+        if let secret = item.secret { bytes(.secret, secret) }
         body.append(Field.end.rawValue)
         let padded = (body.bytes.count + bodyPadding - 1) / bodyPadding * bodyPadding
         body.appendZeros(padded - body.bytes.count)
@@ -161,14 +171,19 @@ enum ItemSeal {
         guard body.first == 1 else { return nil }
         var reader = ByteReader(body)
         _ = reader.uint8()
+        var previous = Field.end
         while true {
             guard reader.offset < body.count, let field = Field(rawValue: reader.uint8()) else { return nil }
             if field == .end { return item }
+            // Each field at most once, in order, as `encodeBody` writes them.
+            guard field.rawValue > previous.rawValue else { return nil }
+            previous = field
             guard body.count - reader.offset >= 4 else { return nil }
             let count = Int(reader.uint32())
             guard body.count - reader.offset >= count else { return nil }
-            let value = reader.take(count)
-            let text = String(decoding: value, as: UTF8.self)
+            var value = reader.take(count)
+            defer { scrub(&value) }
+            var text: String { String(decoding: value, as: UTF8.self) }
             func date() -> Date? {
                 guard value.count == 8 else { return nil }
                 let milliseconds = Int64(bitPattern: value.reversed().reduce(0) { $0 << 8 | UInt64($1) })
@@ -187,8 +202,12 @@ enum ItemSeal {
             case .path: item.path = text
             case .label: item.label = text
             case .generic: item.generic = Data(value)
-            case .created: item.creationDate = date()
-            case .modified: item.modificationDate = date()
+            case .created:
+                guard let date = date() else { return nil }
+                item.creationDate = date
+            case .modified:
+                guard let date = date() else { return nil }
+                item.modificationDate = date
             case .secret: item.secret = Data(value)
             }
         }

@@ -21,6 +21,8 @@ final class KeychainDatabase: @unchecked Sendable {
     private let vfs: DurableVFS
     private var connection: OpaquePointer?
     private var lockDescriptor: Int32 = -1
+    /// The `created` marker was looked for (and written if missing) since the connection opened.
+    private var markerChecked = false
 
     init(folder: String) throws {
         self.folder = folder
@@ -44,7 +46,8 @@ final class KeychainDatabase: @unchecked Sendable {
         do {
             let result = try body(session, isNew)
             try session.execute("COMMIT")
-            if isNew { try markCreated() }
+            // Committed is done: a marker not written now (a full disk, a power cut) is written at a later open.
+            if isNew { try? markCreated() }
             return result
         } catch {
             try? session.execute("ROLLBACK")
@@ -84,7 +87,13 @@ final class KeychainDatabase: @unchecked Sendable {
             try Session(database: self).execute("PRAGMA journal_mode = TRUNCATE; PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY; PRAGMA secure_delete = ON")
         }
         let tables = try Session(database: self).rows("SELECT count(*) FROM sqlite_master") { $0.integer(0) }
-        guard tables.first == 0 else { return false }
+        guard tables.first == 0 else {
+            if !markerChecked {
+                try? markCreated()
+                markerChecked = true
+            }
+            return false
+        }
         var info = stat()
         if stat(createdMarkerPath, &info) == 0 {
             throw storageError(.decode, "the keychain's database is missing or empty, though one was made on this device: it was removed or damaged", path: databasePath)
@@ -177,6 +186,8 @@ final class KeychainDatabase: @unchecked Sendable {
                     primary_tag BLOB NOT NULL UNIQUE, service_tag BLOB NOT NULL, account_tag BLOB NOT NULL, server_tag BLOB NOT NULL,
                     wrapped_key BLOB NOT NULL, body BLOB NOT NULL);
                 CREATE INDEX items_by_service ON items (kind, service_tag);
+                CREATE INDEX items_by_account ON items (kind, account_tag);
+                CREATE INDEX items_by_server ON items (kind, server_tag);
                 """)
         }
 
