@@ -7,6 +7,7 @@ let package = Package(
     products: [
         .library(name: "ProtectedStore", targets: ["ProtectedStore"]),
         .library(name: "ProtectedStoreTesting", targets: ["ProtectedStoreTesting"]),
+        .library(name: "ProtectedStoreSecurity", targets: ["ProtectedStoreSecurity"]),
         // Only for the fuzz package beside this one (Fuzz/); the leading underscore marks it as no API.
         .library(name: "_ProtectedStoreFuzzing", targets: ["ProtectedStoreFuzzing"]),
         .executable(name: "sandboxctl", targets: ["sandboxctl"]),
@@ -66,6 +67,11 @@ let package = Package(
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
             ]
+        ),
+        // Security.framework's SecItem calls and kSec… names over the keychain, so iOS code compiles (docs/DESIGN.md).
+        .target(
+            name: "ProtectedStoreSecurity",
+            dependencies: ["ProtectedStore"]
         ),
         // The key daemon's server (`sandboxctl daemon`).
         .target(
@@ -157,7 +163,7 @@ let package = Package(
             name: "ProtectedStoreTests",
             dependencies: [
                 "ProtectedStoreCore", "ProtectedStore", "ProtectedStoreDaemon", "ProtectedStoreMount", "ProtectedStoreBenchmarks",
-                "ProtectedStoreFuzzing", "ProtectedStoreTesting", "CSupport", "CSQLite", "sandboxctl", "ProtectedStoreProbe", "ps-verify", "SuiteThreads",
+                "ProtectedStoreFuzzing", "ProtectedStoreTesting", "ProtectedStoreSecurity", "CSupport", "CSQLite", "sandboxctl", "ProtectedStoreProbe", "ps-verify", "SuiteThreads",
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Logging", package: "swift-log"),
             ]

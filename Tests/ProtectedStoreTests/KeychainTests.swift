@@ -101,6 +101,8 @@ struct KeychainTests {
     func statusCodes() throws {
         let test = try KitDevice()
         let keychain = try test.keychain
+        // The first call of a new keychain finds nothing (the database it made stays made).
+        Self.expectStatus(.itemNotFound) { _ = try keychain.items(matching: .genericPassword(service: "s")) }
         let added = try keychain.add(.genericPassword(service: "s", account: "a", secret: Self.secret("one"), label: "first"))
         #expect(added.accessGroup == KitDevice.defaultBundleIdentifier && added.persistentReference?.count == 16 && added.secret == nil)
         Self.expectStatus(.duplicateItem) { try keychain.add(.genericPassword(service: "s", account: "a", secret: Self.secret("two"))) }

@@ -297,8 +297,9 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
     private func transaction<R>(writing: Bool, _ body: (KeychainDatabase.Session, ItemSeal.Keys, inout Digest) throws -> R) throws -> R {
         try mutex.withLock {
             do {
-                return try database.transaction(writing: writing) { session, isNew in
-                    let keys = try currentKeys(session: session, isNew: isNew)
+                try checkFirstUnlock()
+                return try database.transaction(writing: writing, create: createDatabase) { session in
+                    let keys = try currentKeys(session: session)
                     var digest = try Digest(session: session, keys: keys)
                     let before = digest
                     let result = try body(session, keys, &digest)
@@ -313,47 +314,50 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
         }
     }
 
-    /// The tag and digest keys: unwrapped from the database's lookup key (class C) the first time, when the whole
-    /// row set is checked against its digest, or made with the database.
-    private func currentKeys(session: KeychainDatabase.Session, isNew: Bool) throws -> ItemSeal.Keys {
+    /// Before first unlock the lookup key (class C) cannot be opened, so nothing can be found or stored.
+    private func checkFirstUnlock() throws {
         guard device.state != .beforeFirstUnlock else {
             keys?.discard()
             keys = nil
             throw KeychainError(.interactionNotAllowed, problem: "the keychain of \(device.root) cannot be used before first unlock",
                                 remedy: "Unlock the device once after it starts; items stay available from then on as their accessibility allows")
         }
+    }
+
+    /// Makes the tables, a new lookup key sealed under class C, and the empty row set's digest.
+    private func createDatabase(session: KeychainDatabase.Session) throws {
+        try session.createTables()
+        let lookupKey = SecureBytes.random(count: AEAD.keyBytes)
+        defer { lookupKey.discard() }
+        let wrapped = try device.wrapFileKey(lookupKey, for: .completeUntilFirstUserAuthentication, associatedData: ItemSeal.lookupAssociatedData(keybagID: device.keybagID))
+        try session.setMeta("format", [KeychainDatabase.formatVersion])
+        try session.setMeta("lookup", wrapped)
+        let derived = try ItemSeal.Keys(lookupKey: lookupKey)
+        try Digest().store(in: session, keys: derived)
+        keys?.discard()
+        keys = derived
+    }
+
+    /// The tag and digest keys: unwrapped from the database's lookup key (class C) the first time, when the whole
+    /// row set is checked against its digest.
+    private func currentKeys(session: KeychainDatabase.Session) throws -> ItemSeal.Keys {
         if let keys { return keys }
-        let associatedData = ItemSeal.lookupAssociatedData(keybagID: device.keybagID)
-        let lookupKey: SecureBytes
-        if isNew {
-            try session.createTables()
-            lookupKey = SecureBytes.random(count: AEAD.keyBytes)
-            let wrapped = try device.wrapFileKey(lookupKey, for: .completeUntilFirstUserAuthentication, associatedData: associatedData)
-            try session.setMeta("format", [KeychainDatabase.formatVersion])
-            try session.setMeta("lookup", wrapped)
-        } else {
-            guard let format = try session.meta("format"), let wrapped = try session.meta("lookup") else {
-                throw KeychainError(.decode, problem: "the keychain's database has no format or lookup key record", remedy: "The keychain store was damaged; restore the device folder from a backup",
-                                    path: database.databasePath)
-            }
-            guard format == [KeychainDatabase.formatVersion] else {
-                throw KeychainError(.decode, problem: "the keychain's database is format \(format.first.map(String.init) ?? "?"); this build reads format \(KeychainDatabase.formatVersion)",
-                                    remedy: "Use the sandboxctl that made it", path: database.databasePath)
-            }
-            guard let unwrapped = try unwrap(WrappedFileKey(protectionClass: .completeUntilFirstUserAuthentication, associatedData: associatedData,
-                                                                          ephemeralPublicKey: ItemSeal.noEphemeralKey, sealed: wrapped)) else {
-                throw KeychainError(.decode, problem: "the keychain's lookup key fails authentication: the database is another device's, or was changed",
-                                    remedy: "Restore the device folder from a backup", path: database.databasePath)
-            }
-            lookupKey = unwrapped
+        guard let format = try session.meta("format"), let wrapped = try session.meta("lookup") else {
+            throw KeychainError(.decode, problem: "the keychain's database has no format or lookup key record", remedy: "The keychain store was damaged; restore the device folder from a backup",
+                                path: database.databasePath)
+        }
+        guard format == [KeychainDatabase.formatVersion] else {
+            throw KeychainError(.decode, problem: "the keychain's database is format \(format.first.map(String.init) ?? "?"); this build reads format \(KeychainDatabase.formatVersion)",
+                                remedy: "Use the sandboxctl that made it", path: database.databasePath)
+        }
+        guard let lookupKey = try unwrap(WrappedFileKey(protectionClass: .completeUntilFirstUserAuthentication, associatedData: ItemSeal.lookupAssociatedData(keybagID: device.keybagID),
+                                                        ephemeralPublicKey: ItemSeal.noEphemeralKey, sealed: wrapped)) else {
+            throw KeychainError(.decode, problem: "the keychain's lookup key fails authentication: the database is another device's, or was changed",
+                                remedy: "Restore the device folder from a backup", path: database.databasePath)
         }
         defer { lookupKey.discard() }
         let derived = try ItemSeal.Keys(lookupKey: lookupKey)
-        if isNew {
-            try Digest().store(in: session, keys: derived)
-        } else {
-            try verifyRowSet(session: session, keys: derived)
-        }
+        try verifyRowSet(session: session, keys: derived)
         keys = derived
         return derived
     }

@@ -36,18 +36,25 @@ final class KeychainDatabase: @unchecked Sendable {
     }
 
     /// Runs `body` in one transaction under the flock; rolled back if it throws, so a failed call changes nothing.
-    /// `isNew` tells `body` the database has no tables yet (it creates them). The caller serialises calls.
-    func transaction<R>(writing: Bool, _ body: (_ session: Session, _ isNew: Bool) throws -> R) throws -> R {
+    /// A database without tables yet is first made by `create`, in a transaction of its own, committed whatever
+    /// `body` then does. The caller serialises calls.
+    func transaction<R>(writing: Bool, create: (_ session: Session) throws -> Void, _ body: (_ session: Session) throws -> R) throws -> R {
         try lockExclusively()
         defer { flock(lockDescriptor, LOCK_UN) }
-        let isNew = try openIfNeeded()
         let session = Session(database: self)
-        try session.execute(writing || isNew ? "BEGIN IMMEDIATE" : "BEGIN")
-        do {
-            let result = try body(session, isNew)
-            try session.execute("COMMIT")
+        if try openIfNeeded() {
+            try inTransaction(session, writing: true) { try create(session) }
             // Committed is done: a marker not written now (a full disk, a power cut) is written at a later open.
-            if isNew { try? markCreated() }
+            try? markCreated()
+        }
+        return try inTransaction(session, writing: writing) { try body(session) }
+    }
+
+    private func inTransaction<R>(_ session: Session, writing: Bool, _ body: () throws -> R) throws -> R {
+        try session.execute(writing ? "BEGIN IMMEDIATE" : "BEGIN")
+        do {
+            let result = try body()
+            try session.execute("COMMIT")
             return result
         } catch {
             try? session.execute("ROLLBACK")
