@@ -103,7 +103,7 @@ let package = Package(
         // `sandboxctl bench`: throughput and lock-latency measurements, linked by the command only.
         .target(
             name: "ProtectedStoreBenchmarks",
-            dependencies: ["ProtectedStore", "ProtectedStoreDaemon"]
+            dependencies: ["ProtectedStore", "ProtectedStoreDaemon", "CSQLite"]
         ),
         // The bodies of the libFuzzer targets in Fuzz/, shared with the suite's regression test. Not for apps.
         .target(

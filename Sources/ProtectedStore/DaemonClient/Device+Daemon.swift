@@ -231,3 +231,17 @@ extension Device {
         return try link.call(request).reply.apps ?? []
     }
 }
+
+// MARK: The keychain through the daemon
+
+extension Keychain {
+    /// The keychain as the key daemon serving `device` opens it for this connection (every group, the owner's): each
+    /// call one keychain request (docs/PROTOCOL.md §7), as a launched app's are. For the benchmarks, which compare it
+    /// with `Keychain(device:)`, where this process opens the items and the daemon only unwraps their keys.
+    package convenience init(daemonOf device: Device) throws {
+        guard let link = (device.holder as? DaemonKeyHolder)?.link else {
+            throw KeychainError(.notAvailable, problem: "the device is not attached to a key daemon", remedy: "Attach with Device.attach(root:)")
+        }
+        self.init(backend: AppSocketKeychain(link: link))
+    }
+}

@@ -7,7 +7,7 @@ struct BenchCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bench",
         abstract: "Measure performance against a baseline taken in the same run.",
-        subcommands: [CryptoBench.self, LockBench.self, FreezerBench.self]
+        subcommands: [CryptoBench.self, LockBench.self, FreezerBench.self, KeychainBench.self]
     )
 }
 
@@ -150,6 +150,55 @@ struct FreezerBench: ParsableCommand {
                       + String(format: "%12.3f  %11.3f  ", row.suspendMilliseconds, row.resumeMilliseconds) + ratio)
             }
             if let reason = result.cgroupUnavailable { print("cgroup freezer not measured: \(reason)") }
+        }
+    }
+}
+
+struct KeychainBench: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "keychain",
+        abstract: "Keychain add and find, in process and through the key daemon, against plain SQLite.",
+        discussion: "For each size: a fresh device, N adds (one transaction each, synchronous = FULL) of 64-byte secrets, then random finds with the secret. In process: this process opens the items. Attached: this process opens the database, the daemon (in this process, on a real socket) unwraps each item's key. Through the daemon: each call is one keychain request, as a launched app's. The floor is the same rows in a plain SQLite table on the same disk, same journal and synchronous settings, nothing sealed. Means in µs per call."
+    )
+
+    @Option(parsing: .upToNextOption, help: ArgumentHelp("Keychain sizes to measure.", valueName: "n"))
+    var items: [Int] = [10, 10_000]
+
+    @Option(help: ArgumentHelp("Finds per size.", valueName: "n"))
+    var finds = 1_000
+
+    @Option(help: ArgumentHelp("Directory for the temporary devices (on the disk to measure).", valueName: "dir"))
+    var directory = "/var/tmp"
+
+    @Flag(help: "Print one JSON object instead of a table.")
+    var json = false
+
+    func validate() throws {
+        guard !items.isEmpty, items.allSatisfy({ $0 >= 1 && $0 <= 1_000_000 }) else { throw ValidationError("--items must be 1 to 1000000") }
+        guard finds >= 1 else { throw ValidationError("--finds must be at least 1") }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let result = try KeychainBenchmark(sizes: items, finds: finds, directory: directory).run()
+            if json {
+                try printJSON(result)
+                return
+            }
+            for size in result.sizes {
+                print("\(size.items) items, \(size.finds) finds (µs per call, × the plain SQLite floor)")
+                func row(_ name: String, _ value: Double, _ floor: Double) {
+                    print(name.padding(toLength: 36, withPad: " ", startingAt: 0) + String(format: "%10.1f µs   %6.2f ×", value, value / floor))
+                }
+                row("plain SQLite insert (floor)", size.sqliteInsertMicroseconds, size.sqliteInsertMicroseconds)
+                row("add, in process", size.inProcess.addMicroseconds, size.sqliteInsertMicroseconds)
+                row("add, attached to the daemon", size.attached.addMicroseconds, size.sqliteInsertMicroseconds)
+                row("add, through the daemon", size.throughDaemon.addMicroseconds, size.sqliteInsertMicroseconds)
+                row("plain SQLite lookup (floor)", size.sqliteLookupMicroseconds, size.sqliteLookupMicroseconds)
+                row("find, in process", size.inProcess.findMicroseconds, size.sqliteLookupMicroseconds)
+                row("find, attached to the daemon", size.attached.findMicroseconds, size.sqliteLookupMicroseconds)
+                row("find, through the daemon", size.throughDaemon.findMicroseconds, size.sqliteLookupMicroseconds)
+            }
         }
     }
 }
