@@ -54,6 +54,7 @@ extension DaemonServer {
                 defer { for index in found.indices { found[index].scrubSecret() } }
                 reply.keychainItems = found.map { KeychainItemMessage($0) }
                 guard withSecrets else { return (reply, nil) }
+                try checkFits(reply)
                 let packed = KeychainSecrets.pack(found.map { $0.secret ?? Data() })
                 guard packed.count <= Frame.maximumPayload / 2 else {
                     packed.discard()
@@ -77,14 +78,19 @@ extension DaemonServer {
             default:
                 throw malformed("\(operation.rawValue) is not a keychain request")
             }
-            // A reply too long for a frame (a listing of many items) is refused here, not by closing the connection.
-            guard (try? Frame.encode(reply)) != nil else {
-                throw KeychainError(.param, problem: "the \(reply.keychainItems?.count ?? 0) matching items do not fit one reply (\(Frame.maximumPayload / 1024) KiB)",
-                                    remedy: "Narrow the query (a service, an account)")
-            }
+            try checkFits(reply)
             return (reply, nil)
         } catch {
             return (.failure(id: request.id, KeychainError(error, path: nil).withoutPath), nil)
+        }
+    }
+
+    /// A reply too long for a frame (many matches) is refused here, not by closing the connection.
+    private static func checkFits(_ reply: DaemonReply) throws {
+        // Half the frame is kept for a search's secrets.
+        guard let encoded = try? Frame.encode(reply), encoded.count <= Frame.maximumPayload / 2 else {
+            throw KeychainError(.param, problem: "the \(reply.keychainItems?.count ?? 0) matching items do not fit one reply (\(Frame.maximumPayload / 2048) KiB of attributes)",
+                                remedy: "Narrow the query (a service, an account)")
         }
     }
 
@@ -94,6 +100,6 @@ extension DaemonServer {
 }
 
 private extension KeychainError {
-    /// As sent to a client: the daemon's own paths stay in its log.
+    /// As sent to a client: the daemon's own paths are not an app's business.
     var withoutPath: KeychainError { KeychainError(code, problem: problem, remedy: remedy) }
 }

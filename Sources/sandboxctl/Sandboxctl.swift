@@ -23,14 +23,14 @@ struct Sandboxctl: AsyncParsableCommand {
 
             Exit status:
               0   success
-              1   other failure (I/O, missing files)
-              64  usage error (bad option, bad argument)
+              1   other failure (I/O, missing files; errSecItemNotFound, errSecDuplicateItem)
+              64  usage error (bad option, bad argument; errSecParam)
               65  integrity error (authentication failed, corrupt or unsupported data; a device in format
-                  version 1, which `sandboxctl migrate` converts)
+                  version 1, which `sandboxctl migrate` converts; errSecDecode)
               69  no key daemon serves the device (lock, unlock, watch, mount, launch, ps,
                   suspend, resume), or it stopped
-              77  denied by data protection (locked, before first unlock, wrong passcode) or by the Inbox's
-                  read-and-delete rule
+              77  denied by data protection (locked, before first unlock, wrong passcode; errSecInteractionNotAllowed),
+                  by the Inbox's read-and-delete rule, or by an app's keychain groups (errSecMissingEntitlement)
             """,
         version: sandboxctlVersion,
         subcommands: [InitCommand.self, DaemonCommand.self, UnlockCommand.self, LockCommand.self, WatchCommand.self,

@@ -47,6 +47,34 @@ struct KeychainProcessTests {
         #expect(try keychain(["delete", Self.bundle]).status == 64, "delete without a selector or --all is refused")
     }
 
+    @Test("the README's keychain walk-through runs as printed")
+    func readmeWalkthrough() throws {
+        let readme = try String(contentsOfFile: #filePath.components(separatedBy: "/Tests/")[0] + "/README.md", encoding: .utf8)
+        let lines = readme.components(separatedBy: "\n")
+        let first = try #require(lines.firstIndex { $0.hasPrefix("printf 'tok-123' | sandboxctl keychain add") })
+        let last = try #require(lines[first...].firstIndex { $0.hasPrefix("sandboxctl keychain delete") })
+        let test = try TestDevice()
+        let daemon = try DaemonProcess(test, grace: 0)
+        defer { _ = daemon }
+        try MountedDevice.unlock(test)
+        // The passcode the README's `sandboxctl unlock` asks for on the terminal comes from standard input here.
+        let script = lines[first...last].joined(separator: "\n")
+            .replacingOccurrences(of: "\nsandboxctl unlock\n", with: "\nsandboxctl unlock --passcode-stdin <<< '\(TestDevice.passcode)'\n")
+        let bin = SpawnedProcess.builtExecutable("sandboxctl").deletingLastPathComponent().path
+        let result = try CLI.run(executable: URL(fileURLWithPath: "/bin/bash"), ["-c", """
+            set -e; export PATH='\(bin)':"$PATH" SANDBOXCTL_ROOT='\(test.root)' SANDBOXCTL_DEVICE_SECRET='\(test.secretPath)'
+            \(script)
+            """])
+        #expect(result.status == 0, "\(result.stderr)")
+        for expected in ["api.example.com  alice  when-unlocked\n", "api.example.com  alice-refresh  after-first-unlock\n", "exit 77\n", "refresh-456\n", "tok-123\n",
+                         "\"secret\" : \"tok-124\""] {
+            #expect(result.stdout.contains(expected), "\(expected) missing from: \(result.stdout)")
+        }
+        #expect(result.stderr.contains("errSecInteractionNotAllowed (-25308)"), "\(result.stderr)")
+        let after = try sandboxctl(test, ["keychain", "list", "com.example.notes"])
+        #expect(after.status == 0 && after.stdout.isEmpty, "the walk-through's delete removed both items: \(after)")
+    }
+
     @Test("in embedded mode (no daemon) the command asks for the passcode before first unlock and takes it from standard input")
     func commandEmbedded() throws {
         let test = try TestDevice()

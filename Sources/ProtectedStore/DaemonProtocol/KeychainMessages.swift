@@ -34,7 +34,8 @@ package struct KeychainItemMessage: Codable, Sendable, Equatable {
 
     /// The item, without a secret; nil if a field is not one this build knows.
     package func item() -> KeychainItem? {
-        guard let itemClass = KeychainItemClass(rawValue: itemClass), let accessible = KeychainAccessibility(rawValue: accessible) else { return nil }
+        guard let itemClass = KeychainItemClass(rawValue: itemClass), let accessible = KeychainAccessibility(rawValue: accessible),
+              validBase64(generic), validBase64(persistentReference) else { return nil }
         var item = KeychainItem(itemClass: itemClass, service: service, account: account, server: server, protocol: `protocol`, port: port, path: path,
                                 label: label, generic: generic.flatMap { Data(base64Encoded: $0) }, accessGroup: accessGroup, accessible: accessible)
         item.creationDate = created.map(Date.init(timeIntervalSince1970:))
@@ -69,7 +70,8 @@ package struct KeychainQueryMessage: Codable, Sendable, Equatable {
     }
 
     package func query() -> KeychainQuery? {
-        guard let itemClass = KeychainItemClass(rawValue: itemClass) else { return nil }
+        // A reference that does not decode must not widen the query to every item.
+        guard let itemClass = KeychainItemClass(rawValue: itemClass), validBase64(persistentReference) else { return nil }
         var accessibility: KeychainAccessibility?
         if let accessible {
             guard let known = KeychainAccessibility(rawValue: accessible) else { return nil }
@@ -102,6 +104,7 @@ package struct KeychainChangesMessage: Codable, Sendable, Equatable {
     }
 
     package func changes(secret: Data?) -> KeychainChanges? {
+        guard validBase64(generic) else { return nil }
         var accessibility: KeychainAccessibility?
         if let accessible {
             guard let known = KeychainAccessibility(rawValue: accessible) else { return nil }
@@ -111,6 +114,9 @@ package struct KeychainChangesMessage: Codable, Sendable, Equatable {
                                generic: generic.flatMap { Data(base64Encoded: $0) }, accessGroup: accessGroup, accessible: accessibility, secret: secret)
     }
 }
+
+/// Whether an optional base64 field is absent or decodes.
+private func validBase64(_ text: String?) -> Bool { text.map { Data(base64Encoded: $0) != nil } ?? true }
 
 /// Secrets as one attachment: each a 4-byte little-endian length and its bytes.
 package enum KeychainSecrets {

@@ -59,7 +59,8 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
     package func items(matching query: KeychainQuery, includingSecrets: Bool) throws -> [KeychainItem] {
         try validate(query)
         return try transaction(writing: false) { session, keys, _ in
-            let found = try candidates(query, session: session, keys: keys, stopAtFirst: query.limit == .one)
+            var found = try candidates(query, session: session, keys: keys, stopAtFirst: query.limit == .one)
+            defer { found.scrubSecrets() }
             if !found.matches.isEmpty && (query.limit == .one || found.unavailable == nil) {
                 let matches = query.limit == .one ? Array(found.matches.prefix(1)) : found.matches
                 return matches.map { includingSecrets ? $0.item : $0.item.withoutSecret }
@@ -77,7 +78,8 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
             throw KeychainError(.param, problem: "the update changes no attribute", remedy: "Give at least one attribute to change (attributesToUpdate)")
         }
         try transaction(writing: true) { session, keys, digest in
-            let found = try candidates(query, session: session, keys: keys, stopAtFirst: false)
+            var found = try candidates(query, session: session, keys: keys, stopAtFirst: false)
+            defer { found.scrubSecrets() }
             guard found.unavailable == nil, !found.matches.isEmpty else { return try throwUnlessFound(found, query: query, session: session, keys: keys) }
             let now = Date()
             for match in found.matches {
@@ -104,7 +106,8 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
     package func delete(matching query: KeychainQuery) throws {
         try validate(query)
         try transaction(writing: true) { session, keys, digest in
-            let found = try candidates(query, session: session, keys: keys, stopAtFirst: false)
+            var found = try candidates(query, session: session, keys: keys, stopAtFirst: false)
+            defer { found.scrubSecrets() }
             guard found.unavailable == nil, !found.matches.isEmpty else { return try throwUnlessFound(found, query: query, session: session, keys: keys) }
             for match in found.matches {
                 try session.delete(reference: match.row.reference)
@@ -118,7 +121,8 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
     package func list(matching query: KeychainQuery) throws -> (items: [KeychainItem], unavailable: Int) {
         try validate(query)
         return try transaction(writing: false) { session, keys, _ in
-            let found = try candidates(query, session: session, keys: keys, stopAtFirst: false)
+            var found = try candidates(query, session: session, keys: keys, stopAtFirst: false)
+            defer { found.scrubSecrets() }
             if found.matches.isEmpty && found.unavailable == nil { try checkRowCount(session, keys: keys) }
             return (found.matches.map(\.item.withoutSecret), found.unavailableCount)
         }
@@ -128,7 +132,7 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
 
     private struct Match {
         let row: StoredRow
-        let item: KeychainItem
+        var item: KeychainItem
     }
 
     private struct Candidates {
@@ -136,6 +140,11 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
         /// The first candidate whose class key was unavailable, and how many there were.
         var unavailable: KeychainError?
         var unavailableCount = 0
+
+        /// Zeroes the opened secrets no caller holds (a copy returned keeps its bytes), so none lingers in freed memory.
+        mutating func scrubSecrets() {
+            for index in matches.indices { matches[index].item.scrubSecret() }
+        }
     }
 
     /// The rows the query's clear tags select, opened and matched on every attribute. A row whose class key is
@@ -164,8 +173,12 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
         var found = Candidates()
         for row in try session.items(where: conditions.joined(separator: " AND "), bindings) {
             do {
-                let item = try open(row, keys: keys)
-                if query.matches(item) { found.matches.append(Match(row: row, item: item)) }
+                var item = try open(row, keys: keys)
+                if query.matches(item) {
+                    found.matches.append(Match(row: row, item: item))
+                } else {
+                    item.scrubSecret()
+                }
             } catch let error as KeychainError where error.code == .interactionNotAllowed {
                 found.unavailable = found.unavailable ?? error
                 found.unavailableCount += 1
@@ -300,10 +313,12 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
                 try checkFirstUnlock()
                 return try database.transaction(writing: writing, create: createDatabase) { session in
                     let keys = try currentKeys(session: session)
-                    var digest = try Digest(session: session, keys: keys)
+                    // A read changes no row, so it needs the digest only to tell a miss from a removed row
+                    // (`checkRowCount` reads it then).
+                    var digest = writing ? try Digest(session: session, keys: keys) : Digest()
                     let before = digest
                     let result = try body(session, keys, &digest)
-                    if digest != before { try digest.store(in: session, keys: keys) }
+                    if writing && digest != before { try digest.store(in: session, keys: keys) }
                     return result
                 }
             } catch let error as KeychainError {
