@@ -140,3 +140,23 @@ struct TestApplicationTests {
         #expect(log.events.last == "willTerminate active")
     }
 }
+
+@Test("a test app's keychain is its bundle identifier's group on the device's keys, under the lock")
+func testApplicationKeychain() async throws {
+    let device = try TestDevice()
+    let app = TestApplication(device)
+    let keychain = try app.application.keychain
+    let added = try keychain.add(.genericPassword(service: "api", account: "me", secret: Data("token".utf8)))
+    #expect(added.accessGroup == TestDevice.defaultBundleIdentifier)
+    #expect(try device.keychain.secret(matching: .genericPassword(service: "api")) == Data("token".utf8), "the device's view of the app is the same item")
+    await device.lock()
+    #expect(throws: KeychainError.self) { _ = try keychain.secret(matching: .genericPassword(service: "api")) }
+    do {
+        _ = try keychain.secret(matching: .genericPassword(service: "api"))
+    } catch let error as KeychainError {
+        #expect(error.code == .interactionNotAllowed && error.status == -25308)
+    }
+    try await device.unlock()
+    #expect(try keychain.secret(matching: .genericPassword(service: "api")) == Data("token".utf8))
+    #expect(throws: KeychainError.self) { try keychain.add(.genericPassword(service: "api", account: "x", secret: Data(), accessGroup: "com.example.other")) }
+}
