@@ -48,8 +48,15 @@ public enum FuzzHarness {
                 precondition(decoded.consumed > 0 && decoded.consumed <= buffer.count - offset, "the decoder consumed \(decoded.consumed) bytes")
                 offset += decoded.consumed
                 let message = Data(decoded.frame.message)
-                if let request = try? JSONDecoder().decode(DaemonRequest.self, from: message) { _ = request.operation }
-                _ = try? JSONDecoder().decode(DaemonReply.self, from: message)
+                if let request = try? JSONDecoder().decode(DaemonRequest.self, from: message) {
+                    _ = request.operation
+                    // The keychain requests' fields, as the daemon reads them (PROTOCOL.md §7).
+                    _ = request.keychainItem?.item()
+                    _ = request.keychainQuery?.query()
+                    _ = request.keychainChanges?.changes(secret: nil)
+                }
+                if let reply = try? JSONDecoder().decode(DaemonReply.self, from: message) { _ = reply.keychainItems?.map { $0.item() } }
+                _ = try? KeychainSecrets.unpack(decoded.frame.attachment)
                 decoded.frame.attachment?.discard()
             }
         }
