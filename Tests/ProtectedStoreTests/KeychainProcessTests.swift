@@ -159,5 +159,11 @@ struct KeychainProcessTests {
         #expect(run("\(keychain) find \(Self.bundle) --service token; echo").output == ["mine"])
         shell.send("exit 0\n")
         #expect(shell.waitForExit(timeout: 30) == 0)
+
+        // Nor can a launch show the device's folder, where the keychain's database is, read-only.
+        for path in [test.root, (test.root as NSString).deletingLastPathComponent, Keychain.folder(root: test.root)] {
+            let refused = try CLI.run(["launch", Self.bundle, "--root", test.root, "--device-secret", test.secretPath, "--read-only", path, "--", "/bin/true"])
+            #expect(refused.status == 64 && refused.stderr.contains("device's folder"), "\(path): \(refused)")
+        }
     }
 }

@@ -52,7 +52,7 @@ struct LaunchCommand: ParsableCommand {
     @Flag(help: "Let the program use the network (by default it has none: only its own loopback).")
     var shareNetwork = false
 
-    @Option(name: .customLong("read-only"), help: ArgumentHelp("Also show this host path inside, read-only, at the same place (a toolchain, the program's own folder; repeatable).", valueName: "path"))
+    @Option(name: .customLong("read-only"), help: ArgumentHelp("Also show this host path inside, read-only, at the same place (a toolchain, the program's own folder; repeatable). Never the device's folder, a folder holding it or anything in it.", valueName: "path"))
     var readOnlyPaths: [String] = []
 
     @Option(help: ArgumentHelp("Seconds between SIGTERM and SIGKILL when the program is ended.", valueName: "seconds"))
@@ -92,6 +92,20 @@ struct LaunchCommand: ParsableCommand {
         guard keychainGroups.count <= 32 else { throw ValidationError("--keychain-group: at most 32 groups.") }
     }
 
+    /// A read-only path may not show the device's folder (its keybag, other apps' containers, the keychain's
+    /// database): not the folder, nothing in it, nothing holding it.
+    static func checkReadOnlyPaths(_ paths: [String], keepClearOf root: String) throws {
+        let device = URL(fileURLWithPath: root).resolvingSymlinksInPath().path
+        for path in paths {
+            let shown = URL(fileURLWithPath: path).resolvingSymlinksInPath().path
+            let overlaps = shown == device || device.hasPrefix(shown == "/" ? "/" : shown + "/") || shown.hasPrefix(device + "/")
+            guard !overlaps else {
+                throw ProtectedStoreError(.invalidArgument, path: path, problem: "--read-only would show the device's folder \(root) inside the sandbox",
+                                          remedy: "Give a path that neither holds nor lies in the device's folder")
+            }
+        }
+    }
+
     func run() throws {
         // The program's standard error is the terminal's too: only the mount's errors join it.
         MountCommand.bootstrapLogging(level: .warning)
@@ -101,6 +115,7 @@ struct LaunchCommand: ParsableCommand {
             let bubblewrap = try Sandbox.findBubblewrap()
             try Sandbox.checkUserNamespaces()
             let root = device.resolvedRoot
+            try Self.checkReadOnlyPaths(readOnlyPaths, keepClearOf: root)
             let attached = try device.attach()
             let container = try attached.container(bundleIdentifier: bundleIdentifier)
             let slot = try LaunchSlot.claim(bundleIdentifier, root: root)
