@@ -24,8 +24,9 @@ struct LaunchCommand: ParsableCommand {
 
             SANDBOXCTL_APP_SOCKET is the app's own socket to the daemon, which serves its events only: protected data, \
             its lifecycle (`sandboxctl suspend`, `resume`, `terminate`) and its Inbox items (the ones pending at launch \
-            first, each recorded delivered once the app handled it). The library's Application and `sandboxctl watch` \
-            run inside attach through it; it refuses lock, unlock and everything else about the device.
+            first, each recorded delivered once the app handled it); and its keychain, for its bundle identifier's \
+            access group and those of --keychain-group only. The library's Application, `sandboxctl watch` and \
+            `sandboxctl keychain` run inside attach through it; it refuses lock, unlock and everything else about the device.
 
             Needs a running `sandboxctl daemon` (exit 69 without) and bubblewrap (apt-get install bubblewrap). One \
             instance per bundle: a second launch is refused with the running one's pid. The command stays in the \
