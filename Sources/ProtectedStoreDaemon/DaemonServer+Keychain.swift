@@ -4,7 +4,16 @@ import ProtectedStore
 // The keychain requests (docs/PROTOCOL.md §7): an app's connection is answered for its own access groups, the
 // owner's for every group. Each runs on `keychainCalls`, off the loop, and replies through it.
 extension DaemonServer {
+    /// Keychain requests one connection may have in flight: the queue is shared, so one program's flood waits on
+    /// itself, not on every other program's keychain.
+    static let maximumKeychainCallsPerConnection = 8
+
     func handleKeychain(_ operation: DaemonRequest.Operation, _ request: DaemonRequest, attachment: SecureBytes?, on connection: Connection) {
+        guard connection.keychainCallsPending < Self.maximumKeychainCallsPerConnection else {
+            attachment?.discard()
+            return send(.failure(id: request.id, KeychainError(.notAvailable, problem: "\(Self.maximumKeychainCallsPerConnection) keychain requests of this connection are waiting for their replies",
+                                                               remedy: "Wait for a reply before sending more")), to: connection)
+        }
         let store: KeychainStore
         do {
             if let bundle = connection.appBundle {
@@ -21,13 +30,17 @@ extension DaemonServer {
             return send(.failure(id: request.id, KeychainError(error, path: nil)), to: connection)
         }
         let connectionID = connection.id
+        connection.keychainCallsPending += 1
         keychainCalls.async { [self] in
             let (reply, secrets) = Self.answer(operation, request, attachment: attachment, store: store)
             attachment?.discard()
-            _ = execute {
+            let posted = execute {
+                self.connections[connectionID]?.keychainCallsPending -= 1
                 self.send(reply, attachment: secrets, toConnection: connectionID)
                 secrets?.discard()
             }
+            // The loop has stopped: nobody will send it.
+            if !posted { secrets?.discard() }
         }
     }
 

@@ -101,7 +101,9 @@ final class DaemonServer: @unchecked Sendable {
         }
 
         /// Holds nothing open for anyone: not subscribed, no passcode operation or lock waiting for its reply, nothing to send.
-        var isIdle: Bool { !subscribed && !passcodeOperationRunning && locksPending == 0 && output.count == 0 && !closing }
+        /// Keychain requests sent off the loop and not answered yet.
+        var keychainCallsPending = 0
+        var isIdle: Bool { !subscribed && !passcodeOperationRunning && locksPending == 0 && keychainCallsPending == 0 && output.count == 0 && !closing }
     }
 
     init(device: Device, listener: Int32, socketPath: String, allowedUIDs: Set<uid_t>, gracePeriod: TimeInterval, limits: ConnectionLimits,
