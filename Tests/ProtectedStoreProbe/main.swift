@@ -9,6 +9,28 @@ import Foundation
 import ProtectedStore
 
 let arguments = CommandLine.arguments
+
+// `ProtectedStoreProbe keychain-worker ROOT WORKER ROUNDS`: attaches to the daemon and, ROUNDS times, replaces the
+// secret of the shared item (service "shared") with one of its own and adds an item of its own (service "mine");
+// exits 0 when every call succeeded, else prints the failure and exits 1.
+if arguments.count == 5, arguments[1] == "keychain-worker", let rounds = Int(arguments[4]) {
+    let (root, worker) = (arguments[2], arguments[3])
+    do {
+        let device = try Device.attach(root: root, notificationCenter: NotificationCenter())
+        let keychain = try Keychain(device: device)
+        let padding = String(repeating: "p", count: 3000)
+        for round in 1...rounds {
+            try keychain.update(matching: .genericPassword(service: "shared", accessGroup: "com.example.keychain"),
+                                with: KeychainChanges(secret: Data("w\(worker)-\(round)-\(padding)".utf8)))
+            try keychain.add(.genericPassword(service: "mine", account: "w\(worker)-\(round)", secret: Data("x".utf8), accessGroup: "com.example.keychain"))
+        }
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("worker \(worker): \(error)\n".utf8))
+        exit(1)
+    }
+}
+
 guard arguments.count == 4 else {
     FileHandle.standardError.write(Data("usage: ProtectedStoreProbe ROOT BUNDLE PATH\n".utf8))
     exit(64)

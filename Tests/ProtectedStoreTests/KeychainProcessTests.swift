@@ -85,7 +85,7 @@ struct KeychainProcessTests {
         #expect(try sandboxctl(test, ["keychain", "find", Self.bundle, "--service", "s", "--passcode-stdin"], stdin: TestDevice.passcode + "\n").stdout == "the secret")
     }
 
-    @Test("eight processes updating one item and adding their own at once: no update lost or torn, every add kept, the store intact")
+    @Test("eight processes updating one item and adding their own at once, through one database: no update lost or torn, every add kept, the store intact")
     func eightProcesses() throws {
         let test = try TestDevice()
         let daemon = try DaemonProcess(test, grace: 0)
@@ -93,16 +93,10 @@ struct KeychainProcessTests {
         try MountedDevice.unlock(test)
         let padding = String(repeating: "p", count: 3000)
         #expect(try sandboxctl(test, ["keychain", "add", Self.bundle, "--service", "shared", "--account", "one"], stdin: "start").status == 0)
-        let rounds = runsUnderSanitizer ? 3 : 8
-        let tool = CLI.executable.path
-        let environment = ["SANDBOXCTL_ROOT": test.root, "SANDBOXCTL_DEVICE_SECRET": test.secretPath]
+        let rounds = runsUnderSanitizer ? 10 : 40
+        // Eight processes of the owner, each with its own connection to the database and to the daemon.
         let workers = try (0..<8).map { worker in
-            try SpawnedProcess(URL(fileURLWithPath: "/bin/sh"), ["-c", """
-                for round in $(seq 1 \(rounds)); do
-                  printf 'w\(worker)-%s-\(padding)' "$round" | '\(tool)' keychain update \(Self.bundle) --service shared --account one --secret || exit 1
-                  printf x | '\(tool)' keychain add \(Self.bundle) --service mine --account "w\(worker)-$round" >/dev/null || exit 2
-                done
-                """], environment: environment)
+            try SpawnedProcess(SpawnedProcess.builtExecutable("ProtectedStoreProbe"), ["keychain-worker", test.root, "\(worker)", "\(rounds)"])
         }
         for (index, worker) in workers.enumerated() {
             #expect(worker.waitForExit(timeout: 300) == 0, "worker \(index): \(worker.standardError)")
