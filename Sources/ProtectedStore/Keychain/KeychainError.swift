@@ -44,6 +44,7 @@ public struct KeychainError: Error, Sendable, Equatable, CustomStringConvertible
         }
     }
 
+    /// Which failure it is; its raw value is the `OSStatus`.
     public let code: Code
     /// What went wrong, in one sentence without a trailing period.
     public let problem: String

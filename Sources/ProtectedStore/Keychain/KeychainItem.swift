@@ -93,16 +93,25 @@ public struct KeychainQuery: Sendable, Equatable {
         case all
     }
 
+    /// `kSecClass`: the one class searched.
     public var itemClass: KeychainItemClass
+    /// `kSecAttrService`, matched exactly when given.
     public var service: String?
+    /// `kSecAttrAccount`, matched exactly when given.
     public var account: String?
+    /// `kSecAttrServer`, matched exactly when given.
     public var server: String?
+    /// `kSecAttrProtocol`, matched exactly when given.
     public var `protocol`: String?
+    /// `kSecAttrPort`, matched exactly when given.
     public var port: Int?
+    /// `kSecAttrPath`, matched exactly when given.
     public var path: String?
+    /// `kSecAttrLabel`, matched exactly when given.
     public var label: String?
     /// Only items of this group; nil for every group the caller is entitled to.
     public var accessGroup: String?
+    /// `kSecAttrAccessible`: only items of this accessibility.
     public var accessible: KeychainAccessibility?
     /// `kSecValuePersistentRef`: the one item it names.
     public var persistentReference: Data?
@@ -146,13 +155,21 @@ public struct KeychainQuery: Sendable, Equatable {
 /// What an update changes (`SecItemUpdate`'s attributes to update): each attribute given replaces the item's; those
 /// left nil stay. The class, dates and persistent reference are the keychain's.
 public struct KeychainChanges: Sendable, Equatable {
+    /// The new `kSecAttrService`.
     public var service: String?
+    /// The new `kSecAttrAccount`.
     public var account: String?
+    /// The new `kSecAttrServer`.
     public var server: String?
+    /// The new `kSecAttrProtocol`.
     public var `protocol`: String?
+    /// The new `kSecAttrPort`.
     public var port: Int?
+    /// The new `kSecAttrPath`.
     public var path: String?
+    /// The new `kSecAttrLabel`.
     public var label: String?
+    /// The new `kSecAttrGeneric`.
     public var generic: Data?
     /// Moves the item to another of the caller's groups.
     public var accessGroup: String?
