@@ -105,7 +105,8 @@ struct CLITests {
     func demo() throws {
         let result = try CLI.run(["demo"])
         #expect(result.status == 0, "\(result.stderr)")
-        #expect(result.stdout.contains("plaintext present on disk: no"))
+        #expect(result.stdout.contains("plaintext present on disk (files, keychain secrets and attributes): no"))
+        #expect(result.stdout.contains("read the session token:                     denied — errSecInteractionNotAllowed (-25308)"), "the keychain's class A item while locked")
         #expect(result.stdout.contains("denied — CocoaError.fileReadNoPermission, EPERM"))
         #expect(!result.stdout.contains("expected"), "every class behaved as the reference table says")
         #expect(result.stdout.contains("1. async stream  willBecomeUnavailable") || result.stdout.contains("1. delegate") || result.stdout.contains("1. notification"))

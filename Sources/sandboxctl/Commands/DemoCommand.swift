@@ -6,7 +6,7 @@ struct DemoCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "demo",
         abstract: "Tell the whole lock/unlock story in a throwaway device (what `make demo` runs).",
-        discussion: "Creates a device and an app container in a temporary directory, writes one file per protection class, observes the events in all three forms, locks, shows per class what works and what is denied, creates a class B file and receives an Inbox delivery while locked, unlocks (the delivery's open-URL event follows), reboots, and removes everything it made."
+        discussion: "Creates a device and an app container in a temporary directory, writes one file per protection class, observes the events in all three forms, keeps two keychain items (class A and class C), locks, shows per class what works and what is denied (the keychain's too), creates a class B file and receives an Inbox delivery while locked, unlocks (the delivery's open-URL event follows), reboots, and removes everything it made."
     )
 
     func run() async throws {
@@ -52,6 +52,12 @@ struct DemoCommand: AsyncParsableCommand {
             let openA = try container.fileHandle(forReadingAtPath: Self.path(.complete))
             let openB = try container.fileHandle(forReadingAtPath: Self.path(.completeUnlessOpen))
             print("   holding open handles on the class A and class B files")
+            let keychain = try Keychain(device: device, accessGroups: .only([container.bundleIdentifier]))
+            let token = KeychainQuery.genericPassword(service: "api.example.com", account: "session")
+            let refresh = KeychainQuery.genericPassword(service: "api.example.com", account: "refresh")
+            try keychain.add(.genericPassword(service: "api.example.com", account: "session", secret: Data("token-1".utf8)))
+            try keychain.add(.genericPassword(service: "api.example.com", account: "refresh", secret: Data("refresh-1".utf8), accessible: .afterFirstUnlock))
+            print("   keychain: a session token (when-unlocked, class A) and a refresh token (after-first-unlock, class C)")
 
             print(style.heading("4. No plaintext on disk"))
             var leaked = false
@@ -59,7 +65,10 @@ struct DemoCommand: AsyncParsableCommand {
                 let raw = try Data(contentsOf: URL(fileURLWithPath: try container.storedPath(Self.path(protectionClass))))
                 leaked = leaked || raw.range(of: Data("vault code".utf8)) != nil
             }
-            print("   plaintext present on disk: " + (leaked ? style.bad("YES") : style.good("no")))
+            let keychainDatabase = (Keychain.folder(root: root) as NSString).appendingPathComponent("keychain.sqlite")
+            let keychainBytes = try Data(contentsOf: URL(fileURLWithPath: keychainDatabase))
+            leaked = leaked || ["token-1", "refresh-1", "api.example.com", "session"].contains { keychainBytes.range(of: Data($0.utf8)) != nil }
+            print("   plaintext present on disk (files, keychain secrets and attributes): " + (leaked ? style.bad("YES") : style.good("no")))
             if leaked { problems.append("plaintext found on disk") }
             let storedPaths = FileManager.default.subpaths(atPath: container.dataPath) ?? []
             let namesLeaked = storedPaths.contains { $0.contains("Documents") || $0.contains("class-") }
@@ -93,6 +102,10 @@ struct DemoCommand: AsyncParsableCommand {
                 }
             }
 
+            print("   keychain")
+            problems += check("read the session token:", expect: false, style: style) { _ = try keychain.secret(matching: token) }
+            problems += check("read the refresh token:", expect: true, style: style) { _ = try keychain.secret(matching: refresh) }
+
             print(style.heading("6. While locked: a class B file, and a delivery to the Inbox"))
             try container.write(Data("Package delivered at the door.".utf8), toPath: "Documents/arrived-while-locked.txt", options: .completeFileProtectionUnlessOpen)
             print("   created Documents/arrived-while-locked.txt with class B's public key")
@@ -114,6 +127,7 @@ struct DemoCommand: AsyncParsableCommand {
             for path in options.map({ Self.path($0.0) }) + ["Documents/arrived-while-locked.txt"] {
                 problems += check("read \(path):", expect: true, style: style) { _ = try container.contents(atPath: path) }
             }
+            problems += check("read the session token:", expect: true, style: style) { _ = try keychain.secret(matching: token) }
             try? openA.close()
             try? openB.close()
             for _ in 0..<200 where !log.lines.contains(where: { $0.contains("open URL") }) { try await Task.sleep(nanoseconds: 10_000_000) }
@@ -141,6 +155,9 @@ struct DemoCommand: AsyncParsableCommand {
                 }
             }
 
+            let keychainAfterBoot = try Keychain(device: rebooted, accessGroups: .only([container.bundleIdentifier]))
+            problems += check("keychain, refresh token:", expect: false, style: style) { _ = try keychainAfterBoot.secret(matching: refresh) }
+
             print(style.heading("10. Clean up"))
             print("   removed \(workspace)")
             if !problems.isEmpty {
@@ -163,6 +180,9 @@ struct DemoCommand: AsyncParsableCommand {
             let posix = error.isProtectedDataUnavailable ? "EPERM" : "EACCES"
             let reason = "\(error.code == .fileReadNoPermission ? "CocoaError.fileReadNoPermission" : "CocoaError.fileWriteNoPermission"), \(posix): \(error.protectedStoreError!.problem)"
             print(padded + (allowed ? style.bad("DENIED (expected ok)") : style.good("denied")) + style.dim(" — \(reason)"))
+            return allowed ? ["\(label) denied"] : []
+        } catch let error as KeychainError where error.code == .interactionNotAllowed {
+            print(padded + (allowed ? style.bad("DENIED (expected ok)") : style.good("denied")) + style.dim(" — \(error.statusName)"))
             return allowed ? ["\(label) denied"] : []
         } catch {
             print(padded + style.bad("failed: \(error)"))
