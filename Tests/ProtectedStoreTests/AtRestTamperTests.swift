@@ -307,6 +307,6 @@ struct AtRestTamperMountTests {
         #expect(listed.stderr.contains("Input/output error"), "\(listed.stderr)")
         let inside = try CLI.run(executable: URL(fileURLWithPath: "/bin/ls"), [mounted.path("Documents/folder")])
         #expect(inside.status != 0 && inside.stderr.contains("Input/output error"), "\(inside.stderr)")
-        #expect(mounted.log.contains("planted-by-hand"), "the mount's log names the damaged entry")
+        #expect(eventually { mounted.log.contains("planted-by-hand") }, "the mount's log names the damaged entry")
     }
 }

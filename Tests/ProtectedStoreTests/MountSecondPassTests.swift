@@ -162,7 +162,7 @@ extension MountTests {
         #expect(setxattr(stored, SealedAttributes.storedName, damaged, damaged.count, 0) == 0)
         #expect(posixError(Int(getxattr(file, "user.colour", nil, 0))) == EIO)
         #expect(posixError(Int(listxattr(file, nil, 0))) == EIO)
-        #expect(mounted.log.contains("do not decrypt"), "\(mounted.log)")
+        #expect(eventually { mounted.log.contains("do not decrypt") }, "\(mounted.log)")
         withExtendedLifetime(documents) {}
     }
 
