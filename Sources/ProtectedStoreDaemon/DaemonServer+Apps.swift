@@ -139,6 +139,11 @@ extension DaemonServer {
             logger.info("\(bundle): \(ending ? "interruption ended, did-become-active" : "interrupted, will-resign-active")")
             post(ending ? .didBecomeActive : .willResignActive, to: app)
             reply(nil)
+        case .appMemoryWarning:
+            // A suspended app is frozen: it hears nothing (under lasting pressure iOS ends it instead).
+            guard app.lifecycle.state != .suspended, !app.lifecycle.ending else { return reply(nil) }
+            logger.info("\(bundle): did-receive-memory-warning")
+            sendLifecycle(.didReceiveMemoryWarning, to: app, timeout: timeout) { _, _ in reply(nil) }
         case .appTerminate:
             guard !app.lifecycle.ending else { return reply(nil) }
             // A suspended app can't run to handle it: iOS ends suspended apps without notice, never thawed.

@@ -484,7 +484,7 @@ final class DaemonServer: @unchecked Sendable {
             if let handled, handled.isAppEvent { appEventAcknowledged(handled, by: connection.id, accepted: request.accepted ?? true) }
         case .keychainAdd, .keychainFind, .keychainUpdate, .keychainDelete, .keychainList:
             handleKeychain(operation, request, attachment: frame.attachment, on: connection)
-        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL, .appInterrupt, .appTaskBegin, .appTaskEnd:
+        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL, .appInterrupt, .appTaskBegin, .appTaskEnd, .appMemoryWarning:
             handleApp(operation, request, on: connection)
         case .lock:
             let grace = request.grace ?? device.gracePeriod

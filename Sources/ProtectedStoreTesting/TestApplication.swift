@@ -83,6 +83,11 @@ public final class TestApplication: @unchecked Sendable {
     /// The system ends the app (memory pressure, a reboot): no notice, whatever its state. State saved at *did enter
     /// background* is what a next launch finds.
     public func endBySystem() { transport.end() }
+
+    /// As `sandboxctl memory-warning`: *did receive memory warning* to a running app, returning once its observers
+    /// have handled it (within `timeout`); false, and nothing sent, for a suspended or ended app.
+    @discardableResult
+    public func memoryWarning(timeout: TimeInterval = 5) -> Bool { transport.memoryWarning(timeout: timeout) }
 }
 
 /// The daemon's part, in-process: one subscriber in a `SubscriberRegistry`, events as notices to the `Application`,
@@ -215,6 +220,12 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
         condition.withLock { _ = lifecycle.finishLaunching() }
         _ = send(.lifecycle(.didBecomeActive), timeout: launchTimeout)
         return accepted
+    }
+
+    func memoryWarning(timeout: TimeInterval) -> Bool {
+        let running = condition.withLock { lifecycle.state != .suspended && !lifecycle.ending }
+        if running { _ = send(.lifecycle(.didReceiveMemoryWarning), timeout: timeout) }
+        return running
     }
 
     func interrupt(ending: Bool) {

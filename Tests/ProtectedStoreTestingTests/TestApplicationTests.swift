@@ -160,3 +160,33 @@ func testApplicationKeychain() async throws {
     #expect(try keychain.secret(matching: .genericPassword(service: "api")) == Data("token".utf8))
     #expect(throws: KeychainError.self) { try keychain.add(.genericPassword(service: "api", account: "x", secret: Data(), accessGroup: "com.example.other")) }
 }
+
+/// Frees its cache on a memory warning, as UIKit apps are asked to.
+private final class CacheOwner: ApplicationDelegate, @unchecked Sendable {
+    private let mutex = NSLock()
+    private var cached: [String] = ["thumbnail"]
+    private var notified = 0
+    var cache: [String] { mutex.withLock { cached } }
+    var notifications: Int { mutex.withLock { notified } }
+    func noteNotification() { mutex.withLock { notified += 1 } }
+    func applicationDidReceiveMemoryWarning(_ application: Application) { mutex.withLock { cached.removeAll() } }
+}
+
+@Test("memoryWarning(): the delegate, the notification and the stream hear it while running; a suspended app hears nothing")
+func testApplicationMemoryWarning() throws {
+    let device = try TestDevice()
+    let app = TestApplication(device)
+    let owner = CacheOwner()
+    try app.application.addDelegate(owner)
+    let observer = app.application.notificationCenter.addObserver(forName: Application.didReceiveMemoryWarningNotification, object: nil, queue: nil) { _ in
+        owner.noteNotification()
+    }
+    defer { app.application.notificationCenter.removeObserver(observer) }
+    try app.launch()
+    #expect(app.memoryWarning())
+    #expect(owner.cache.isEmpty)
+    #expect(owner.notifications == 1)
+    #expect(app.enterBackground() == .suspended)
+    #expect(!app.memoryWarning(), "a suspended app is frozen: nothing is sent")
+    #expect(owner.notifications == 1)
+}

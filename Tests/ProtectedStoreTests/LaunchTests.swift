@@ -17,7 +17,7 @@ struct LaunchTests {
     static let other = "com.example.other"
 
     /// A device with two containers and a daemon, unlocked, with a class A and a class C file in the app's Documents.
-    private func device(_ bundle: String) throws -> (TestDevice, DaemonProcess) {
+    func device(_ bundle: String) throws -> (TestDevice, DaemonProcess) {
         let test = try TestDevice()
         _ = try test.makeContainer(bundle)
         _ = try test.makeContainer(Self.other)
@@ -40,12 +40,12 @@ struct LaunchTests {
             .first { $0.hasSuffix("/libswiftCore.so") }.map { ($0 as NSString).deletingLastPathComponent }
     }
 
-    private func launch(_ test: TestDevice, _ bundle: String, _ extra: [String] = [], _ command: [String]) throws -> SpawnedProcess {
+    func launch(_ test: TestDevice, _ bundle: String, _ extra: [String] = [], _ command: [String]) throws -> SpawnedProcess {
         try SpawnedProcess(CLI.executable, ["launch", bundle, "--root", test.root, "--device-secret", test.secretPath] + extra + ["--"] + command)
     }
 
     /// `sandboxctl watch --json` run as the app inside its sandbox (this build and its Swift runtime shown read-only).
-    private func launchWatch(_ test: TestDevice, _ bundle: String, _ watchArguments: [String] = [], launchArguments: [String] = []) throws -> SpawnedProcess {
+    func launchWatch(_ test: TestDevice, _ bundle: String, _ watchArguments: [String] = [], launchArguments: [String] = []) throws -> SpawnedProcess {
         let tool = CLI.executable.deletingLastPathComponent().path
         let runtime = try #require(Self.swiftRuntimeFolder)
         return try launch(test, bundle, ["--read-only", tool, "--read-only", runtime] + launchArguments, ["\(tool)/sandboxctl", "watch", "--json"] + watchArguments)
@@ -140,7 +140,7 @@ struct LaunchTests {
     }
 
     /// The next JSON line `sandboxctl watch --json` printed inside the sandbox: its event and application state.
-    private func nextEvent(_ app: SpawnedProcess, timeout: TimeInterval = 30) -> (event: String, applicationState: String)? {
+    func nextEvent(_ app: SpawnedProcess, timeout: TimeInterval = 30) -> (event: String, applicationState: String)? {
         guard let line = app.nextLine(timeout: timeout),
               let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
               let event = object["event"] as? String else { return nil }
@@ -148,7 +148,7 @@ struct LaunchTests {
     }
 
     /// The events an app's observer gets first: will and did finish launching, then did become active, inactive until it.
-    private func expectLaunchEvents(_ app: SpawnedProcess, sourceLocation: SourceLocation = #_sourceLocation) {
+    func expectLaunchEvents(_ app: SpawnedProcess, sourceLocation: SourceLocation = #_sourceLocation) {
         let events = (0..<3).compactMap { _ in nextEvent(app) }
         #expect(events.map(\.event) == ["willFinishLaunching", "didFinishLaunching", "didBecomeActive"], "\(app.standardError)", sourceLocation: sourceLocation)
         #expect(events.map(\.applicationState) == ["inactive", "inactive", "active"], sourceLocation: sourceLocation)

@@ -35,6 +35,8 @@ public protocol ApplicationDelegate: AnyObject {
     /// The app is about to end (`sandboxctl terminate`, or a signal to the launcher): SIGTERM follows. Only a running
     /// app hears it: a suspended one is ended without notice, as on iOS.
     func applicationWillTerminate(_ application: Application)
+    /// The system is short of memory: free what can be rebuilt (caches, decoded images). A suspended app gets none.
+    func applicationDidReceiveMemoryWarning(_ application: Application)
     /// The device is locking: close class A files and finish class A writes; their keys go once this returns.
     func applicationProtectedDataWillBecomeUnavailable(_ application: Application)
     /// The device was unlocked: class A files can be opened again.
@@ -60,6 +62,8 @@ extension ApplicationDelegate {
     public func applicationWillEnterForeground(_ application: Application) {}
     /// Does nothing.
     public func applicationWillTerminate(_ application: Application) {}
+    /// Does nothing.
+    public func applicationDidReceiveMemoryWarning(_ application: Application) {}
     /// Does nothing.
     public func applicationProtectedDataWillBecomeUnavailable(_ application: Application) {}
     /// Does nothing.
@@ -93,6 +97,8 @@ public final class Application: @unchecked Sendable {
     public static let willEnterForegroundNotification = Notification.Name("UIApplicationWillEnterForegroundNotification")
     /// Posted before the app is ended, as `UIApplication.willTerminateNotification` is.
     public static let willTerminateNotification = Notification.Name("UIApplicationWillTerminateNotification")
+    /// Posted after the delegates heard of a memory warning, as `UIApplication.didReceiveMemoryWarningNotification` is.
+    public static let didReceiveMemoryWarningNotification = Notification.Name("UIApplicationDidReceiveMemoryWarningNotification")
     /// Posted when the device locks, before the class A and B keys go, as UIApplication's is.
     public static let protectedDataWillBecomeUnavailableNotification = Notification.Name("UIApplicationProtectedDataWillBecomeUnavailable")
     /// Posted after an unlock, as UIApplication's is.
@@ -371,6 +377,7 @@ public final class Application: @unchecked Sendable {
         case .lifecycle(.didEnterBackground): Self.didEnterBackgroundNotification
         case .lifecycle(.willEnterForeground): Self.willEnterForegroundNotification
         case .lifecycle(.willTerminate): Self.willTerminateNotification
+        case .lifecycle(.didReceiveMemoryWarning): Self.didReceiveMemoryWarningNotification
         case .protectedData(.willBecomeUnavailable): Self.protectedDataWillBecomeUnavailableNotification
         case .protectedData(.didBecomeAvailable): Self.protectedDataDidBecomeAvailableNotification
         case .openURL: Container.openURLNotification
@@ -395,6 +402,7 @@ public final class Application: @unchecked Sendable {
             case .lifecycle(.didEnterBackground): observer.applicationDidEnterBackground(self)
             case .lifecycle(.willEnterForeground): observer.applicationWillEnterForeground(self)
             case .lifecycle(.willTerminate): observer.applicationWillTerminate(self)
+            case .lifecycle(.didReceiveMemoryWarning): observer.applicationDidReceiveMemoryWarning(self)
             case .lifecycle(.backgroundTimeWillExpire): break
             case .protectedData(.willBecomeUnavailable): observer.applicationProtectedDataWillBecomeUnavailable(self)
             case .protectedData(.didBecomeAvailable): observer.applicationProtectedDataDidBecomeAvailable(self)

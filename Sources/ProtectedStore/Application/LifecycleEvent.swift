@@ -15,6 +15,9 @@ public enum LifecycleEvent: String, Sendable, CaseIterable, CustomStringConverti
     case willEnterForeground
     /// Sent before the app is ended.
     case willTerminate
+    /// The system is short of memory (`sandboxctl memory-warning`): free what can be rebuilt, such as caches. Only a
+    /// running app gets it; a suspended one is frozen, and under lasting pressure iOS ends it without notice instead.
+    case didReceiveMemoryWarning
     /// Not a delegate method: the background time is about to run out with background tasks still open; their
     /// expiration handlers run (`Application.beginBackgroundTask(withName:expirationHandler:)`).
     case backgroundTimeWillExpire

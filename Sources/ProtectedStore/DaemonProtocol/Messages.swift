@@ -21,6 +21,7 @@ package struct DaemonRequest: Codable, Sendable {
         case appInterrupt = "app-interrupt"
         case appTaskBegin = "app-task-begin"
         case appTaskEnd = "app-task-end"
+        case appMemoryWarning = "app-memory-warning"
         case keychainAdd = "keychain-add"
         case keychainFind = "keychain-find"
         case keychainUpdate = "keychain-update"
@@ -302,6 +303,7 @@ extension LifecycleEvent {
         case .didEnterBackground: "did-enter-background"
         case .willEnterForeground: "will-enter-foreground"
         case .willTerminate: "will-terminate"
+        case .didReceiveMemoryWarning: "did-receive-memory-warning"
         case .backgroundTimeWillExpire: "background-time-will-expire"
         }
     }

@@ -138,6 +138,53 @@ struct InterruptCommand: ParsableCommand {
     }
 }
 
+struct MemoryWarningCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "memory-warning",
+        abstract: "Send 'did receive memory warning' to a running app, or to every running app: free what can be rebuilt.",
+        discussion: """
+            As Xcode's "Simulate Memory Warning", but to a real launched app, in any lock state. A suspended app gets \
+            none: it is frozen (under lasting pressure iOS ends such apps without notice instead). Returns once each app's \
+            observers have handled it, or after --timeout. Exits 1 when BUNDLE is not running; needs the key daemon (69 \
+            without).
+            """
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Argument(help: ArgumentHelp("The app's bundle identifier; every running app without it.", valueName: "bundle"))
+    var bundleIdentifier: String?
+
+    @Option(help: ArgumentHelp("Seconds each app's observers have to handle it.", valueName: "seconds"))
+    var timeout: Double = 5
+
+    func validate() throws {
+        guard timeout >= 0, timeout <= 600 else { throw ValidationError("--timeout must be between 0 and 600 seconds.") }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let attached = try device.attach()
+            let running = try attached.appRequest(.apps)
+            let targets = bundleIdentifier.map { [$0] } ?? running.map(\.bundle)
+            if let bundleIdentifier, !running.contains(where: { $0.bundle == bundleIdentifier }) {
+                throw ProtectedStoreError(.notFound, path: bundleIdentifier, problem: "no app of this bundle is running, so none can receive a memory warning",
+                                          remedy: "Start it with `sandboxctl launch \(bundleIdentifier) -- COMMAND`")
+            }
+            if targets.isEmpty { print("No app is running.") }
+            for bundle in targets {
+                let state = running.first { $0.bundle == bundle }?.state
+                guard state != "suspended" else {
+                    print("\(bundle): suspended, so not sent (a frozen app hears nothing).")
+                    continue
+                }
+                _ = try attached.appRequest(.appMemoryWarning, bundle: bundle, timeout: timeout)
+                print("\(bundle): did receive memory warning.")
+            }
+        }
+    }
+}
+
 struct TerminateCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "terminate",
