@@ -1,8 +1,24 @@
 import Foundation
 import Testing
 
-/// The events the system sends a launched app on its own (issue 53): memory warnings so far.
+/// The events the system sends a launched app on its own (issue 53): memory warnings so far; and the user's locale.
 extension LaunchTests {
+    @Test("the launcher's locale and time zone reach the app (LANG, LC_*, TZ); C.UTF-8 when LANG is unset")
+    func localeReachesTheApp() throws {
+        let bundle = "com.example.launch.locale"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let arguments = ["launch", bundle, "--root", test.root, "--device-secret", test.secretPath, "--", "/bin/sh"]
+        let shell = try SpawnedProcess(CLI.executable, arguments, environment: ["LANG": "en_GB.UTF-8", "LC_TIME": "de_DE.UTF-8", "TZ": "Europe/Berlin"])
+        #expect(run(shell, "echo $LANG $LC_TIME $TZ").output == ["en_GB.UTF-8 de_DE.UTF-8 Europe/Berlin"])
+        shell.send("exit 0\n")
+        #expect(shell.waitForExit(timeout: 30) == 0)
+        let plain = try SpawnedProcess(CLI.executable, arguments, environment: ["LANG": "", "LC_TIME": "", "TZ": ""])
+        #expect(run(plain, "echo \"$LANG|$LC_TIME|$TZ\"").output == ["C.UTF-8||"])
+        plain.send("exit 0\n")
+        #expect(plain.waitForExit(timeout: 30) == 0)
+    }
+
     @Test("sandboxctl memory-warning: a running app's observers get did-receive-memory-warning in any lock state; a suspended app gets none; an app not running is an error")
     func memoryWarning() throws {
         let bundle = "com.example.launch.memory"

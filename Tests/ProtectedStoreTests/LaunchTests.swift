@@ -52,7 +52,7 @@ struct LaunchTests {
     }
 
     /// Runs one line in the launched shell; returns its output lines and status.
-    private func run(_ shell: SpawnedProcess, _ line: String) -> (output: [String], status: Int?) {
+    func run(_ shell: SpawnedProcess, _ line: String) -> (output: [String], status: Int?) {
         shell.send("{ \(line); } 2>&1; echo \"@@ $?\"\n")
         var output: [String] = []
         while let next = shell.nextLine(timeout: 30) {

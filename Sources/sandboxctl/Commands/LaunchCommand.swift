@@ -16,7 +16,8 @@ struct LaunchCommand: ParsableCommand {
             its tmp folder. It runs in its own mount, PID, IPC, UTS and user namespaces, without network unless \
             --share-network, with the system's /usr and the few /etc files programs need read-only, and its own /tmp, \
             /proc and /dev. The device root, the keybag, the device secret, other containers and the daemon's socket \
-            are not there. The environment is HOME, TMPDIR, SANDBOXCTL_BUNDLE, SANDBOXCTL_APP_SOCKET, PATH, LANG and TERM, and \
+            are not there. The environment is HOME, TMPDIR, SANDBOXCTL_BUNDLE, SANDBOXCTL_APP_SOCKET, PATH, TERM, LANG (the \
+            launcher's, else C.UTF-8) and the launcher's LANGUAGE, LC_* and TZ when set, and \
             what --env adds. The program has no capability, and never runs as host root: launched by root, the sandbox \
             runs (through setpriv) as the device root's owner, or as uid and gid 2147483646, which no account has, when \
             root owns the device; its mount and socket are then in /run/sandboxctl-apps, and --read-only paths and \
@@ -434,14 +435,22 @@ final class Sandbox: @unchecked Sendable {
                       "--setenv", Application.socketEnvironmentVariable, Self.appSocketInside,
                       "--setenv", "HOME", LaunchCommand.home, "--setenv", "TMPDIR", "\(LaunchCommand.home)/tmp",
                       "--setenv", "SANDBOXCTL_BUNDLE", container.bundleIdentifier,
-                      "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
-        if let terminal = ProcessInfo.processInfo.environment["TERM"] { arguments += ["--setenv", "TERM", terminal] }
+                      "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"]
+        // The user's locale and time zone reach the app, as a phone's settings do; C.UTF-8 when none is set.
+        let host = ProcessInfo.processInfo.environment
+        arguments += ["--setenv", "LANG", host["LANG"].flatMap { $0.isEmpty ? nil : $0 } ?? "C.UTF-8"]
+        for name in Self.localeVariables { if let value = host[name], !value.isEmpty { arguments += ["--setenv", name, value] } }
+        if let terminal = host["TERM"] { arguments += ["--setenv", "TERM", terminal] }
         for setting in environment {
             let name = String(setting.prefix { $0 != "=" })
             arguments += ["--setenv", name, String(setting.dropFirst(name.count + 1))]
         }
         return arguments + ["--"] + command
     }
+
+    /// Besides LANG, the locale and time-zone variables the launcher passes on when they are set.
+    static let localeVariables = ["LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES",
+                                  "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE", "LC_MEASUREMENT", "LC_IDENTIFICATION", "TZ"]
 
     /// Absolute paths among the arguments (words of a `sh -c` script too) that exist here but not in the sandbox: the
     /// program would fail with a bare "not found".
