@@ -41,6 +41,8 @@ extension DaemonServer {
         var sentToBackgroundByLock = false
         /// Brought to the foreground to open an item: *did become active* goes after the next open-URL event.
         var activationAwaitsURL = false
+        /// A significant time change came while it was suspended: one is sent at its resume, however many came.
+        var timeChangePending = false
         /// Its keychain groups besides its bundle identifier (`launch --keychain-group`).
         var keychainGroups: [String] = []
         /// Its keychain, made at its first keychain request.
@@ -144,6 +146,15 @@ extension DaemonServer {
             guard app.lifecycle.state != .suspended, !app.lifecycle.ending else { return reply(nil) }
             logger.info("\(bundle): did-receive-memory-warning")
             sendLifecycle(.didReceiveMemoryWarning, to: app, timeout: timeout) { _, _ in reply(nil) }
+        case .appTimeChange:
+            // As the clock set by hand (`sandboxctl time-change`): what the daemon's own watch sends on a real change.
+            guard app.launchDone, !app.lifecycle.ending else { return reply(nil) }
+            logger.info("\(bundle): significant time change (sandboxctl time-change)\(app.lifecycle.state == .suspended ? ", kept for its resume" : "")")
+            if app.lifecycle.state == .suspended {
+                app.timeChangePending = true
+                return reply(nil)
+            }
+            sendLifecycle(.significantTimeChange, to: app, timeout: timeout) { _, _ in reply(nil) }
         case .appTerminate:
             guard !app.lifecycle.ending else { return reply(nil) }
             // A suspended app can't run to handle it: iOS ends suspended apps without notice, never thawed.
@@ -197,10 +208,27 @@ extension DaemonServer {
         let ids = subscribers(of: app.bundle)
         for id in ids { registry.setSuspended(id, false) }
         for delivery in registry.send(.willEnterForeground, to: ids) { sendEvent(delivery) }
+        if app.timeChangePending {
+            app.timeChangePending = false
+            post(.significantTimeChange, to: app)
+        }
         guard awaitingURL else { return post(.didBecomeActive, to: app) }
         app.activationAwaitsURL = true
         DispatchQueue.global().asyncAfter(deadline: .now() + 5) { [weak self] in
             self?.execute { self?.activateAfterURL(app) }
+        }
+    }
+
+    /// The clock was set, or local midnight or a daylight-saving transition came: *significant time change* to every
+    /// app that runs; a suspended one gets one at its resume, however many came meanwhile, as iOS coalesces them.
+    func significantTimeChange(_ reason: TimeChangeWatch.Reason) {
+        logger.info("significant time change (\(reason.rawValue)) to \(apps.count) app(s)")
+        for app in apps.values where app.launchDone && !app.lifecycle.ending {
+            if app.lifecycle.state == .suspended {
+                app.timeChangePending = true
+            } else {
+                post(.significantTimeChange, to: app)
+            }
         }
     }
 

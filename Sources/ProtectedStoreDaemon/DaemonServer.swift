@@ -33,6 +33,8 @@ final class DaemonServer: @unchecked Sendable {
     let keychainCalls = DispatchQueue(label: "sandboxctl.daemon.keychain")
     /// The keychain as the owner's connections see it (every group), made at the first request.
     var ownerKeychain: KeychainStore?
+    /// The clock set, local midnight, a daylight-saving transition: *significant time change* to the apps.
+    private let timeChanges = TimeChangeWatch()
 
     // Loop thread only.
     var connections: [UInt64: Connection] = [:]
@@ -166,7 +168,8 @@ final class DaemonServer: @unchecked Sendable {
             if let paused = acceptPausedUntil, paused <= now { acceptPausedUntil = nil }
             let ordered = Array(connections.values)
             let listenerEvents = acceptPausedUntil == nil ? Int16(POLLIN) : 0
-            var polled = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0), pollfd(fd: listener, events: listenerEvents, revents: 0)]
+            var polled = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0), pollfd(fd: listener, events: listenerEvents, revents: 0),
+                          pollfd(fd: timeChanges.descriptor, events: Int16(POLLIN), revents: 0)]
             let appList = Array(apps.values)
             for app in appList { polled.append(pollfd(fd: app.listener, events: listenerEvents, revents: 0)) }
             for connection in ordered {
@@ -185,10 +188,11 @@ final class DaemonServer: @unchecked Sendable {
             }
             if polled[0].revents != 0 { runTasks() }
             if polled[1].revents & Int16(POLLIN) != 0 { acceptConnections() }
-            for (index, app) in appList.enumerated() where polled[index + 2].revents & Int16(POLLIN) != 0 && apps[app.bundle] === app {
+            if polled[2].revents & Int16(POLLIN) != 0, let reason = timeChanges.fired() { significantTimeChange(reason) }
+            for (index, app) in appList.enumerated() where polled[index + 3].revents & Int16(POLLIN) != 0 && apps[app.bundle] === app {
                 acceptConnections(on: app.listener, forApp: app.bundle, batch: ConnectionLimits.appAcceptsPerPoll)
             }
-            let connectionsStart = 2 + appList.count
+            let connectionsStart = 3 + appList.count
             for (index, connection) in ordered.enumerated() where connections[connection.id] != nil {
                 let events = polled[index + connectionsStart].revents
                 if events & Int16(POLLOUT) != 0 { flush(connection) }
@@ -289,7 +293,7 @@ final class DaemonServer: @unchecked Sendable {
             if let handled, handled.isAppEvent { appEventAcknowledged(handled, by: connection.id, accepted: request.accepted ?? true) }
         case .keychainAdd, .keychainFind, .keychainUpdate, .keychainDelete, .keychainList:
             handleKeychain(operation, request, attachment: frame.attachment, on: connection)
-        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL, .appInterrupt, .appTaskBegin, .appTaskEnd, .appMemoryWarning:
+        case .appRegister, .apps, .appSuspend, .appResume, .appTerminate, .appOpenURL, .appInterrupt, .appTaskBegin, .appTaskEnd, .appMemoryWarning, .appTimeChange:
             handleApp(operation, request, on: connection)
         case .lock:
             let grace = request.grace ?? device.gracePeriod

@@ -88,12 +88,18 @@ public final class TestApplication: @unchecked Sendable {
     /// have handled it (within `timeout`); false, and nothing sent, for a suspended or ended app.
     @discardableResult
     public func memoryWarning(timeout: TimeInterval = 5) -> Bool { transport.memoryWarning(timeout: timeout) }
+
+    /// As the clock set, local midnight or a daylight-saving transition: *significant time change* to a running app
+    /// (returning once its observers handled it); a suspended app gets one at its resume, however many came.
+    public func significantTimeChange() { transport.significantTimeChange() }
 }
 
 /// The daemon's part, in-process: one subscriber in a `SubscriberRegistry`, events as notices to the `Application`,
 /// acknowledgements waited for on a condition. Every method but the notices' callback runs on the caller's thread.
 private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDelegate, @unchecked Sendable {
     private let device: Device
+    /// A significant time change came while suspended: sent at the resume.
+    private var timeChangePending = false
     private let gracePeriod: TimeInterval
     private let launchTimeout: TimeInterval
     private let backgroundTaskTime: TimeInterval
@@ -222,6 +228,15 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
         return accepted
     }
 
+    func significantTimeChange() {
+        let running: Bool = condition.withLock {
+            guard !lifecycle.ending else { return false }
+            if lifecycle.state == .suspended { timeChangePending = true }
+            return lifecycle.state != .suspended
+        }
+        if running { _ = send(.lifecycle(.significantTimeChange), timeout: 5) }
+    }
+
     func memoryWarning(timeout: TimeInterval) -> Bool {
         let running = condition.withLock { lifecycle.state != .suspended && !lifecycle.ending }
         if running { _ = send(.lifecycle(.didReceiveMemoryWarning), timeout: timeout) }
@@ -279,6 +294,11 @@ private final class InProcessAppTransport: ApplicationTransport, ProtectedDataDe
         }
         guard back else { return }
         _ = send(.lifecycle(.willEnterForeground), timeout: 5)
+        let timeChanged: Bool = condition.withLock {
+            defer { timeChangePending = false }
+            return timeChangePending
+        }
+        if timeChanged { _ = send(.lifecycle(.significantTimeChange), timeout: 5) }
         // The catch-up the registry releases after *will enter foreground*, then *did become active* behind it.
         _ = send(.lifecycle(.didBecomeActive), timeout: 5)
     }

@@ -28,7 +28,7 @@ struct Sandboxctl: AsyncParsableCommand {
               65  integrity error (authentication failed, corrupt or unsupported data; a device in format
                   version 1, which `sandboxctl migrate` converts; errSecDecode)
               69  no key daemon serves the device (lock, unlock, watch, mount, launch, ps,
-                  suspend, resume, memory-warning), or it stopped
+                  suspend, resume, memory-warning, time-change), or it stopped
               77  denied by data protection (locked, before first unlock, wrong passcode; errSecInteractionNotAllowed),
                   by the Inbox's read-and-delete rule, or by an app's keychain groups (errSecMissingEntitlement)
             """,
@@ -36,7 +36,7 @@ struct Sandboxctl: AsyncParsableCommand {
         subcommands: [InitCommand.self, DaemonCommand.self, UnlockCommand.self, LockCommand.self, WatchCommand.self,
                       CreateCommand.self, StatusCommand.self, LsCommand.self, CatCommand.self, PutCommand.self, InboxCommand.self,
                       RmCommand.self, MvCommand.self, MkdirCommand.self, ProtectionCommand.self, MountCommand.self, PasswdCommand.self, MigrateCommand.self, EraseCommand.self,
-                      LaunchCommand.self, PsCommand.self, SuspendCommand.self, ResumeCommand.self, InterruptCommand.self, MemoryWarningCommand.self, OpenCommand.self, TerminateCommand.self, SetupCommand.self,
+                      LaunchCommand.self, PsCommand.self, SuspendCommand.self, ResumeCommand.self, InterruptCommand.self, MemoryWarningCommand.self, TimeChangeCommand.self, OpenCommand.self, TerminateCommand.self, SetupCommand.self,
                       KeychainCommand.self, DemoCommand.self, BenchCommand.self]
     )
 }

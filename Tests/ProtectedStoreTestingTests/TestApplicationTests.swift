@@ -190,3 +190,24 @@ func testApplicationMemoryWarning() throws {
     #expect(!app.memoryWarning(), "a suspended app is frozen: nothing is sent")
     #expect(owner.notifications == 1)
 }
+
+@Test("significantTimeChange(): a running app hears it at once; a suspended one hears one at its resume, however many came")
+func testApplicationSignificantTimeChange() async throws {
+    let device = try TestDevice()
+    let app = TestApplication(device)
+    let events = try app.application.events()
+    try app.launch()
+    app.significantTimeChange()
+    #expect(app.enterBackground() == .suspended)
+    app.significantTimeChange()
+    app.significantTimeChange()
+    app.resume()
+    var seen: [ApplicationEvent] = []
+    for await event in events {
+        seen.append(event)
+        if event == .lifecycle(.didBecomeActive) && seen.contains(.lifecycle(.willEnterForeground)) { break }
+    }
+    let lifecycle = seen.compactMap { if case .lifecycle(let event) = $0 { event } else { nil } }
+    #expect(lifecycle == [.willFinishLaunching, .didFinishLaunching, .didBecomeActive, .significantTimeChange, .willResignActive, .didEnterBackground,
+                          .willEnterForeground, .significantTimeChange, .didBecomeActive], "\(lifecycle)")
+}

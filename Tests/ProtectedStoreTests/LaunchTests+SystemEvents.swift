@@ -53,4 +53,32 @@ extension LaunchTests {
         #expect(missing.status == 1 && missing.stderr.contains("no app of this bundle is running"), "\(missing)")
         #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
     }
+
+    @Test("sandboxctl time-change: a running app gets significant-time-change; a suspended one gets one at its resume, however many came, between will-enter-foreground and did-become-active")
+    func timeChange() throws {
+        let bundle = "com.example.launch.time"
+        let (test, daemon) = try device(bundle)
+        defer { _ = daemon }
+        let app = try launchWatch(test, bundle)
+        #expect(eventually(timeout: 30) { app.standardError.contains("Watching \(bundle) as the app") }, "\(app.standardError)")
+        expectLaunchEvents(app)
+        let sent = try sandboxctl(test, ["time-change", bundle])
+        #expect(sent.status == 0 && sent.stdout == "\(bundle): significant time change.\n", "\(sent)")
+        let changed = nextEvent(app)
+        #expect(changed?.event == "significantTimeChange" && changed?.applicationState == "active", "\(String(describing: changed))")
+
+        #expect(try sandboxctl(test, ["suspend", bundle]).status == 0)
+        #expect((0..<2).compactMap { _ in nextEvent(app)?.event } == ["willResignActive", "didEnterBackground"])
+        #expect(eventually(timeout: 20) { (try? sandboxctl(test, ["ps"]).stdout.contains("suspended")) == true })
+        for _ in 0..<3 {
+            #expect(try sandboxctl(test, ["time-change"]).stdout == "\(bundle): suspended; it gets it at its resume.\n")
+        }
+        #expect(try sandboxctl(test, ["resume", bundle]).status == 0)
+        let resumed = (0..<3).compactMap { _ in nextEvent(app)?.event }
+        #expect(resumed == ["willEnterForeground", "significantTimeChange", "didBecomeActive"], "one, coalesced: \(resumed)")
+        #expect(app.nextLine(timeout: 1) == nil)
+        let missing = try sandboxctl(test, ["time-change", "com.example.not.running"])
+        #expect(missing.status == 1 && missing.stderr.contains("no app of this bundle is running"), "\(missing)")
+        #expect(try sandboxctl(test, ["terminate", bundle]).status == 0)
+    }
 }

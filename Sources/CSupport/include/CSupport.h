@@ -78,4 +78,12 @@ int ps_is_dumpable(void);
 #include <spawn.h>
 int ps_spawn_close_from(posix_spawn_file_actions_t *actions, int from);
 
+/// A timerfd on CLOCK_REALTIME (non-blocking) for the daemon's significant-time-change watch; -1 with errno set.
+int ps_realtime_alarm(void);
+/// Arms it to expire at `seconds` since the epoch, cancelled when the clock is set (TFD_TIMER_CANCEL_ON_SET).
+/// Returns 0, or -1 with errno set.
+int ps_realtime_alarm_set(int fd, long long seconds);
+/// Reads it: 1 if it expired, 2 if the clock was set (ECANCELED), 0 if nothing is there yet or on another error.
+int ps_realtime_alarm_read(int fd);
+
 #endif

@@ -37,6 +37,8 @@ public protocol ApplicationDelegate: AnyObject {
     func applicationWillTerminate(_ application: Application)
     /// The system is short of memory: free what can be rebuilt (caches, decoded images). A suspended app gets none.
     func applicationDidReceiveMemoryWarning(_ application: Application)
+    /// The clock was set, or local midnight or a daylight-saving transition came: recompute what depends on the date.
+    func applicationSignificantTimeChange(_ application: Application)
     /// The device is locking: close class A files and finish class A writes; their keys go once this returns.
     func applicationProtectedDataWillBecomeUnavailable(_ application: Application)
     /// The device was unlocked: class A files can be opened again.
@@ -64,6 +66,8 @@ extension ApplicationDelegate {
     public func applicationWillTerminate(_ application: Application) {}
     /// Does nothing.
     public func applicationDidReceiveMemoryWarning(_ application: Application) {}
+    /// Does nothing.
+    public func applicationSignificantTimeChange(_ application: Application) {}
     /// Does nothing.
     public func applicationProtectedDataWillBecomeUnavailable(_ application: Application) {}
     /// Does nothing.
@@ -99,6 +103,8 @@ public final class Application: @unchecked Sendable {
     public static let willTerminateNotification = Notification.Name("UIApplicationWillTerminateNotification")
     /// Posted after the delegates heard of a memory warning, as `UIApplication.didReceiveMemoryWarningNotification` is.
     public static let didReceiveMemoryWarningNotification = Notification.Name("UIApplicationDidReceiveMemoryWarningNotification")
+    /// Posted after the delegates heard of a significant time change, as `UIApplication.significantTimeChangeNotification` is.
+    public static let significantTimeChangeNotification = Notification.Name("UIApplicationSignificantTimeChangeNotification")
     /// Posted when the device locks, before the class A and B keys go, as UIApplication's is.
     public static let protectedDataWillBecomeUnavailableNotification = Notification.Name("UIApplicationProtectedDataWillBecomeUnavailable")
     /// Posted after an unlock, as UIApplication's is.
@@ -378,6 +384,7 @@ public final class Application: @unchecked Sendable {
         case .lifecycle(.willEnterForeground): Self.willEnterForegroundNotification
         case .lifecycle(.willTerminate): Self.willTerminateNotification
         case .lifecycle(.didReceiveMemoryWarning): Self.didReceiveMemoryWarningNotification
+        case .lifecycle(.significantTimeChange): Self.significantTimeChangeNotification
         case .protectedData(.willBecomeUnavailable): Self.protectedDataWillBecomeUnavailableNotification
         case .protectedData(.didBecomeAvailable): Self.protectedDataDidBecomeAvailableNotification
         case .openURL: Container.openURLNotification
@@ -403,6 +410,7 @@ public final class Application: @unchecked Sendable {
             case .lifecycle(.willEnterForeground): observer.applicationWillEnterForeground(self)
             case .lifecycle(.willTerminate): observer.applicationWillTerminate(self)
             case .lifecycle(.didReceiveMemoryWarning): observer.applicationDidReceiveMemoryWarning(self)
+            case .lifecycle(.significantTimeChange): observer.applicationSignificantTimeChange(self)
             case .lifecycle(.backgroundTimeWillExpire): break
             case .protectedData(.willBecomeUnavailable): observer.applicationProtectedDataWillBecomeUnavailable(self)
             case .protectedData(.didBecomeAvailable): observer.applicationProtectedDataDidBecomeAvailable(self)

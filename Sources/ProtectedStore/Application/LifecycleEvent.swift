@@ -18,6 +18,9 @@ public enum LifecycleEvent: String, Sendable, CaseIterable, CustomStringConverti
     /// The system is short of memory (`sandboxctl memory-warning`): free what can be rebuilt, such as caches. Only a
     /// running app gets it; a suspended one is frozen, and under lasting pressure iOS ends it without notice instead.
     case didReceiveMemoryWarning
+    /// The clock was set, or local midnight or a daylight-saving transition came: recompute what depends on the date.
+    /// A suspended app gets one at its resume, however many came meanwhile.
+    case significantTimeChange
     /// Not a delegate method: the background time is about to run out with background tasks still open; their
     /// expiration handlers run (`Application.beginBackgroundTask(withName:expirationHandler:)`).
     case backgroundTimeWillExpire

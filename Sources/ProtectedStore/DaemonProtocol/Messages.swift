@@ -22,6 +22,7 @@ package struct DaemonRequest: Codable, Sendable {
         case appTaskBegin = "app-task-begin"
         case appTaskEnd = "app-task-end"
         case appMemoryWarning = "app-memory-warning"
+        case appTimeChange = "app-time-change"
         case keychainAdd = "keychain-add"
         case keychainFind = "keychain-find"
         case keychainUpdate = "keychain-update"
@@ -304,6 +305,7 @@ extension LifecycleEvent {
         case .willEnterForeground: "will-enter-foreground"
         case .willTerminate: "will-terminate"
         case .didReceiveMemoryWarning: "did-receive-memory-warning"
+        case .significantTimeChange: "significant-time-change"
         case .backgroundTimeWillExpire: "background-time-will-expire"
         }
     }

@@ -165,15 +165,7 @@ struct MemoryWarningCommand: ParsableCommand {
     func run() throws {
         try reportingErrors {
             let attached = try device.attach()
-            let running = try attached.appRequest(.apps)
-            let targets = bundleIdentifier.map { [$0] } ?? running.map(\.bundle)
-            if let bundleIdentifier, !running.contains(where: { $0.bundle == bundleIdentifier }) {
-                throw ProtectedStoreError(.notFound, path: bundleIdentifier, problem: "no app of this bundle is running, so none can receive a memory warning",
-                                          remedy: "Start it with `sandboxctl launch \(bundleIdentifier) -- COMMAND`")
-            }
-            if targets.isEmpty { print("No app is running.") }
-            for bundle in targets {
-                let state = running.first { $0.bundle == bundle }?.state
+            for (bundle, state) in try runningApps(attached, bundleIdentifier, doing: "a memory warning") {
                 guard state != "suspended" else {
                     print("\(bundle): suspended, so not sent (a frozen app hears nothing).")
                     continue
@@ -183,6 +175,56 @@ struct MemoryWarningCommand: ParsableCommand {
             }
         }
     }
+}
+
+struct TimeChangeCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "time-change",
+        abstract: "Send 'significant time change' to a running app, or to every running app, as a clock set by hand would.",
+        discussion: """
+            The daemon sends it on its own when the clock is set (a step, by a user or NTP), at local midnight and at a \
+            daylight-saving transition. A suspended app gets one at its resume, however many came meanwhile. Returns \
+            once each running app's observers have handled it, or after --timeout. Exits 1 when BUNDLE is not running; \
+            needs the key daemon (69 without).
+            """
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Argument(help: ArgumentHelp("The app's bundle identifier; every running app without it.", valueName: "bundle"))
+    var bundleIdentifier: String?
+
+    @Option(help: ArgumentHelp("Seconds each app's observers have to handle it.", valueName: "seconds"))
+    var timeout: Double = 5
+
+    func validate() throws {
+        guard timeout >= 0, timeout <= 600 else { throw ValidationError("--timeout must be between 0 and 600 seconds.") }
+    }
+
+    func run() throws {
+        try reportingErrors {
+            let attached = try device.attach()
+            for (bundle, state) in try runningApps(attached, bundleIdentifier, doing: "a time change") {
+                _ = try attached.appRequest(.appTimeChange, bundle: bundle, timeout: timeout)
+                print(state == "suspended" ? "\(bundle): suspended; it gets it at its resume." : "\(bundle): significant time change.")
+            }
+        }
+    }
+}
+
+/// The apps a command for running apps concerns, with their states: BUNDLE (an error naming `what` if it is not
+/// running), or every running app.
+func runningApps(_ device: Device, _ bundleIdentifier: String?, doing what: String) throws -> [(String, String)] {
+    let running = try device.appRequest(.apps)
+    if let bundleIdentifier {
+        guard let app = running.first(where: { $0.bundle == bundleIdentifier }) else {
+            throw ProtectedStoreError(.notFound, path: bundleIdentifier, problem: "no app of this bundle is running, so none can receive \(what)",
+                                      remedy: "Start it with `sandboxctl launch \(bundleIdentifier) -- COMMAND`")
+        }
+        return [(app.bundle, app.state)]
+    }
+    if running.isEmpty { print("No app is running.") }
+    return running.map { ($0.bundle, $0.state) }
 }
 
 struct TerminateCommand: ParsableCommand {

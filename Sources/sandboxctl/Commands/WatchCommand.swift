@@ -17,7 +17,7 @@ struct WatchCommand: AsyncParsableCommand {
             Inside a sandbox of `sandboxctl launch` (SANDBOXCTL_APP_SOCKET set, no --root), it attaches as the app \
             through the app's own socket and prints its lifecycle events too (willFinishLaunching and \
             didFinishLaunching with the launch options, didBecomeActive, willResignActive, didEnterBackground, \
-            willEnterForeground, willTerminate, didReceiveMemoryWarning) with the app's state, and its open-URL events (the Inbox items pending at launch first), each before it is \
+            willEnterForeground, willTerminate, didReceiveMemoryWarning, significantTimeChange) with the app's state, and its open-URL events (the Inbox items pending at launch first), each before it is \
             acknowledged.
             """
     )
@@ -150,6 +150,7 @@ private final class AppEventPrinter: ApplicationDelegate {
     func applicationWillEnterForeground(_ application: Application) { print("willEnterForeground", "will enter foreground", application) }
     func applicationWillTerminate(_ application: Application) { print("willTerminate", "will terminate", application) }
     func applicationDidReceiveMemoryWarning(_ application: Application) { print("didReceiveMemoryWarning", "did receive memory warning", application) }
+    func applicationSignificantTimeChange(_ application: Application) { print("significantTimeChange", "significant time change", application) }
     func applicationProtectedDataWillBecomeUnavailable(_ application: Application) {
         print(ProtectedDataEvent.willBecomeUnavailable.rawValue, "will become unavailable", application)
     }
