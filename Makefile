@@ -114,5 +114,6 @@ bench: deps release
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench crypto --size-mib 256
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench lock --subscribers 100
 	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench lock --subscribers 1000
+	@$$($(SWIFT) build -c release --show-bin-path)/sandboxctl bench keychain
 	@$(SWIFT) build -c release --product notes-bench --quiet
 	@$$($(SWIFT) build -c release --show-bin-path)/notes-bench

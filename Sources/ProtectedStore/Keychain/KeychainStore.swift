@@ -296,9 +296,6 @@ package final class KeychainStore: KeychainBackend, @unchecked Sendable {
     private func unwrap(_ wrapped: WrappedFileKey) throws -> SecureBytes? {
         do {
             return try device.unwrapFileKey(wrapped)
-        } catch let error as ProtectedStoreError where error.kind == .integrity {
-            // A key daemon reports a failed unwrap as damage, in a file header's words.
-            return nil
         } catch {
             throw KeychainError(error, path: nil)
         }

@@ -150,27 +150,17 @@ struct MemoryWarningCommand: ParsableCommand {
             """
     )
 
-    @OptionGroup var device: DeviceOptions
-
-    @Argument(help: ArgumentHelp("The app's bundle identifier; every running app without it.", valueName: "bundle"))
-    var bundleIdentifier: String?
-
-    @Option(help: ArgumentHelp("Seconds each app's observers have to handle it.", valueName: "seconds"))
-    var timeout: Double = 5
-
-    func validate() throws {
-        guard timeout >= 0, timeout <= 600 else { throw ValidationError("--timeout must be between 0 and 600 seconds.") }
-    }
+    @OptionGroup var target: RunningAppOptions
 
     func run() throws {
         try reportingErrors {
-            let attached = try device.attach()
-            for (bundle, state) in try runningApps(attached, bundleIdentifier, doing: "a memory warning") {
+            let attached = try target.device.attach()
+            for (bundle, state) in try target.apps(of: attached, receiving: "a memory warning") {
                 guard state != "suspended" else {
                     print("\(bundle): suspended, so not sent (a frozen app hears nothing).")
                     continue
                 }
-                _ = try attached.appRequest(.appMemoryWarning, bundle: bundle, timeout: timeout)
+                _ = try attached.appRequest(.appMemoryWarning, bundle: bundle, timeout: target.timeout)
                 print("\(bundle): did receive memory warning.")
             }
         }
@@ -189,6 +179,21 @@ struct TimeChangeCommand: ParsableCommand {
             """
     )
 
+    @OptionGroup var target: RunningAppOptions
+
+    func run() throws {
+        try reportingErrors {
+            let attached = try target.device.attach()
+            for (bundle, state) in try target.apps(of: attached, receiving: "a time change") {
+                _ = try attached.appRequest(.appTimeChange, bundle: bundle, timeout: target.timeout)
+                print(state == "suspended" ? "\(bundle): suspended; it gets it at its resume." : "\(bundle): significant time change.")
+            }
+        }
+    }
+}
+
+/// The device, the app (or every running app) and the time its observers have: `memory-warning` and `time-change`.
+struct RunningAppOptions: ParsableArguments {
     @OptionGroup var device: DeviceOptions
 
     @Argument(help: ArgumentHelp("The app's bundle identifier; every running app without it.", valueName: "bundle"))
@@ -201,30 +206,19 @@ struct TimeChangeCommand: ParsableCommand {
         guard timeout >= 0, timeout <= 600 else { throw ValidationError("--timeout must be between 0 and 600 seconds.") }
     }
 
-    func run() throws {
-        try reportingErrors {
-            let attached = try device.attach()
-            for (bundle, state) in try runningApps(attached, bundleIdentifier, doing: "a time change") {
-                _ = try attached.appRequest(.appTimeChange, bundle: bundle, timeout: timeout)
-                print(state == "suspended" ? "\(bundle): suspended; it gets it at its resume." : "\(bundle): significant time change.")
+    /// The apps concerned, with their states: BUNDLE (an error naming `what` if it is not running), or every running app.
+    func apps(of device: Device, receiving what: String) throws -> [(bundle: String, state: String)] {
+        let running = try device.appRequest(.apps)
+        if let bundleIdentifier {
+            guard let app = running.first(where: { $0.bundle == bundleIdentifier }) else {
+                throw ProtectedStoreError(.notFound, path: bundleIdentifier, problem: "no app of this bundle is running, so none can receive \(what)",
+                                          remedy: "Start it with `sandboxctl launch \(bundleIdentifier) -- COMMAND`")
             }
+            return [(app.bundle, app.state)]
         }
+        if running.isEmpty { print("No app is running.") }
+        return running.map { ($0.bundle, $0.state) }
     }
-}
-
-/// The apps a command for running apps concerns, with their states: BUNDLE (an error naming `what` if it is not
-/// running), or every running app.
-func runningApps(_ device: Device, _ bundleIdentifier: String?, doing what: String) throws -> [(String, String)] {
-    let running = try device.appRequest(.apps)
-    if let bundleIdentifier {
-        guard let app = running.first(where: { $0.bundle == bundleIdentifier }) else {
-            throw ProtectedStoreError(.notFound, path: bundleIdentifier, problem: "no app of this bundle is running, so none can receive \(what)",
-                                      remedy: "Start it with `sandboxctl launch \(bundleIdentifier) -- COMMAND`")
-        }
-        return [(app.bundle, app.state)]
-    }
-    if running.isEmpty { print("No app is running.") }
-    return running.map { ($0.bundle, $0.state) }
 }
 
 struct TerminateCommand: ParsableCommand {
